@@ -1,0 +1,107 @@
+"""The backend contract: the primitives a backend supplies. The decode loop lives in the core.
+
+A backend owns the model weights, its KV cache and an opaque hidden-state type `H` (a torch
+tensor, a numpy array...). The core never looks inside `H`; it only passes it back.
+
+Cache model. Every layer has one K/V slot per position. `prefill` fills positions
+0..T-1 of every layer. Each decode step then writes exactly one new position, the same one in
+every layer, at index `offset`; `commit()` advances `offset`. Between `embed` and `commit` the
+core calls, for every layer i in order, exactly one of:
+
+- `layer(i, h, rows)`: the backbone layer; writes layer i's slot for those rows;
+- `river_layer(i, h, rows)`: the stand-in for layer i; reads layer i's cache like the backbone
+  and writes layer i's slot itself (the KV cache is shared, never copied);
+- `project_kv(i, h, rows)`: writes layer i's K/V computed from `h` without running the layer.
+
+So after any sequence of exits every layer holds the same number of positions.
+
+`rows` selects batch rows (a sorted list of row indices) or None for all of them. Layer
+calls return a new `H` of the full batch in which only `rows` changed.
+"""
+
+from __future__ import annotations
+
+from typing import Generic, Protocol, Sequence, TypeVar, runtime_checkable
+
+import attrs
+import numpy as np
+
+H = TypeVar("H")
+Rows = Sequence[int] | None
+
+
+@attrs.frozen
+class Capabilities:
+    """What a backend can do. The core refuses anything not declared here with a clear error."""
+
+    exits: bool = True        # can stop a token part-way through the backbone
+    river: bool = True        # has `river_layer`
+    propagate: bool = True    # has `project_kv`
+    batch: bool = True        # accepts more than one sequence
+    devices: tuple[str, ...] = ("cpu",)
+
+
+@attrs.frozen
+class Prefill:
+    """Result of running prompts at full depth.
+
+    logits: [batch, vocab] float32 at each prompt's last position.
+    similarity: [batch, layers] mean cosine between each layer's input and output over the
+    prompt's tokens: the predictor's prior for how much each block moves the state.
+    """
+
+    logits: np.ndarray
+    similarity: np.ndarray
+
+
+class Tokenizer(Protocol):
+    eos_ids: frozenset[int]
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+    def chat(self, prompt: str) -> list[int]:
+        """Token ids of `prompt` as one user turn under the model's chat template."""
+
+
+@runtime_checkable
+class Backend(Protocol, Generic[H]):
+    name: str
+    num_layers: int
+    max_positions: int
+    capabilities: Capabilities
+    tokenizer: Tokenizer
+    river_error: Sequence[float]
+    """Per layer: relative error of the river's weights, ||Q(W) - W|| / ||W|| over the layer's
+    projections. The predictor scales its KV-error estimate by it."""
+
+    @property
+    def offset(self) -> int:
+        """Positions written so far (the same in every layer)."""
+
+    def prefill(self, prompts: Sequence[Sequence[int]], capacity: int) -> Prefill:
+        """Reset the cache to room for `capacity` positions and run `prompts` at full depth.
+
+        Shorter prompts are left-padded; padding is masked from attention everywhere."""
+
+    def embed(self, tokens: Sequence[int]) -> H: ...
+
+    def layer(self, i: int, h: H, rows: Rows) -> H: ...
+
+    def river_layer(self, i: int, h: H, rows: Rows) -> H: ...
+
+    def project_kv(self, i: int, h: H, rows: Rows) -> None: ...
+
+    def similarity(self, before: H, after: H, rows: Rows) -> list[float]:
+        """Cosine of each selected row's state before and after a layer."""
+
+    def logits(self, h: H) -> np.ndarray:
+        """Final norm and LM head: [batch, vocab] float32."""
+
+    def commit(self) -> None:
+        """Advance `offset` past the position this step wrote."""
+
+    def kv(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """Layer i's keys and values for positions 0..offset-1: two [batch, kv_heads, offset,
+        head_dim] float32 arrays. For tests and measurements, not the hot path."""

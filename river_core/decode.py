@@ -1,0 +1,151 @@
+"""The decode loop: prefill at full depth, then one token per step with per-token exits.
+
+Backends supply primitives (backend.py); this module alone decides which layer runs where.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Sequence
+
+import attrs
+import numpy as np
+
+from .backend import Backend, Rows
+from .config import GenerationConfig
+from .errors import ConfigError
+from .kv import KVStrategy
+from .policy import ExitPolicy
+from .predictor import SimilarityPredictor
+from .sampling import make_sampler
+
+PredictorFactory = Callable[[Sequence[float], Sequence[float]], SimilarityPredictor]
+
+
+@attrs.frozen
+class Generation:
+    """Generated ids per sequence, and where each decode step's token left the backbone."""
+
+    tokens: list[list[int]]
+    exit_layers: list[list[int]]   # per sequence, per decode step: last backbone layer run
+    num_layers: int
+    prefill_seconds: float
+    step_seconds: list[float]      # wall time of each decode step (the whole batch)
+
+    @property
+    def ms_per_token(self) -> float:
+        """Median decode-step time in milliseconds (batch 1: per token)."""
+        return float(np.median(self.step_seconds)) * 1e3 if self.step_seconds else float("nan")
+
+    @property
+    def tokens_per_second(self) -> float:
+        n = sum(len(t) for t in self.tokens)
+        total = self.prefill_seconds + sum(self.step_seconds)
+        return n / total if total > 0 else float("nan")
+
+    @property
+    def _all_exits(self) -> np.ndarray:
+        return np.array([k for row in self.exit_layers for k in row], dtype=np.int64)
+
+    @property
+    def mean_exit_layer(self) -> float:
+        """Mean number of backbone layers a decoded token ran (L means full depth)."""
+        e = self._all_exits
+        return float(e.mean() + 1) if e.size else float("nan")
+
+    @property
+    def skipped_share(self) -> float:
+        """Share of backbone layers skipped over all decode steps."""
+        e = self._all_exits
+        return float((self.num_layers - 1 - e).sum() / (e.size * self.num_layers)) if e.size else 0.0
+
+    def histogram(self) -> np.ndarray:
+        """Count of decode steps per exit layer, index = last backbone layer run."""
+        return np.bincount(self._all_exits, minlength=self.num_layers)
+
+
+def _rows(rows: list[int], batch: int) -> Rows:
+    return None if len(rows) == batch else rows
+
+
+def decode_step(backend: Backend, tokens: Sequence[int], strategy: KVStrategy,
+                policy: ExitPolicy, predictors: Sequence[SimilarityPredictor],
+                step: int) -> tuple[np.ndarray, list[int]]:
+    """Run one token per sequence through the layers; return logits and each exit layer."""
+    n, batch = backend.num_layers, len(tokens)
+    exits = [n - 1] * batch
+    deep, gone = list(range(batch)), []
+    watch = strategy.allows_exit and policy.uses_similarity
+    h = backend.embed(tokens)
+    for i in range(n):
+        before = h
+        if deep:
+            h = backend.layer(i, h, _rows(deep, batch))
+        if gone:
+            h = strategy.skipped_layer(backend, i, h, gone)
+        if watch:
+            seen = deep + gone if strategy.moves_state else deep
+            seen.sort()
+            for r, s in zip(seen, backend.similarity(before, h, _rows(seen, batch))):
+                predictors[r].observe(i, s)
+        if strategy.allows_exit and deep and i < n - 1:
+            leaving = [r for r in deep if policy.should_exit(i, step, predictors[r])]
+            for r in leaving:
+                exits[r] = i
+                deep.remove(r)
+            gone = sorted(gone + leaving)
+    if watch:
+        for p in predictors:
+            p.end_token()
+    return backend.logits(h), exits
+
+
+def _stopped(text: str, stop: Sequence[str]) -> bool:
+    return any(s in text for s in stop)
+
+
+def generate_ids(backend: Backend, prompts: Sequence[Sequence[int]], gen: GenerationConfig,
+                 strategy: KVStrategy, policy: ExitPolicy,
+                 make_predictor: PredictorFactory) -> Generation:
+    """Generate up to gen.max_new_tokens per prompt; each sequence stops on EOS or a stop string."""
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ConfigError("empty prompt: give at least one token")
+    if len(prompts) > 1 and not backend.capabilities.batch:
+        raise ConfigError(f"backend {backend.name!r} runs one sequence at a time")
+    capacity = max(len(p) for p in prompts) + gen.max_new_tokens
+    if capacity > backend.max_positions:
+        raise ConfigError(f"prompt ({max(len(p) for p in prompts)} tokens) plus max_new_tokens "
+                          f"({gen.max_new_tokens}) exceeds the model's context of "
+                          f"{backend.max_positions} positions")
+    sample = make_sampler(gen.temperature, gen.top_p, gen.seed)
+    eos = backend.tokenizer.eos_ids
+
+    start = time.perf_counter()
+    pre = backend.prefill(prompts, capacity)
+    prefill_seconds = time.perf_counter() - start
+    predictors = [make_predictor(backend.river_error, row) for row in pre.similarity]
+
+    batch = len(prompts)
+    tokens: list[list[int]] = [[] for _ in range(batch)]
+    exits: list[list[int]] = [[] for _ in range(batch)]
+    done = [False] * batch
+    steps: list[float] = []
+    logits = pre.logits
+    for step in range(gen.max_new_tokens):
+        for r, t in enumerate(sample(logits)):
+            if done[r]:
+                continue
+            tokens[r].append(t)
+            done[r] = t in eos or (bool(gen.stop) and
+                                   _stopped(backend.tokenizer.decode(tokens[r]), gen.stop))
+        if all(done) or step == gen.max_new_tokens - 1:
+            break
+        start = time.perf_counter()
+        logits, layers = decode_step(backend, [row[-1] for row in tokens], strategy, policy,
+                                     predictors, step)
+        backend.commit()
+        steps.append(time.perf_counter() - start)
+        for r in range(batch):
+            if not done[r]:
+                exits[r].append(layers[r])
+    return Generation(tokens, exits, backend.num_layers, prefill_seconds, steps)

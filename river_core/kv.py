@@ -1,0 +1,49 @@
+"""KV strategies: the KV-sharing contract for a token that exits after layer k.
+
+For every skipped layer j = k+1..L-1 a strategy gets the token's current state and must leave
+layer j's cache slot written for that token (so every layer keeps the same number of
+positions), and it returns the state that continues to layer j+1 and finally to the LM head.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from .backend import Backend, Rows
+
+
+class KVStrategy(Protocol):
+    name: str
+    allows_exit: bool      # False: tokens always run the full backbone
+    moves_state: bool      # True: skipped layers transform the state (the predictor observes it)
+    requires: str | None   # the Capabilities flag the backend must set
+
+    def skipped_layer(self, backend: Backend, i: int, h, rows: Rows): ...
+
+
+class River:
+    """Stand-in layer j reads and writes layer j's own cache; its output feeds the head."""
+
+    name, allows_exit, moves_state, requires = "river", True, True, "river"
+
+    def skipped_layer(self, backend: Backend, i: int, h, rows: Rows):
+        return backend.river_layer(i, h, rows)
+
+
+class Propagate:
+    """CALM: the exit state h_k feeds every skipped layer's K/V projection and the head."""
+
+    name, allows_exit, moves_state, requires = "propagate", True, False, "propagate"
+
+    def skipped_layer(self, backend: Backend, i: int, h, rows: Rows):
+        backend.project_kv(i, h, rows)
+        return h
+
+
+class Full:
+    """No exit: every token runs the whole backbone. The baseline."""
+
+    name, allows_exit, moves_state, requires = "full", False, False, None
+
+    def skipped_layer(self, backend: Backend, i: int, h, rows: Rows):
+        raise AssertionError("the full strategy never skips a layer")

@@ -1,0 +1,82 @@
+"""A typed facade over the plugin manager: look up backends, policies, predictors, strategies."""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable, Iterable
+
+import attrs
+import pluggy
+
+from . import hookspecs
+from .errors import ConfigError, unknown
+
+KINDS = {
+    "backend": "river_backends",
+    "policy": "river_exit_policies",
+    "predictor": "river_predictors",
+    "kv strategy": "river_kv_strategies",
+}
+
+
+@attrs.frozen
+class Entry:
+    kind: str
+    name: str
+    factory: Callable
+    provider: str   # "distribution version" or the plugin's own name when not installed
+
+    @property
+    def summary(self) -> str:
+        return ((self.factory.__doc__ or "").strip().splitlines() or [""])[0]
+
+
+class Registry:
+    """Everything the installed plugins (and any passed in `extra`) register."""
+
+    def __init__(self, extra: Iterable[object] = (), entry_points: bool = True) -> None:
+        pm = pluggy.PluginManager(hookspecs.PROJECT)
+        pm.add_hookspecs(hookspecs)
+        if entry_points:
+            pm.load_setuptools_entrypoints(hookspecs.PROJECT)
+        for plugin in extra:
+            pm.register(plugin)
+        dists = {id(p): f"{d.project_name} {d.version}" for p, d in pm.list_plugin_distinfo()}
+        self._entries: dict[str, dict[str, Entry]] = {}
+        for kind, hook in KINDS.items():
+            table: dict[str, Entry] = {}
+            for impl in getattr(pm.hook, hook).get_hookimpls():
+                provider = dists.get(id(impl.plugin), impl.plugin_name)
+                for name, factory in impl.function().items():
+                    if name in table:
+                        raise ConfigError(f"{kind} {name!r} is registered by both "
+                                          f"{table[name].provider} and {provider}")
+                    table[name] = Entry(kind, name, factory, provider)
+            self._entries[kind] = table
+
+    def entries(self, kind: str) -> dict[str, Entry]:
+        return self._entries[kind]
+
+    def get(self, kind: str, name: str) -> Callable:
+        table = self._entries[kind]
+        if name not in table:
+            raise unknown(kind, name, table)
+        return table[name].factory
+
+    def backend(self, name: str) -> Callable:
+        return self.get("backend", name)
+
+    def policy(self, name: str) -> Callable:
+        return self.get("policy", name)
+
+    def predictor(self, name: str) -> Callable:
+        return self.get("predictor", name)
+
+    def kv_strategy(self, name: str) -> Callable:
+        return self.get("kv strategy", name)
+
+
+@functools.cache
+def default_registry() -> Registry:
+    """The registry of installed plugins, built once per process."""
+    return Registry()

@@ -1,0 +1,45 @@
+"""Helpers for testing backends against the contract: scripted exits and teacher forcing."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from .backend import Backend
+from .decode import decode_step
+from .kv import KVStrategy
+from .predictor import TransitionPredictor
+
+
+class ScriptedPolicy:
+    """Exits step s after layer `exits[s]` (None or >= the last layer: full depth)."""
+
+    uses_similarity = False
+
+    def __init__(self, exits: Sequence[int | None]) -> None:
+        self.exits = list(exits)
+
+    def should_exit(self, layer: int, step: int, predictor) -> bool:
+        return step < len(self.exits) and self.exits[step] == layer
+
+
+def teacher_force(backend: Backend, prompt: Sequence[int], continuation: Sequence[int],
+                  strategy: KVStrategy, exits: Sequence[int | None] = ()) -> list[np.ndarray]:
+    """Prefill `prompt`, then feed `continuation` one token a step with scripted exits.
+
+    Returns the logits after the prompt and after each fed token."""
+    pre = backend.prefill([prompt], len(prompt) + len(continuation))
+    predictors = [TransitionPredictor(backend.river_error, pre.similarity[0])]
+    policy = ScriptedPolicy(exits)
+    out = [pre.logits[0]]
+    for step, token in enumerate(continuation):
+        logits, _ = decode_step(backend, [token], strategy, policy, predictors, step)
+        backend.commit()
+        out.append(logits[0])
+    return out
+
+
+def relative_error(approx: np.ndarray, exact: np.ndarray) -> float:
+    """||approx - exact|| / ||exact|| (Frobenius)."""
+    return float(np.linalg.norm(approx - exact) / max(np.linalg.norm(exact), 1e-30))

@@ -1,0 +1,56 @@
+"""Batch > 1: each sequence exits on its own and gets what it would get alone."""
+
+import pytest
+
+import tiny
+from river_core.config import GenerationConfig
+from river_core.decode import generate_ids
+from river_core.kv import Full, Propagate, River
+from river_core.predictor import TransitionPredictor
+from river_policies import FixedDepth
+
+PROMPTS = [[1, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50], [1, 7, 8], [1, 60, 61, 62, 63, 64]]
+GEN = GenerationConfig(max_new_tokens=8)
+
+
+@pytest.mark.parametrize("family", tiny.FAMILIES)
+@pytest.mark.parametrize("strategy,policy", [(Full(), FixedDepth(-1)), (River(), FixedDepth(2)),
+                                             (Propagate(), FixedDepth(3))])
+def test_batched_rows_match_single_runs(family, strategy, policy):
+    b = tiny.backend(family)
+    batched = generate_ids(b, PROMPTS, GEN, strategy, policy, TransitionPredictor)
+    for r, prompt in enumerate(PROMPTS):
+        alone = generate_ids(b, [prompt], GEN, strategy, policy, TransitionPredictor)
+        assert batched.tokens[r] == alone.tokens[0]
+        assert batched.exit_layers[r] == alone.exit_layers[0]
+
+
+class PerRow:
+    """Each sequence's predictor carries its own exit layer; the policy reads it."""
+
+    uses_similarity = False
+
+    def should_exit(self, layer, step, predictor):
+        return layer == predictor.exit_at
+
+
+def predictors_exiting_at(layers):
+    layers = iter(layers)
+
+    def make(river_error, prompt_similarity):
+        p = TransitionPredictor(river_error, prompt_similarity)
+        p.exit_at = next(layers)
+        return p
+    return make
+
+
+@pytest.mark.parametrize("strategy", [River(), Propagate()])
+def test_rows_exiting_at_different_layers_in_one_step_match_single_runs(strategy):
+    b = tiny.backend("qwen3")
+    own = [1, 4, None]
+    batched = generate_ids(b, PROMPTS, GEN, strategy, PerRow(), predictors_exiting_at(own))
+    for r, prompt in enumerate(PROMPTS):
+        alone = generate_ids(b, [prompt], GEN, strategy, PerRow(), predictors_exiting_at([own[r]]))
+        assert batched.tokens[r] == alone.tokens[0]
+        assert set(batched.exit_layers[r]) == {tiny.COMMON["num_hidden_layers"] - 1
+                                               if own[r] is None else own[r]}
