@@ -1,0 +1,58 @@
+"""Shared by the benchmark scripts: machine description, prompts, bandwidth, output files."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+GSM8K_TRAIN = Path(__file__).resolve().parents[1].parent / "shared/data/gsm8k/train.jsonl"
+RESULTS = Path(__file__).resolve().parents[1] / "docs/results"
+
+
+def machine() -> dict:
+    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo")
+                if l.startswith("model name")), platform.processor())
+    return {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "torch": torch.__version__, "python": platform.python_version(),
+            "memory_bandwidth_gb_s": round(memory_bandwidth() / 1e9, 1)}
+
+
+def memory_bandwidth(size: int = 1 << 30, repeats: int = 5) -> float:
+    """Bytes per second moved by copying a buffer larger than the caches (read + write)."""
+    src = torch.ones(size // 4, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - start)
+    return 2 * size / best
+
+
+def gsm8k_questions(path: Path, n: int, offset: int = 0) -> list[str]:
+    if not path.is_file():
+        raise SystemExit(f"GSM8K file not found: {path} (pass --data)")
+    rows = [json.loads(l) for l in open(path)][offset:offset + n]
+    return [r["question"] for r in rows]
+
+
+def write(name: str, payload: dict, markdown: str) -> None:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"{name}.json").write_text(json.dumps(payload, indent=2) + "\n")
+    (RESULTS / f"{name}.md").write_text(markdown)
+    print(markdown)
+
+
+def pearson(a, b) -> float:
+    return float(np.corrcoef(a, b)[0, 1])
+
+
+def spearman(a, b) -> float:
+    rank = lambda x: np.argsort(np.argsort(x))
+    return pearson(rank(np.asarray(a)), rank(np.asarray(b)))

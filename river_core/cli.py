@@ -1,0 +1,110 @@
+"""The `river` command: `river generate PROMPT` and `river plugins`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import attrs
+import numpy as np
+
+from .config import ExitConfig, GenerationConfig, RiverSpec
+from .decode import Generation
+from .errors import RiverError
+from .model import RiverModel
+from .plugins import KINDS, default_registry
+
+
+def _default(cls, name: str):
+    return getattr(attrs.fields(cls), name).default
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="river", description="Early-exit LLM decoding with a "
+                                "KV-shared exit river.")
+    sub = p.add_subparsers(dest="command", required=True)
+    g = sub.add_parser("generate", help="generate text with early exit")
+    g.add_argument("prompt")
+    g.add_argument("--model", help="local Hugging Face folder or .gguf (default: embedded "
+                   "SmolLM2-135M-Instruct)")
+    g.add_argument("--backend", default="hf")
+    g.add_argument("--device", default="cpu")
+    g.add_argument("--dtype", default="float32")
+    g.add_argument("--policy", default=_default(ExitConfig, "policy"))
+    g.add_argument("--predictor", default=_default(ExitConfig, "predictor"))
+    g.add_argument("--kv", default=_default(ExitConfig, "kv"), help="KV strategy: river, propagate, full, ...")
+    g.add_argument("--threshold", type=float, default=_default(ExitConfig, "threshold"))
+    g.add_argument("--min-layer", type=int)
+    g.add_argument("--layer", type=int, help="exit layer, for the fixed policy")
+    g.add_argument("--river-bits", type=int, default=_default(RiverSpec, "bits"))
+    g.add_argument("--group-size", type=int, default=_default(RiverSpec, "group_size"))
+    g.add_argument("--max-new-tokens", type=int, default=_default(GenerationConfig, "max_new_tokens"))
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
+    sub.add_parser("plugins", help="list registered backends, policies, predictors, strategies")
+    return p
+
+
+def _report(stats: Generation) -> str:
+    n = sum(len(t) for t in stats.tokens)
+    lines = [f"{n} tokens | {stats.ms_per_token:.1f} ms/token (median decode step) | "
+             f"{stats.tokens_per_second:.1f} tokens/s | mean exit layer "
+             f"{stats.mean_exit_layer:.1f}/{stats.num_layers} | "
+             f"{100 * stats.skipped_share:.1f}% of layers skipped"]
+    hist = stats.histogram()
+    if hist.sum():
+        lines.append("exit layer histogram (last backbone layer run):")
+        scale = 40 / hist.max()
+        for layer in np.nonzero(hist)[0]:
+            lines.append(f"  {layer:3d} | {'#' * max(1, round(hist[layer] * scale))} "
+                         f"{hist[layer]}")
+    return "\n".join(lines)
+
+
+def _generate(args) -> None:
+    # build every config first: bad settings fail before the model loads
+    river = RiverSpec(bits=args.river_bits, group_size=args.group_size)
+    exit = ExitConfig(policy=args.policy, kv=args.kv, threshold=args.threshold,
+                      min_layer=args.min_layer, layer=args.layer, predictor=args.predictor)
+    gen = GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                           top_p=args.top_p, stop=args.stop, seed=args.seed)
+    if not args.prompt.strip():
+        raise RiverError("empty prompt")
+    registry = default_registry()
+    for kind, name in (("policy", exit.policy), ("kv strategy", exit.kv),
+                       ("predictor", exit.predictor)):
+        registry.get(kind, name)
+    model = RiverModel.from_pretrained(args.model, backend=args.backend, device=args.device,
+                                       dtype=args.dtype, river=river, progress=True,
+                                       registry=registry)
+    out = model.generate(args.prompt, chat=not args.no_chat, exit=exit, generation=gen)
+    print(out.text)
+    print("\n" + _report(out.stats), file=sys.stderr)
+
+
+def _plugins() -> None:
+    registry = default_registry()
+    for kind in KINDS:
+        print(f"{kind}:")
+        for e in registry.entries(kind).values():
+            print(f"  {e.name:<12} {e.provider:<20} {e.summary}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        _generate(args) if args.command == "generate" else _plugins()
+    except RiverError as e:
+        print(f"river: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("river: interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

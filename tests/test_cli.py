@@ -1,0 +1,79 @@
+"""The CLI and bad input: one clear message, a non-zero exit, no traceback, nothing half-written."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from river_core.cli import main
+
+SHARED_CACHE = os.environ.get("RIVER_CACHE")
+
+
+def run(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "river_core.cli", *args], capture_output=True,
+                          text=True, env={**os.environ, **(env or {})}, timeout=300)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["generate", "hi", "--kv", "teleport"], "unknown kv strategy 'teleport'; available: "),
+    (["generate", "hi", "--policy", "nope"], "unknown policy 'nope'"),
+    (["generate", "hi", "--backend", "tpu"], "unknown backend 'tpu'"),
+    (["generate", "hi", "--threshold", "-1"], "threshold must be in [0, 10]"),
+    (["generate", "hi", "--river-bits", "3"], "river precision must be 4 or 8 bits"),
+    (["generate", "hi", "--max-new-tokens", "0"], "max_new_tokens must be > 0"),
+    (["generate", "   "], "empty prompt"),
+    (["generate", "hi", "--model", "/nonexistent/model"], "model not found"),
+    (["generate", "hi", "--device", "tpu"], "unknown device 'tpu'"),
+    (["generate", "hi", "--dtype", "int3"], "unknown dtype 'int3'"),
+])
+def test_bad_input_gets_one_clear_message(args, message, capsys):
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_cuda_where_there_is_none(capsys):
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    assert main(["generate", "hi", "--device", "cuda"]) == 2
+    assert "CUDA was asked for" in capsys.readouterr().err
+
+
+def test_unknown_names_are_listed(capsys):
+    main(["generate", "hi", "--kv", "teleport"])
+    err = capsys.readouterr().err
+    assert all(name in err for name in ("river", "propagate", "full"))
+
+
+def test_corrupt_gguf_is_reported_and_leaves_no_cache(tmp_path, capsys, monkeypatch):
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"GGUF" + b"\0" * 64)
+    monkeypatch.setenv("RIVER_CACHE", str(tmp_path / "cache"))
+    assert main(["generate", "hi", "--model", str(bad)]) == 2
+    assert "cannot read GGUF" in capsys.readouterr().err
+    leftovers = list((tmp_path / "cache" / "converted").glob("*"))
+    assert leftovers == []
+
+
+def test_folder_without_config(tmp_path, capsys):
+    assert main(["generate", "hi", "--model", str(tmp_path)]) == 2
+    assert "not a Hugging Face model folder" in capsys.readouterr().err
+
+
+def test_unsupported_architecture_names_the_supported_ones(tmp_path, capsys):
+    from transformers import GPT2Config
+    GPT2Config(n_layer=1, n_embd=32, n_head=2).save_pretrained(tmp_path)
+    assert main(["generate", "hi", "--model", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "unsupported architecture 'gpt2'" in err and "llama" in err and "gemma3_text" in err
+
+
+def test_plugins_lists_every_kind_with_its_distribution():
+    out = run("plugins")
+    assert out.returncode == 0
+    for name in ("hf", "similarity", "fixed", "transition", "river", "propagate", "full"):
+        assert f"  {name} " in out.stdout
+    assert "river-llm" in out.stdout

