@@ -2,7 +2,7 @@
 
 import pytest
 
-import tiny
+from river_hf import tiny
 from river_core import ConfigError, ExitConfig, RiverModel
 from river_core.cli import main
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 from hypothesis import given, strategies as st
 
-import tiny
+from river_hf import tiny
 from river_core.config import GenerationConfig
 from river_core.decode import generate_ids
 from river_core.kv import Full, Propagate, River

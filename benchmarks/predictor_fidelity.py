@@ -1,0 +1,120 @@
+"""How well the predicted cumulative KV error E(k) tracks the real one, on the embedded model.
+
+    python benchmarks/predictor_fidelity.py --prompts 4 --tokens 24
+
+For each decoded token (greedy, full depth) and each candidate exit layer k, the token's river
+is run from h_k and the real cumulative error sum_{j>k} rel_err(K/V_j river, K/V_j full) is
+measured in the cache slot; then the full-depth K/V is put back. Reports Pearson and Spearman
+correlation of predicted against measured, over all (token, k), and within tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from common import GSM8K_TRAIN, RESULTS, gsm8k_questions, machine, pearson, spearman, write
+from river_core import RiverModel, RiverSpec
+from river_core.predictor import TransitionPredictor
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).norm() / b.float().norm())
+
+
+def across_tokens(predicted, measured, per_token: int) -> float:
+    """For each exit layer k: do tokens with larger predicted error have larger real error?"""
+    p = np.array(predicted).reshape(-1, per_token)
+    m = np.array(measured).reshape(-1, per_token)
+    return float(np.nanmean([spearman(p[:, k], m[:, k]) for k in range(per_token)]))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", type=__import__("pathlib").Path, default=GSM8K_TRAIN)
+    ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--tokens", type=int, default=24)
+    ap.add_argument("--river-bits", type=int, default=8)
+    args = ap.parse_args()
+    model = RiverModel.from_pretrained(river=RiverSpec(bits=args.river_bits), progress=True)
+    b = model.backend
+    n = b.num_layers
+    predicted, measured, token_corr = [], [], []
+    for q in tqdm(gsm8k_questions(args.data, args.prompts), desc="prompts", file=sys.stderr):
+        ids = b.tokenizer.chat(q)
+        pre = b.prefill([ids], len(ids) + args.tokens + 1)
+        p = TransitionPredictor(b.river_error, pre.similarity[0])
+        token = int(pre.logits[0].argmax())
+        with torch.inference_mode():
+            for _ in range(args.tokens):
+                pos = b.offset
+                h = b.embed([token])
+                states, pred = [], []
+                for i in range(n):
+                    out = b.layer(i, h, None)
+                    p.observe(i, b.similarity(h, out, None)[0])
+                    pred.append(p.predicted_error(i))
+                    h = out
+                    states.append(h)
+                p.end_token()
+                full_kv = [(b._cache.k[j, :, :, pos].clone(), b._cache.v[j, :, :, pos].clone())
+                           for j in range(n)]
+                real = []
+                for k in range(n - 1):
+                    x, total = states[k], 0.0
+                    for j in range(k + 1, n):
+                        x = b.river_layer(j, x, None)
+                        total += max(rel(b._cache.k[j, :, :, pos], full_kv[j][0]),
+                                     rel(b._cache.v[j, :, :, pos], full_kv[j][1]))
+                    real.append(total)
+                for j, (k_, v_) in enumerate(full_kv):
+                    b._cache.k[j, :, :, pos], b._cache.v[j, :, :, pos] = k_, v_
+                token = int(b.logits(h)[0].argmax())
+                b.commit()
+                predicted += pred[:-1]
+                measured += real
+                token_corr.append(spearman(pred[:-1], real))
+    info = machine()
+    result = {"pearson": pearson(predicted, measured), "spearman": spearman(predicted, measured),
+              "mean_within_token_spearman": float(np.mean(token_corr)),
+              "mean_across_token_spearman_at_fixed_k": across_tokens(predicted, measured, n - 1),
+              "median_measured_over_predicted": float(np.median(np.array(measured)
+                                                                 / np.array(predicted))),
+              "samples": len(predicted)}
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        fig, ax = plt.subplots(figsize=(5, 4))
+        ax.scatter(measured, predicted, s=4, alpha=0.4)
+        ax.set_xlabel("measured cumulative river K/V error")
+        ax.set_ylabel("predicted E(k)")
+        ax.set_title(f"int{args.river_bits} river, SmolLM2-135M, Spearman "
+                     f"{result['spearman']:.2f}")
+        fig.tight_layout()
+        fig.savefig(RESULTS / "predictor-fidelity.png", dpi=110)
+        plot = "\n![predicted vs measured](predictor-fidelity.png)\n"
+    except ImportError:
+        plot = "\n(install the `bench` extra for the plot)\n"
+    md = (f"# Predictor fidelity, int{args.river_bits} river, embedded SmolLM2-135M-Instruct\n\n"
+          f"Command: `python benchmarks/predictor_fidelity.py --prompts {args.prompts} --tokens "
+          f"{args.tokens} --river-bits {args.river_bits}`. Machine: {info['cpu']}, "
+          f"{info['cores']} cores.\n\n| measure | value |\n|---|---|\n"
+          f"| Pearson, all (token, k) | {result['pearson']:.3f} |\n"
+          f"| Spearman, all (token, k) | {result['spearman']:.3f} |\n"
+          f"| Spearman within a token, mean (both fall with k) | "
+          f"{result['mean_within_token_spearman']:.3f} |\n"
+          f"| Spearman across tokens at a fixed k, mean over k | "
+          f"{result['mean_across_token_spearman_at_fixed_k']:.3f} |\n"
+          f"| median measured / predicted | {result['median_measured_over_predicted']:.2f} |\n"
+          f"| samples | {result['samples']} |\n" + plot)
+    write(f"predictor-fidelity", {"machine": info, "args": vars(args) | {"data": str(args.data)},
+                                  "result": result}, md)
+
+
+if __name__ == "__main__":
+    main()

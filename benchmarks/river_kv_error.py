@@ -1,0 +1,67 @@
+"""Measures the constant C of the river K/V bound  err(j) <= C * eps_j * d  on tiny random models.
+
+    python benchmarks/river_kv_error.py --trials 6
+
+d = j - k is how many river layers the token has run when it writes layer j; eps_j is that
+layer's relative weight error. Reports the largest err / (eps * d) seen per family and
+precision; tests/test_invariants.py asserts the bound with C rounded up from this.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+
+from common import machine, write
+from river_core.kv import Full, River
+from river_core.testing import relative_error, teacher_force
+from river_hf import tiny
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trials", type=int, default=6)
+    ap.add_argument("--seeds", type=int, default=2)
+    args = ap.parse_args()
+    rng = np.random.default_rng(0)
+    rows = []
+    for family in tiny.FAMILIES:
+        for bits in (8, 4):
+            ratios, errors = [], []
+            for seed in range(args.seeds):
+                b = tiny.backend(family, seed=seed, bits=bits)
+                n = b.num_layers
+                for _ in range(args.trials):
+                    prompt = [1] + rng.integers(3, tiny.VOCAB, rng.integers(1, 20)).tolist()
+                    cont = rng.integers(3, tiny.VOCAB, 8).tolist()
+                    teacher_force(b, prompt, cont, Full())
+                    full = [b.kv(i) for i in range(n)]
+                    exits = rng.integers(0, n, len(cont)).tolist()
+                    teacher_force(b, prompt, cont, River(), exits)
+                    got = [b.kv(i) for i in range(n)]
+                    for step, k in enumerate(exits):
+                        pos = len(prompt) + step
+                        for j in range(k + 1, n):
+                            e = max(relative_error(got[j][w][:, :, pos], full[j][w][:, :, pos])
+                                    for w in (0, 1))
+                            errors.append(e)
+                            ratios.append(e / (b.river_error[j] * (j - k)))
+            rows.append({"family": family, "bits": bits, "eps": float(np.mean(b.river_error)),
+                         "max_error": max(errors), "max_ratio": max(ratios),
+                         "p99_ratio": float(np.quantile(ratios, 0.99)), "samples": len(ratios)})
+    info = machine()
+    lines = ["# River K/V error against full depth (tiny random models)", "",
+             f"Command: `python benchmarks/river_kv_error.py --trials {args.trials} --seeds "
+             f"{args.seeds}`. Machine: {info['cpu']}, {info['cores']} cores.", "",
+             "| family | river | eps (weights) | max rel. K/V error | max err/(eps d) | p99 |",
+             "|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['family']} | int{r['bits']} | {r['eps']:.4f} | {r['max_error']:.4f} "
+                     f"| {r['max_ratio']:.2f} | {r['p99_ratio']:.2f} |")
+    lines.append(f"\nLargest ratio: {max(r['max_ratio'] for r in rows):.2f}.")
+    write("river-kv-error", {"machine": info, "rows": rows}, "\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
