@@ -66,7 +66,9 @@ class RiverModel:
         tok = self.backend.tokenizer
         ids = [tok.chat(p) if chat else tok.encode(p) for p in prompts]
         stats = self.generate_ids(ids, exit, generation)
-        return Completion([tok.decode(_until_eos(t, tok.eos_ids)) for t in stats.tokens], stats)
+        texts = [_cut(tok.decode(_until_eos(t, tok.eos_ids)), generation.stop)
+                 for t in stats.tokens]
+        return Completion(texts, stats)
 
     def generate_ids(self, prompts: Sequence[Sequence[int]], exit: ExitConfig,
                      generation: GenerationConfig) -> Generation:
@@ -81,6 +83,11 @@ class RiverModel:
         policy = self.registry.policy(exit.policy)(exit, self.backend.num_layers)
         predictor = self.registry.predictor(exit.predictor)
         return generate_ids(self.backend, prompts, generation, strategy, policy, predictor)
+
+
+def _cut(text: str, stop: Sequence[str]) -> str:
+    """The text before the first stop string."""
+    return min((text[:text.index(s)] for s in stop if s in text), key=len, default=text)
 
 
 def _until_eos(tokens: list[int], eos: frozenset[int]) -> list[int]:

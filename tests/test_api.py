@@ -36,6 +36,7 @@ def test_stop_string_ends_generation(folder):
     stop = free.text[2:4]
     stopped = model.generate("abc", chat=False, max_new_tokens=12, kv="full", stop=[stop])
     assert len(stopped.stats.tokens[0]) < len(free.stats.tokens[0])
+    assert stop not in stopped.text and free.text.startswith(stopped.text)
 
 
 def test_sampling_is_reproducible_with_a_seed(folder):

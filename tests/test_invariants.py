@@ -87,3 +87,17 @@ def test_river_kv_stays_within_the_documented_bound(family, bits, seed, prompt, 
             bound = RIVER_BOUND_C * b.river_error[j] * (j - k)
             for w in (0, 1):
                 assert relative_error(got[j][w][:, :, pos], full[j][w][:, :, pos]) <= bound
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_bfloat16_full_depth_matches_generate_and_river_runs(family):
+    prompt, n = [1, 20, 21, 22, 23], 8
+    ref = tiny.model(family, dtype=torch.bfloat16).generate(torch.tensor([prompt]),
+                                                            do_sample=False, max_new_tokens=n)
+    b = tiny.backend(family, dtype=torch.bfloat16)
+    full = generate_ids(b, [prompt], GenerationConfig(max_new_tokens=n), Full(),
+                        ScriptedPolicy([]), TransitionPredictor)
+    assert full.tokens[0] == ref[0, len(prompt):].tolist()
+    river = generate_ids(b, [prompt], GenerationConfig(max_new_tokens=n), River(),
+                         ScriptedPolicy([2] * n), TransitionPredictor)
+    assert len(river.tokens[0]) >= 1 and set(river.exit_layers[0]) <= {2}
