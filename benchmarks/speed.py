@@ -65,6 +65,7 @@ def main() -> None:
     names = list(configs)
     for p, q in enumerate(tqdm(questions, desc="prompts", file=sys.stderr)):
         order = names[p % len(names):] + names[: p % len(names)]
+        prompt_len = len(model.backend.tokenizer.chat(q))
         texts = {}
         for name in order:
             out = model.generate(q, exit=configs[name], generation=gen)
@@ -72,7 +73,6 @@ def main() -> None:
             steps[name] += out.stats.step_seconds
             row = out.stats.exit_layers[0]
             exits[name] += row
-            prompt_len = len(model.backend.tokenizer.chat(q))
             limits[name].append(bytes_per_token(model.backend, row, prompt_len + len(row) / 2))
         for name in names:
             agree[name].append(texts[name] == texts["full"])
