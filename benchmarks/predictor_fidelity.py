@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -20,10 +21,11 @@ from tqdm import tqdm
 from common import GSM8K_TRAIN, RESULTS, gsm8k_questions, machine, pearson, spearman, write
 from river_core import RiverModel, RiverSpec
 from river_core.predictor import TransitionPredictor
+from river_core.testing import relative_error
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.float() - b.float()).norm() / b.float().norm())
+    return relative_error(a.float().cpu().numpy(), b.float().cpu().numpy())
 
 
 def across_tokens(predicted, measured, per_token: int) -> float:
@@ -35,7 +37,7 @@ def across_tokens(predicted, measured, per_token: int) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data", type=__import__("pathlib").Path, default=GSM8K_TRAIN)
+    ap.add_argument("--data", type=Path, default=GSM8K_TRAIN)
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--tokens", type=int, default=24)
     ap.add_argument("--river-bits", type=int, default=8)
@@ -112,7 +114,7 @@ def main() -> None:
           f"{result['mean_across_token_spearman_at_fixed_k']:.3f} |\n"
           f"| median measured / predicted | {result['median_measured_over_predicted']:.2f} |\n"
           f"| samples | {result['samples']} |\n" + plot)
-    write(f"predictor-fidelity", {"machine": info, "args": vars(args) | {"data": str(args.data)},
+    write("predictor-fidelity", {"machine": info, "args": vars(args) | {"data": str(args.data)},
                                   "result": result}, md)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
@@ -43,7 +44,7 @@ def bytes_per_token(backend, exits: list[int], positions: float) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data", type=__import__("pathlib").Path, default=GSM8K_TRAIN)
+    ap.add_argument("--data", type=Path, default=GSM8K_TRAIN)
     ap.add_argument("--prompts", type=int, default=6)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--thresholds", type=float, nargs="+", default=[0.1, 0.15])
@@ -109,7 +110,8 @@ def main() -> None:
                      f"{r['ideal_speedup_from_bytes']:.2f}x | "
                      f"{r['speedup'] / r['ideal_speedup_from_bytes']:.2f} | "
                      f"{r['limit_ms_per_token']:.2f} | {r['mean_layers_run']:.1f} | "
-                     f"{100 * r['greedy_agreement']:.0f}% | {r['tokens_to_first_divergence']:.1f} |")
+                     f"{100 * r['greedy_agreement']:.0f}% | "
+                     f"{r['tokens_to_first_divergence']:.1f} |")
     write(args.name, {"machine": info, "args": vars(args) | {"data": str(args.data)},
                       "results": rows}, "\n".join(lines) + "\n")
 

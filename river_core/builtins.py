@@ -17,7 +17,8 @@ def similarity_policy(config: ExitConfig, num_layers: int) -> SimilarityPolicy:
     """Exit at the first layer whose predicted cumulative KV error is <= threshold."""
     min_layer = num_layers // 4 if config.min_layer is None else config.min_layer
     if min_layer >= num_layers:
-        raise ConfigError(f"min_layer {min_layer} is past the model's last layer ({num_layers - 1})")
+        raise ConfigError(f"min_layer {min_layer} is past the model's last layer "
+                          f"({num_layers - 1})")
     return SimilarityPolicy(config.threshold, min_layer)
 
 

@@ -57,7 +57,9 @@ class Generation:
     def skipped_share(self) -> float:
         """Share of backbone layers skipped over all decode steps."""
         e = self._all_exits
-        return float((self.num_layers - 1 - e).sum() / (e.size * self.num_layers)) if e.size else 0.0
+        if not e.size:
+            return 0.0
+        return float((self.num_layers - 1 - e).sum() / (e.size * self.num_layers))
 
     def histogram(self) -> np.ndarray:
         """Count of decode steps per exit layer, index = last backbone layer run."""

@@ -1,6 +1,5 @@
 """The CLI and bad input: one clear message, a non-zero exit, no traceback, nothing half-written."""
 
-import os
 import subprocess
 import sys
 
@@ -8,12 +7,9 @@ import pytest
 
 from river_core.cli import main
 
-SHARED_CACHE = os.environ.get("RIVER_CACHE")
-
-
-def run(*args, env=None):
+def run(*args):
     return subprocess.run([sys.executable, "-m", "river_core.cli", *args], capture_output=True,
-                          text=True, env={**os.environ, **(env or {})}, timeout=300)
+                          text=True, timeout=300)
 
 
 @pytest.mark.parametrize("args, message", [

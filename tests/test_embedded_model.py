@@ -2,7 +2,7 @@
 
 import pytest
 
-from river_core import ExitConfig, GenerationConfig, RiverModel
+from river_core import ExitConfig, GenerationConfig, ModelError, RiverModel
 
 pytestmark = pytest.mark.slow
 
@@ -12,7 +12,7 @@ def model():
     from river_hf.loader import default_gguf
     try:
         default_gguf()
-    except Exception as e:
+    except ModelError as e:
         pytest.skip(str(e))
     return RiverModel.from_pretrained()
 
