@@ -38,3 +38,11 @@ def river_predictors() -> Mapping[str, Callable]:
 @hookspec
 def river_kv_strategies() -> Mapping[str, Callable]:
     """name -> make() returning a KVStrategy."""
+
+
+@hookspec
+def river_conformance_backends() -> Mapping[str, Callable]:
+    """name -> make(family, seed, bits) returning a Backend over the tiny random model
+    `river_hf.tiny.model(family, seed)`: what the conformance kit (river_core.conformance)
+    runs. `family` is one of river_hf.tiny.FAMILIES; raise CapabilityError for one the
+    backend cannot run."""

@@ -16,6 +16,7 @@ KINDS = {
     "policy": "river_exit_policies",
     "predictor": "river_predictors",
     "kv strategy": "river_kv_strategies",
+    "conformance backend": "river_conformance_backends",
 }
 
 

@@ -66,3 +66,35 @@ def chat_ids(tokenizer, prompt: str) -> list[int]:
 def inner(model):
     """The decoder stack of a *ForCausalLM."""
     return model.model
+
+
+# -- what another backend needs to rebuild a block outside PyTorch --------------------------
+
+STATIC_ROPE = ("default", "linear", "llama3", "yarn")   # inv_freq fixed after construction
+
+
+def rope_frequencies(inner_model, key: str | None) -> tuple[torch.Tensor, float]:
+    """(inv_freq, attention scaling) of one rotary table: cos = cos(pos * inv_freq) * scaling."""
+    emb = inner_model.rotary_emb
+    prefix = "" if key is None else f"{key}_"
+    kind = emb.rope_type if key is None else emb.rope_type[key]
+    if kind not in STATIC_ROPE:
+        raise ModelError(f"rotary type {kind!r} changes with the sequence length; only "
+                         f"{', '.join(STATIC_ROPE)} can be exported")
+    return getattr(emb, f"{prefix}inv_freq").float(), float(getattr(emb,
+                                                                   f"{prefix}attention_scaling"))
+
+
+def activation(config) -> str:
+    return getattr(config, "hidden_activation", None) or config.hidden_act
+
+
+def norm_scale(norm, config) -> tuple[torch.Tensor, float]:
+    """(effective weight, eps) of an RMSNorm; Gemma scales by 1 + weight."""
+    w = norm.weight.detach().float()
+    eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
+    return (1 + w if config.model_type.startswith("gemma") else w), float(eps)
+
+
+def embed_scale(embedding) -> float:
+    return float(getattr(embedding, "scalar_embed_scale", 1.0))

@@ -112,18 +112,15 @@ def torch_device(device: str):
     return torch.device(device)
 
 
-def load(model: str | None = None, *, device: str = "cpu", dtype: str = "float32",
-         river: RiverSpec = RiverSpec(), progress: bool = False):
-    """Hugging Face transformers + PyTorch (CPU, CUDA): the reference backend."""
+def hf_model(model: str | None, *, dtype: str = "float32", progress: bool = False):
+    """(transformers model on the CPU, its tokenizer) for a model argument, checked."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     from . import compat
-    from .backend import HFBackend
 
     if dtype not in DTYPES:
         raise ConfigError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}")
-    dev = torch_device(device)
     with _quiet_transformers(progress):
         folder = resolve(model, progress)
         try:
@@ -138,8 +135,16 @@ def load(model: str | None = None, *, device: str = "cpu", dtype: str = "float32
             tok = AutoTokenizer.from_pretrained(folder, local_files_only=True)
         except Exception as e:
             raise ModelError(f"cannot load the model in {folder}: {e}") from None
-    hf.to(dev).eval()
+    return hf.eval(), tok
+
+
+def load(model: str | None = None, *, device: str = "cpu", dtype: str = "float32",
+         river: RiverSpec = RiverSpec(), progress: bool = False):
+    """Hugging Face transformers + PyTorch (CPU, CUDA): the reference backend."""
+    from .backend import HFBackend
+
+    dev = torch_device(device)
+    hf, tok = hf_model(model, dtype=dtype, progress=progress)
+    hf.to(dev)
     _say(progress, f"building the int{river.bits} river ...")
     return HFBackend(hf, tok, river)
-
-

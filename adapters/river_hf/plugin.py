@@ -8,3 +8,15 @@ from .loader import load
 @hookimpl
 def river_backends():
     return {"hf": load}
+
+
+def tiny_backend(family: str, seed: int, bits: int):
+    """The hf backend over a tiny random model: the conformance kit's reference."""
+    from .tiny import backend
+
+    return backend(family, seed, bits)
+
+
+@hookimpl
+def river_conformance_backends():
+    return {"hf": tiny_backend}

@@ -1,0 +1,1 @@
+"""ONNX Runtime backend: a transformers model exported into per-layer ONNX graphs."""

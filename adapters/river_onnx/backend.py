@@ -1,0 +1,207 @@
+"""The ONNX Runtime backend: per-layer sessions over a numpy KV cache owned by the backend.
+
+Hidden states are numpy arrays [batch, tokens, hidden]. Each step builds its rotary tables and
+additive masks once; every layer call feeds its layer's whole cache (no copy) and writes the
+new tokens' K/V it returns into the cache by index.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import onnxruntime as ort
+
+from river_core.backend import Capabilities, Prefill
+from river_core.errors import CapabilityError
+
+from .export import Manifest
+
+PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
+_thread_pool: list[bool] = []
+
+
+def _shared_threads() -> bool:
+    """One process-wide thread pool for the hundred-odd small sessions, when ORT still allows
+    it (it must be set before the first session of the process)."""
+    if not _thread_pool:
+        try:
+            ort.set_global_thread_pool_sizes(0, 1)
+            _thread_pool.append(True)
+        except Exception:   # an environment already exists: fall back to per-session pools
+            _thread_pool.append(False)
+    return _thread_pool[0]
+
+
+def sessions_for(device: str):
+    """A session factory for `device` that refuses to run anywhere else."""
+    provider = PROVIDERS[device]
+    if provider not in ort.get_available_providers():
+        raise CapabilityError(f"onnxruntime here has no {provider} (installed providers: "
+                              f"{', '.join(ort.get_available_providers())}); CUDA needs the "
+                              f"onnx-gpu extra instead of onnx")
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    if device == "cpu" and _shared_threads():
+        options.use_per_session_threads = False
+    else:
+        options.intra_op_num_threads = 1
+
+    def make(path: Path) -> ort.InferenceSession:
+        sess = ort.InferenceSession(str(path), options, providers=[provider])
+        if sess.get_providers()[0] != provider:
+            raise CapabilityError(f"onnxruntime fell back to {sess.get_providers()[0]} for "
+                                  f"{path.name}; refusing to report it as {device}")
+        return sess
+    return make
+
+
+class _Step:
+    """Rotary tables and additive masks of positions start..end-1, shared by all layers."""
+
+    def __init__(self, backend: "OnnxBackend", start: int, end: int) -> None:
+        self.start, self.end = start, end
+        b = backend
+        positions = np.maximum(np.arange(start, end)[None, :] - b._pad[:, None], 0)
+        self.rope = {}
+        for key, (inv_freq, scaling) in b._rope.items():
+            freqs = positions.astype(np.float32)[..., None] * inv_freq
+            emb = np.concatenate([freqs, freqs], axis=-1)[:, None]
+            self.rope[key] = (np.cos(emb) * scaling, np.sin(emb) * scaling)
+        self.masks = {w: self._masks(b, w) for w in set(b._windows)}
+
+    def _masks(self, b: "OnnxBackend", window: int | None):
+        tokens, capacity = self.end - self.start, b._k[0].shape[2]
+        query = np.arange(self.start, self.end)[:, None]
+        slots = np.arange(capacity)[None, :]
+        past = (slots < self.start) & b._valid[:, None, :] & (query >= 0)
+        new = (slots[:, self.start:self.end] <= query) & b._valid[:, None, self.start:self.end]
+        if window is not None:
+            past = past & (slots > query - window)
+            new = new & (slots[:, self.start:self.end] > query - window)
+        new |= np.eye(tokens, dtype=bool)   # a padded query attends to itself only
+        group = b._group
+        return tuple(np.tile(np.where(m, 0, -np.inf).astype(np.float32)[:, None], (1, 1, group, 1))
+                     for m in (past, new))
+
+
+class OnnxBackend:
+    """Runs exported per-layer graphs with ONNX Runtime. float32 only."""
+
+    name = "onnx"
+
+    def __init__(self, folder: Path, manifest: Manifest, tokenizer, device: str = "cpu") -> None:
+        make = sessions_for(device)
+        m = manifest
+        self._embed = make(folder / "embed.onnx")
+        self._head = make(folder / "head.onnx")
+        self._layers = [make(folder / f"layer_{i}.onnx") for i in range(m.num_layers)]
+        self._rivers = [make(folder / f"river_{i}.onnx") for i in range(m.num_layers)]
+        self._kv_proj = [make(folder / f"kv_{i}.onnx") for i in range(m.num_layers)]
+        self.providers = self._head.get_providers()
+        self.num_layers, self.max_positions = m.num_layers, m.max_positions
+        self.river_error = list(m.river_error)
+        self.capabilities = Capabilities(devices=("cpu", "cuda"))
+        self.tokenizer = tokenizer
+        self._windows = m.windows
+        self._keys = m.rope_keys
+        self._rope = {k: (np.asarray(f, dtype=np.float32), np.float32(s))
+                      for k, (f, s) in m.rope.items()}
+        self._kv_heads, self._head_dim = m.kv_heads, m.head_dim
+        self._group = m.heads // m.kv_heads
+        self._k: list[np.ndarray] = []
+        self._v: list[np.ndarray] = []
+        self._pad = np.zeros(0, dtype=np.int64)
+        self._valid = np.zeros((0, 0), dtype=bool)
+        self._step: _Step | None = None
+        self._offset = 0
+
+    @property
+    def offset(self) -> int:
+        return self._offset
+
+    def prefill(self, prompts: Sequence[Sequence[int]], capacity: int) -> Prefill:
+        batch, width = len(prompts), max(len(p) for p in prompts)
+        ids = np.zeros((batch, width), dtype=np.int64)
+        for r, p in enumerate(prompts):
+            ids[r, width - len(p):] = p
+        self._pad = np.array([width - len(p) for p in prompts])
+        self._valid = np.arange(capacity)[None, :] >= self._pad[:, None]
+        shape = (batch, self._kv_heads, capacity, self._head_dim)
+        self._k = [np.zeros(shape, np.float32) for _ in range(self.num_layers)]
+        self._v = [np.zeros(shape, np.float32) for _ in range(self.num_layers)]
+        self._offset = 0
+        h = self._begin(ids)
+        valid = self._valid[:, :width]
+        similarity = np.zeros((batch, self.num_layers))
+        for i in range(self.num_layers):
+            out = self.layer(i, h, None)
+            similarity[:, i] = (_cosine(h, out) * valid).sum(1) / valid.sum(1)
+            h = out
+        self._offset = width
+        return Prefill(self.logits(h), similarity)
+
+    def _begin(self, ids: np.ndarray) -> np.ndarray:
+        self._step = _Step(self, self._offset, self._offset + ids.shape[1])
+        return self._embed.run(None, {"ids": ids})[0]
+
+    def embed(self, tokens: Sequence[int]) -> np.ndarray:
+        return self._begin(np.asarray(tokens, dtype=np.int64)[:, None])
+
+    def _feeds(self, i: int, h: np.ndarray, idx, attention: bool = True) -> dict:
+        s = self._step
+        cos, sin = s.rope[self._keys[i]]
+        feeds = {"h": h, "cos": cos, "sin": sin}
+        if attention:
+            past_mask, self_mask = s.masks[self._windows[i]]
+            feeds.update(past_k=self._k[i], past_v=self._v[i], past_mask=past_mask,
+                         self_mask=self_mask)
+        return feeds if idx is None else {k: v[idx] for k, v in feeds.items()}
+
+    def _write(self, i: int, k: np.ndarray, v: np.ndarray, idx) -> None:
+        s = self._step
+        rows = slice(None) if idx is None else idx
+        self._k[i][rows, :, s.start:s.end] = k
+        self._v[i][rows, :, s.start:s.end] = v
+
+    def _run(self, sess, i: int, h: np.ndarray, rows) -> np.ndarray:
+        idx = None if rows is None else np.asarray(rows)
+        out, k, v = sess.run(None, self._feeds(i, h, idx))
+        self._write(i, k, v, idx)
+        if idx is None:
+            return out
+        full = h.copy()
+        full[idx] = out
+        return full
+
+    def layer(self, i: int, h, rows):
+        return self._run(self._layers[i], i, h, rows)
+
+    def river_layer(self, i: int, h, rows):
+        return self._run(self._rivers[i], i, h, rows)
+
+    def project_kv(self, i: int, h, rows) -> None:
+        idx = None if rows is None else np.asarray(rows)
+        k, v = self._kv_proj[i].run(None, self._feeds(i, h, idx, attention=False))
+        self._write(i, k, v, idx)
+
+    def similarity(self, before, after, rows) -> list[float]:
+        cos = _cosine(before[:, -1:], after[:, -1:])[:, 0]
+        return (cos if rows is None else cos[np.asarray(rows)]).tolist()
+
+    def logits(self, h) -> np.ndarray:
+        return self._head.run(None, {"h": np.ascontiguousarray(h[:, -1])})[0]
+
+    def commit(self) -> None:
+        self._offset += 1
+
+    def kv(self, i: int):
+        n = self._offset
+        return self._k[i][:, :, :n].copy(), self._v[i][:, :, :n].copy()
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    a, b = a.astype(np.float64), b.astype(np.float64)
+    num = (a * b).sum(-1)
+    return num / np.maximum(np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1), 1e-30)

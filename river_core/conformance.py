@@ -1,0 +1,207 @@
+"""The backend conformance kit: the contract of backend.py as property tests.
+
+Every backend registered under the `river_conformance_backends` hook (entry-point group
+`river_core`) is checked on tiny random models of every family (`river_hf.tiny`; the kit needs
+the `hf` extra, whose backend is the reference). Run it from any test module:
+
+    from river_core.conformance import *  # noqa: F401,F403
+
+To run it against one backend only, define a fixture of the same name after the import:
+
+    @pytest.fixture(scope="session")
+    def conformance_backend():
+        return "mine", make_my_backend        # make(family, seed, bits) -> Backend
+
+Tolerances and why (docs/conformance.md):
+- full depth against the reference: the same greedy tokens, logits within FULL_DEPTH_RTOL;
+- river K/V: relative error <= RIVER_BOUND_C * eps_j * d at the d-th river layer j of a token,
+  eps_j = the backend's own `river_error[j]`;
+- exit after the last layer and `propagate` at layer k+1: bit-identical, within the backend.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+from hypothesis import given, strategies as st
+from river_hf import tiny
+
+from .config import ExitConfig, GenerationConfig
+from .decode import generate_ids
+from .errors import CapabilityError, ConfigError
+from .kv import Full, Propagate, River
+from .model import RiverModel
+from .plugins import default_registry
+from .predictor import TransitionPredictor
+from .testing import ScriptedPolicy, relative_error, teacher_force
+
+# River K/V bound (docs/river.md, "River K/V error"): first-order error model, C measured by
+# benchmarks/river_kv_error.py (largest ratio seen 3.0 on hf) and rounded up.
+RIVER_BOUND_C = 4.0
+# Float32 across frameworks: kernels sum in different orders; measured differences ~1e-5.
+FULL_DEPTH_RTOL = 1e-4
+
+LAYERS = tiny.COMMON["num_hidden_layers"]
+families = st.sampled_from(tiny.FAMILIES)
+prompts = st.lists(st.integers(3, tiny.VOCAB - 1), min_size=1, max_size=24).map(lambda p: [1] + p)
+continuations = st.lists(st.integers(3, tiny.VOCAB - 1), min_size=1, max_size=10)
+exit_layers = st.lists(st.one_of(st.none(), st.integers(0, LAYERS - 1)), min_size=10, max_size=10)
+
+
+def _registered() -> list[str]:
+    return sorted(default_registry().entries("conformance backend"))
+
+
+@pytest.fixture(scope="session", params=_registered())
+def conformance_backend(request):
+    """(name, make(family, seed, bits)) of each registered backend."""
+    return request.param, default_registry().get("conformance backend", request.param)
+
+
+@functools.cache
+def _made(make, family: str, seed: int, bits: int):
+    try:
+        return make(family, seed, bits)
+    except CapabilityError as e:
+        pytest.skip(str(e))
+
+
+def _backend(conformance_backend, family="llama", seed=0, bits=8):
+    return _made(conformance_backend[1], family, seed, bits)
+
+
+def _reference(family: str):
+    return _made(default_registry().get("conformance backend", "hf"), family, 0, 8)
+
+
+def _needs(backend, capability: str) -> None:
+    if not getattr(backend.capabilities, capability):
+        pytest.skip(f"{backend.name} does not declare {capability}")
+
+
+def _kv_after(backend, prompt, cont, strategy, exits=()):
+    teacher_force(backend, prompt, cont, strategy, exits)
+    return [backend.kv(i) for i in range(backend.num_layers)]
+
+
+def _greedy(backend, prompt, n, strategy=Full(), exits=()):
+    return generate_ids(backend, [prompt], GenerationConfig(max_new_tokens=n), strategy,
+                        ScriptedPolicy(exits), TransitionPredictor)
+
+
+@given(family=families, prompt=prompts, n=st.integers(1, 12))
+def test_full_depth_matches_the_reference_backend(conformance_backend, family, prompt, n):
+    b, ref = _backend(conformance_backend, family), _reference(family)
+    assert _greedy(b, prompt, n).tokens == _greedy(ref, prompt, n).tokens
+    cont = _greedy(ref, prompt, n).tokens[0]
+    for got, want in zip(teacher_force(b, prompt, cont, Full()),
+                         teacher_force(ref, prompt, cont, Full())):
+        assert relative_error(got, want) <= FULL_DEPTH_RTOL
+
+
+@given(family=families, prompt=prompts, cont=continuations, exits=exit_layers,
+       strategy=st.sampled_from([River(), Propagate()]))
+def test_every_layer_holds_every_position_after_any_exits(conformance_backend, family, prompt,
+                                                          cont, exits, strategy):
+    b = _backend(conformance_backend, family)
+    _needs(b, "exits")
+    _needs(b, strategy.requires)
+    for k, v in _kv_after(b, prompt, cont, strategy, exits):
+        assert k.shape[2] == v.shape[2] == len(prompt) + len(cont) == b.offset
+        assert np.isfinite(k).all() and np.isfinite(v).all()
+
+
+@given(family=families, prompt=prompts, cont=continuations)
+def test_exit_after_last_layer_is_bit_identical_to_full_depth(conformance_backend, family,
+                                                              prompt, cont):
+    b = _backend(conformance_backend, family)
+    _needs(b, "exits")
+    full_logits = teacher_force(b, prompt, cont, Full())
+    full_kv = [b.kv(i) for i in range(b.num_layers)]
+    last = teacher_force(b, prompt, cont, River(), [b.num_layers - 1] * len(cont))
+    for a, e in zip(last, full_logits):
+        assert np.array_equal(a, e)
+    for (k, v), (fk, fv) in zip((b.kv(i) for i in range(b.num_layers)), full_kv):
+        assert np.array_equal(k, fk) and np.array_equal(v, fv)
+
+
+@given(family=families, prompt=prompts, cont=continuations, data=st.data())
+def test_propagate_writes_exact_kv_one_layer_past_the_exit(conformance_backend, family, prompt,
+                                                           cont, data):
+    b = _backend(conformance_backend, family)
+    _needs(b, "exits")
+    _needs(b, "propagate")
+    step = data.draw(st.integers(0, len(cont) - 1))
+    k = data.draw(st.integers(0, b.num_layers - 2))
+    full = _kv_after(b, prompt, cont, Full())
+    exits = [None] * len(cont)
+    exits[step] = k
+    got = _kv_after(b, prompt, cont, Propagate(), exits)
+    pos = len(prompt) + step
+    for layer in range(k + 2):
+        for w in (0, 1):
+            assert np.array_equal(got[layer][w][:, :, pos], full[layer][w][:, :, pos])
+
+
+@given(family=families, bits=st.sampled_from([8, 4]), seed=st.integers(0, 2), prompt=prompts,
+       cont=continuations, exits=exit_layers)
+def test_river_kv_stays_within_the_documented_bound(conformance_backend, family, bits, seed,
+                                                    prompt, cont, exits):
+    b = _backend(conformance_backend, family, seed, bits)
+    _needs(b, "exits")
+    _needs(b, "river")
+    full = _kv_after(b, prompt, cont, Full())
+    got = _kv_after(b, prompt, cont, River(), exits)
+    for step, k in enumerate(exits[:len(cont)]):
+        pos = len(prompt) + step
+        for j in range(b.num_layers if k is None else k + 1, b.num_layers):
+            bound = RIVER_BOUND_C * b.river_error[j] * (j - k)
+            for w in (0, 1):
+                assert relative_error(got[j][w][:, :, pos], full[j][w][:, :, pos]) <= bound
+
+
+@pytest.mark.parametrize("strategy", [River(), Propagate()])
+def test_batched_rows_exit_on_their_own_and_match_single_runs(conformance_backend, strategy):
+    b = _backend(conformance_backend)
+    _needs(b, "batch")
+    _needs(b, "exits")
+    _needs(b, strategy.requires)
+    rows = [[1, 40, 41, 42, 43, 44, 45, 46, 47], [1, 7, 8], [1, 60, 61, 62, 63]]
+    exits = [2, None, 0, 4, 1, 3]
+    batched = generate_ids(b, rows, GenerationConfig(max_new_tokens=6), strategy,
+                           ScriptedPolicy(exits), TransitionPredictor)
+    for r, prompt in enumerate(rows):
+        alone = _greedy(b, prompt, 6, strategy, exits)
+        assert batched.tokens[r] == alone.tokens[0]
+
+
+def test_capability_flags_are_respected(conformance_backend):
+    b = _backend(conformance_backend)
+    model = RiverModel(b)
+    ids = [1, 20, 21, 22]
+    for kv in ("river", "propagate"):
+        strategy = model.registry.kv_strategy(kv)()
+        allowed = b.capabilities.exits and getattr(b.capabilities, strategy.requires)
+        exit = ExitConfig(kv=kv, policy="fixed", layer=1)
+        if allowed:
+            out = model.generate_ids([ids], exit, GenerationConfig(max_new_tokens=3))
+            assert set(out.exit_layers[0]) <= {1}
+        else:
+            with pytest.raises(CapabilityError):
+                model.generate_ids([ids], exit, GenerationConfig(max_new_tokens=3))
+    if not b.capabilities.batch:
+        with pytest.raises(ConfigError):
+            model.generate_ids([ids, ids], ExitConfig(kv="full"), GenerationConfig())
+
+
+def test_bad_input_gets_a_clear_error(conformance_backend):
+    model = RiverModel(_backend(conformance_backend))
+    with pytest.raises(ConfigError, match="empty prompt"):
+        model.generate("   ")
+    with pytest.raises(ConfigError, match="exceeds the model's context"):
+        model.generate_ids([[1] * (model.backend.max_positions + 1)], ExitConfig(kv="full"),
+                           GenerationConfig(max_new_tokens=1))
+    with pytest.raises(ConfigError):
+        GenerationConfig(max_new_tokens=0)
