@@ -10,7 +10,7 @@ To run it against one backend only, define a fixture of the same name after the 
 
     @pytest.fixture(scope="session")
     def conformance_backend():
-        return "mine", make_my_backend        # make(family, seed, bits) -> Backend
+        return Subject.of("mine", make_my_backend)   # make(family, seed, bits) -> Backend
 
 Tolerances and why (docs/conformance.md):
 - full depth against the reference: the same greedy tokens, logits within FULL_DEPTH_RTOL;
@@ -22,7 +22,9 @@ Tolerances and why (docs/conformance.md):
 from __future__ import annotations
 
 import functools
+from typing import Callable
 
+import attrs
 import numpy as np
 import pytest
 from hypothesis import given, strategies as st
@@ -44,32 +46,51 @@ RIVER_BOUND_C = 4.0
 FULL_DEPTH_RTOL = 1e-4
 
 LAYERS = tiny.COMMON["num_hidden_layers"]
-families = st.sampled_from(tiny.FAMILIES)
 prompts = st.lists(st.integers(3, tiny.VOCAB - 1), min_size=1, max_size=24).map(lambda p: [1] + p)
 continuations = st.lists(st.integers(3, tiny.VOCAB - 1), min_size=1, max_size=10)
 exit_layers = st.lists(st.one_of(st.none(), st.integers(0, LAYERS - 1)), min_size=10, max_size=10)
 
 
-def _registered() -> list[str]:
-    return sorted(default_registry().entries("conformance backend"))
-
-
-@pytest.fixture(scope="session", params=_registered())
-def conformance_backend(request):
-    """(name, make(family, seed, bits)) of each registered backend."""
-    return request.param, default_registry().get("conformance backend", request.param)
-
-
 @functools.cache
 def _made(make, family: str, seed: int, bits: int):
-    try:
-        return make(family, seed, bits)
-    except CapabilityError as e:
-        pytest.skip(str(e))
+    return make(family, seed, bits)
 
 
-def _backend(conformance_backend, family="llama", seed=0, bits=8):
-    return _made(conformance_backend[1], family, seed, bits)
+@attrs.frozen
+class Subject:
+    """A backend under test: make(family, seed, bits) and the tiny families it runs."""
+
+    name: str
+    make: Callable
+    families: tuple[str, ...]
+
+    @classmethod
+    def of(cls, name: str, make: Callable) -> "Subject":
+        runs = []
+        for family in tiny.FAMILIES:
+            try:
+                _made(make, family, 0, 8)
+                runs.append(family)
+            except CapabilityError:
+                pass
+        return cls(name, make, tuple(runs))
+
+    def backend(self, family: str | None = None, seed: int = 0, bits: int = 8):
+        if not self.families:
+            pytest.skip(f"{self.name} runs none of the tiny families")
+        return _made(self.make, family or self.families[0], seed, bits)
+
+    def family(self, data) -> str:
+        """A family drawn by hypothesis among those the backend runs."""
+        if not self.families:
+            pytest.skip(f"{self.name} runs none of the tiny families")
+        return data.draw(st.sampled_from(self.families), label="family")
+
+
+@pytest.fixture(scope="session", params=sorted(default_registry().entries("conformance backend")))
+def conformance_backend(request) -> Subject:
+    """Each backend registered under the river_conformance_backends hook."""
+    return Subject.of(request.param, default_registry().get("conformance backend", request.param))
 
 
 def _reference(family: str):
@@ -91,9 +112,10 @@ def _greedy(backend, prompt, n, strategy=Full(), exits=()):
                         ScriptedPolicy(exits), TransitionPredictor)
 
 
-@given(family=families, prompt=prompts, n=st.integers(1, 12))
-def test_full_depth_matches_the_reference_backend(conformance_backend, family, prompt, n):
-    b, ref = _backend(conformance_backend, family), _reference(family)
+@given(prompt=prompts, n=st.integers(1, 12), data=st.data())
+def test_full_depth_matches_the_reference_backend(conformance_backend, prompt, n, data):
+    family = conformance_backend.family(data)
+    b, ref = conformance_backend.backend(family), _reference(family)
     assert _greedy(b, prompt, n).tokens == _greedy(ref, prompt, n).tokens
     cont = _greedy(ref, prompt, n).tokens[0]
     for got, want in zip(teacher_force(b, prompt, cont, Full()),
@@ -101,11 +123,11 @@ def test_full_depth_matches_the_reference_backend(conformance_backend, family, p
         assert relative_error(got, want) <= FULL_DEPTH_RTOL
 
 
-@given(family=families, prompt=prompts, cont=continuations, exits=exit_layers,
-       strategy=st.sampled_from([River(), Propagate()]))
-def test_every_layer_holds_every_position_after_any_exits(conformance_backend, family, prompt,
-                                                          cont, exits, strategy):
-    b = _backend(conformance_backend, family)
+@given(prompt=prompts, cont=continuations, exits=exit_layers,
+       strategy=st.sampled_from([River(), Propagate()]), data=st.data())
+def test_every_layer_holds_every_position_after_any_exits(conformance_backend, prompt, cont,
+                                                          exits, strategy, data):
+    b = conformance_backend.backend(conformance_backend.family(data))
     _needs(b, "exits")
     _needs(b, strategy.requires)
     for k, v in _kv_after(b, prompt, cont, strategy, exits):
@@ -113,10 +135,10 @@ def test_every_layer_holds_every_position_after_any_exits(conformance_backend, f
         assert np.isfinite(k).all() and np.isfinite(v).all()
 
 
-@given(family=families, prompt=prompts, cont=continuations)
-def test_exit_after_last_layer_is_bit_identical_to_full_depth(conformance_backend, family,
-                                                              prompt, cont):
-    b = _backend(conformance_backend, family)
+@given(prompt=prompts, cont=continuations, data=st.data())
+def test_exit_after_last_layer_is_bit_identical_to_full_depth(conformance_backend, prompt, cont,
+                                                              data):
+    b = conformance_backend.backend(conformance_backend.family(data))
     _needs(b, "exits")
     full_logits = teacher_force(b, prompt, cont, Full())
     full_kv = [b.kv(i) for i in range(b.num_layers)]
@@ -127,10 +149,10 @@ def test_exit_after_last_layer_is_bit_identical_to_full_depth(conformance_backen
         assert np.array_equal(k, fk) and np.array_equal(v, fv)
 
 
-@given(family=families, prompt=prompts, cont=continuations, data=st.data())
-def test_propagate_writes_exact_kv_one_layer_past_the_exit(conformance_backend, family, prompt,
-                                                           cont, data):
-    b = _backend(conformance_backend, family)
+@given(prompt=prompts, cont=continuations, data=st.data())
+def test_propagate_writes_exact_kv_one_layer_past_the_exit(conformance_backend, prompt, cont,
+                                                           data):
+    b = conformance_backend.backend(conformance_backend.family(data))
     _needs(b, "exits")
     _needs(b, "propagate")
     step = data.draw(st.integers(0, len(cont) - 1))
@@ -145,11 +167,11 @@ def test_propagate_writes_exact_kv_one_layer_past_the_exit(conformance_backend, 
             assert np.array_equal(got[layer][w][:, :, pos], full[layer][w][:, :, pos])
 
 
-@given(family=families, bits=st.sampled_from([8, 4]), seed=st.integers(0, 2), prompt=prompts,
-       cont=continuations, exits=exit_layers)
-def test_river_kv_stays_within_the_documented_bound(conformance_backend, family, bits, seed,
-                                                    prompt, cont, exits):
-    b = _backend(conformance_backend, family, seed, bits)
+@given(bits=st.sampled_from([8, 4]), seed=st.integers(0, 2), prompt=prompts,
+       cont=continuations, exits=exit_layers, data=st.data())
+def test_river_kv_stays_within_the_documented_bound(conformance_backend, bits, seed, prompt,
+                                                    cont, exits, data):
+    b = conformance_backend.backend(conformance_backend.family(data), seed, bits)
     _needs(b, "exits")
     _needs(b, "river")
     full = _kv_after(b, prompt, cont, Full())
@@ -164,7 +186,7 @@ def test_river_kv_stays_within_the_documented_bound(conformance_backend, family,
 
 @pytest.mark.parametrize("strategy", [River(), Propagate()])
 def test_batched_rows_exit_on_their_own_and_match_single_runs(conformance_backend, strategy):
-    b = _backend(conformance_backend)
+    b = conformance_backend.backend()
     _needs(b, "batch")
     _needs(b, "exits")
     _needs(b, strategy.requires)
@@ -178,7 +200,7 @@ def test_batched_rows_exit_on_their_own_and_match_single_runs(conformance_backen
 
 
 def test_capability_flags_are_respected(conformance_backend):
-    b = _backend(conformance_backend)
+    b = conformance_backend.backend()
     model = RiverModel(b)
     ids = [1, 20, 21, 22]
     for kv in ("river", "propagate"):
@@ -197,7 +219,7 @@ def test_capability_flags_are_respected(conformance_backend):
 
 
 def test_bad_input_gets_a_clear_error(conformance_backend):
-    model = RiverModel(_backend(conformance_backend))
+    model = RiverModel(conformance_backend.backend())
     with pytest.raises(ConfigError, match="empty prompt"):
         model.generate("   ")
     with pytest.raises(ConfigError, match="exceeds the model's context"):

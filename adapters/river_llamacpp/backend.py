@@ -1,0 +1,108 @@
+"""llama.cpp as a backend: full-depth generation and logits of a GGUF model, nothing more.
+
+llama.cpp builds one compute graph over all layers and has no per-token exit, no hook to run a
+single layer and no public access to its KV cache. So this backend declares `exits=False`: the
+core runs it with the `full` strategy only and refuses exit policies with a clear error. Its
+"layers" are bookkeeping: the state is the pending token, and the last layer evaluates it
+through the whole llama.cpp graph. A real integration would need llama.cpp to expose per-layer
+graph execution over a shared KV cache (see docs/backends.md).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import attrs
+import numpy as np
+
+from river_core.backend import Capabilities, Prefill
+from river_core.errors import CapabilityError
+
+UNSUPPORTED = "llama.cpp cannot run single layers or exit early; use the full kv strategy"
+
+
+@attrs.frozen
+class Pending:
+    tokens: list[int]
+
+
+@attrs.frozen
+class Evaluated:
+    logits: np.ndarray   # [1, vocab]
+
+
+class LlamaCppTokenizer:
+    def __init__(self, llm) -> None:
+        import llama_cpp.llama_chat_format as chat_format
+
+        self._llm = llm
+        self.eos_ids = frozenset([llm.token_eos()])
+        template = llm.metadata.get("tokenizer.chat_template")
+        vocab = [llm.token_eos(), llm.token_bos()]
+        eos, bos = (llm.detokenize([t], special=True).decode(errors="ignore") for t in vocab)
+        self._chat = template and chat_format.Jinja2ChatFormatter(template, eos, bos)
+
+    def encode(self, text: str) -> list[int]:
+        return self._llm.tokenize(text.encode(), add_bos=False, special=True)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._llm.detokenize(list(ids)).decode(errors="replace")
+
+    def chat(self, prompt: str) -> list[int]:
+        if not self._chat:
+            return self.encode(prompt)
+        return self.encode(self._chat(messages=[{"role": "user", "content": prompt}]).prompt)
+
+
+class LlamaCppBackend:
+    name = "llamacpp"
+
+    def __init__(self, llm, num_layers: int) -> None:
+        self._llm = llm
+        self.num_layers = num_layers
+        self.max_positions = llm.n_ctx()
+        self.capabilities = Capabilities(exits=False, river=False, propagate=False, batch=False,
+                                         devices=("cpu",))
+        self.tokenizer = LlamaCppTokenizer(llm)
+        self.river_error = [float("nan")] * num_layers   # there is no river
+
+    @property
+    def offset(self) -> int:
+        return self._llm.n_tokens
+
+    def _eval(self, tokens: Sequence[int]) -> np.ndarray:
+        import llama_cpp
+
+        self._llm.eval(list(tokens))
+        logits = llama_cpp.llama_get_logits_ith(self._llm.ctx, -1)
+        return np.ctypeslib.as_array(logits, shape=(1, self._llm.n_vocab())).copy()
+
+    def prefill(self, prompts, capacity: int) -> Prefill:
+        (prompt,) = prompts   # batch=False: the core never sends more than one
+        self._llm.reset()
+        logits = self._eval(prompt)
+        return Prefill(logits, np.full((1, self.num_layers), np.nan))
+
+    def embed(self, tokens: Sequence[int]) -> Pending:
+        return Pending(list(tokens))
+
+    def layer(self, i: int, h, rows):
+        return Evaluated(self._eval(h.tokens)) if i == self.num_layers - 1 else h
+
+    def river_layer(self, i: int, h, rows):
+        raise CapabilityError(UNSUPPORTED)
+
+    def project_kv(self, i: int, h, rows) -> None:
+        raise CapabilityError(UNSUPPORTED)
+
+    def similarity(self, before, after, rows) -> list[float]:
+        raise CapabilityError(UNSUPPORTED)
+
+    def logits(self, h: Evaluated) -> np.ndarray:
+        return h.logits
+
+    def commit(self) -> None:
+        """llama.cpp advanced its own cache when the last layer evaluated the token."""
+
+    def kv(self, i: int):
+        raise CapabilityError("llama.cpp does not expose its KV cache")

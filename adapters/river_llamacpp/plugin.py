@@ -1,0 +1,73 @@
+"""Registers the `llamacpp` backend (optional extra `llamacpp`)."""
+
+from __future__ import annotations
+
+import atexit
+import os
+from pathlib import Path
+
+from river_core.config import RiverSpec
+from river_core.errors import CapabilityError, ConfigError, ModelError
+from river_core.hookspecs import hookimpl
+
+CONTEXT = 8192   # positions allocated; smaller than most models' trained context, to save memory
+
+
+def _llama(path: Path, context: int, exact: bool):
+    try:
+        import llama_cpp
+    except ImportError:
+        raise CapabilityError("the llamacpp backend needs llama-cpp-python: "
+                              "pip install 'river-llm[llamacpp]'") from None
+    # exact: float32 K/V (llama.cpp defaults to float16), for comparisons with other backends
+    kv_type = {"type_k": 0, "type_v": 0} if exact else {}
+    try:
+        # n_ubatch=1: evaluating several tokens at once crashes llama-cpp-python 0.3.36 on
+        # Q4_1 weights on our AVX-512/AMX CPU (segfault in ggml). One at a time costs prefill
+        # speed only; decoding is one token a step anyway.
+        llm = llama_cpp.Llama(str(path), n_ctx=context, n_threads=os.cpu_count(),
+                              n_ubatch=1, verbose=False, **kv_type)
+    except Exception as e:   # llama.cpp reports damaged files as ValueError or RuntimeError
+        raise ModelError(f"llama.cpp cannot load {path}: {e}") from None
+    atexit.register(llm.close)   # before interpreter teardown, which breaks llama.cpp's __del__
+    return llm, int(llm.metadata[f"{llm.metadata['general.architecture']}.block_count"])
+
+
+def load(model: str | None = None, *, device: str = "cpu", dtype: str = "float32",
+         river: RiverSpec = RiverSpec(), progress: bool = False):
+    """llama.cpp via llama-cpp-python (CPU): full depth only, GGUF files."""
+    from river_hf.loader import default_gguf
+
+    from .backend import LlamaCppBackend
+
+    if device != "cpu":
+        raise CapabilityError("the llamacpp backend runs on the CPU only")
+    if dtype != "float32":
+        raise ConfigError("llama.cpp computes in the GGUF file's own types; --dtype does not "
+                          "apply to the llamacpp backend")
+    path = default_gguf() if model is None else Path(model).expanduser()
+    if path.suffix != ".gguf" or not path.is_file():
+        raise ModelError(f"the llamacpp backend needs a .gguf file, got {path}")
+    llm, layers = _llama(path, CONTEXT, exact=False)
+    return LlamaCppBackend(llm, layers)
+
+
+def tiny_backend(family: str, seed: int, bits: int):
+    """llama.cpp over the tiny random Qwen2 model written as a float32 GGUF."""
+    from .backend import LlamaCppBackend
+    from .tiny import FAMILY, gguf_file
+
+    if family != FAMILY:
+        raise CapabilityError(f"the llamacpp conformance model is the tiny {FAMILY} only")
+    llm, layers = _llama(gguf_file(seed), 256, exact=True)
+    return LlamaCppBackend(llm, layers)
+
+
+@hookimpl
+def river_backends():
+    return {"llamacpp": load}
+
+
+@hookimpl
+def river_conformance_backends():
+    return {"llamacpp": tiny_backend}
