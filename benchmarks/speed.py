@@ -1,11 +1,13 @@
-"""Decode speed of full depth against River on the embedded model, interleaved in one run.
+"""Decode speed of every backend at full depth and with the river, interleaved in one run.
 
-    python benchmarks/speed.py --prompts 6 --tokens 64 --thresholds 0.1 0.15
+    python benchmarks/speed.py --backends hf onnx llamacpp --prompts 6 --tokens 64 \\
+        --thresholds 0.1 0.15
 
-Every prompt runs every configuration back to back (order rotated per prompt) after one
-warm-up generation, so drift of a shared machine hits all alike. ms/token is the median
-decode-step time at batch 1. The physical limit is bytes read per token (weights of the
-layers that ran at their precision, the LM head, the KV cache) over measured bandwidth.
+Every prompt runs every (backend, configuration) back to back, order rotated per prompt,
+after one warm-up generation each, so drift of a shared machine hits all alike. ms/token is the
+median decode-step time at batch 1. The physical limit is bytes read per token (each backend's
+`footprint()`: weights of the layers that ran at their stored precision, the head, the KV
+cache) over measured copy bandwidth. Backends whose extra is not installed are skipped.
 """
 
 from __future__ import annotations
@@ -18,32 +20,16 @@ import numpy as np
 from tqdm import tqdm
 
 from common import GSM8K_TRAIN, gsm8k_questions, machine, write
-from river_core import ExitConfig, GenerationConfig, RiverModel, RiverSpec
+from river_core import CapabilityError, ExitConfig, GenerationConfig, RiverModel, RiverSpec
 
 
-def param_bytes(linears) -> int:
-    return sum(l.weight.numel() * l.weight.element_size() for l in linears)
-
-
-def quant_bytes(linears) -> int:
-    return sum(q.q.numel() * q.q.element_size() + q.scale.numel() * q.scale.element_size()
-               for q in linears)
-
-
-def bytes_per_token(backend, exits: list[int], positions: float) -> float:
-    """Mean bytes a decode step reads for the given exit layers (hf backend)."""
-    names = ("q", "k", "v", "o", "gate", "up", "down")
-    layer = [param_bytes(getattr(b, n) for n in names) for b in backend.blocks]
-    river = [quant_bytes(getattr(b, n) for n in names) for b in backend.rivers]
-    head = backend._head.weight.numel() * backend._head.weight.element_size()
-    cache = backend._cache
-    kv = 2 * cache.k[0, 0].numel() / cache.k.shape[3] * cache.k.element_size()  # per position
-    per_step = [sum(layer[: k + 1]) + sum(river[k + 1:]) for k in exits]
-    return float(np.mean(per_step)) + head + kv * positions * backend.num_layers
+def first_divergence(a: list[int], b: list[int]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--backends", nargs="+", default=["hf", "onnx", "llamacpp"])
     ap.add_argument("--data", type=Path, default=GSM8K_TRAIN)
     ap.add_argument("--prompts", type=int, default=6)
     ap.add_argument("--tokens", type=int, default=64)
@@ -52,68 +38,88 @@ def main() -> None:
     ap.add_argument("--name", default="speed-cpu")
     args = ap.parse_args()
 
-    model = RiverModel.from_pretrained(river=RiverSpec(bits=args.river_bits), progress=True)
-    configs = {"full": ExitConfig(kv="full")}
-    configs.update({f"river t={t}": ExitConfig(threshold=t) for t in args.thresholds})
+    models, configs = {}, {}
+    for name in args.backends:
+        try:
+            models[name] = RiverModel.from_pretrained(backend=name, progress=True,
+                                                      river=RiverSpec(bits=args.river_bits))
+        except CapabilityError as e:
+            print(f"skipping {name}: {e}", file=sys.stderr)
+            continue
+        configs[(name, "full")] = ExitConfig(kv="full")
+        if models[name].backend.capabilities.exits:
+            configs.update({(name, f"river t={t}"): ExitConfig(threshold=t)
+                            for t in args.thresholds})
     gen = GenerationConfig(max_new_tokens=args.tokens)
     questions = gsm8k_questions(args.data, args.prompts)
-    model.generate(questions[0], generation=gen)   # warm-up
-    steps = {name: [] for name in configs}
-    exits = {name: [] for name in configs}
-    limits = {name: [] for name in configs}
-    agree = {name: [] for name in configs}
-    diverge = {name: [] for name in configs}
-    names = list(configs)
+    for key, exit in configs.items():   # warm-up
+        models[key[0]].generate(questions[0], exit=exit, generation=gen)
+    keys = list(configs)
+    steps = {k: [] for k in keys}
+    exits = {k: [] for k in keys}
+    read = {k: [] for k in keys}
+    agree = {k: [] for k in keys}
+    diverge = {k: [] for k in keys}
     for p, q in enumerate(tqdm(questions, desc="prompts", file=sys.stderr)):
-        order = names[p % len(names):] + names[: p % len(names)]
-        prompt_len = len(model.backend.tokenizer.chat(q))
         texts = {}
-        for name in order:
-            out = model.generate(q, exit=configs[name], generation=gen)
-            texts[name] = out.stats.tokens[0]
-            steps[name] += out.stats.step_seconds
+        for key in keys[p % len(keys):] + keys[: p % len(keys)]:
+            backend = models[key[0]].backend
+            out = models[key[0]].generate(q, exit=configs[key], generation=gen)
+            texts[key] = out.stats.tokens[0]
+            steps[key] += out.stats.step_seconds
             row = out.stats.exit_layers[0]
-            exits[name] += row
-            limits[name].append(bytes_per_token(model.backend, row, prompt_len + len(row) / 2))
-        for name in names:
-            agree[name].append(texts[name] == texts["full"])
-            pairs = list(zip(texts[name], texts["full"]))
-            diverge[name].append(next((i for i, (a, b) in enumerate(pairs) if a != b), len(pairs)))
+            exits[key] += row
+            prompt_len = len(backend.tokenizer.chat(q))
+            foot = backend.footprint()
+            read[key] += [foot.bytes_per_token(k, prompt_len + i) for i, k in enumerate(row)]
+        for key in keys:
+            full = texts[(key[0], "full")]
+            agree[key].append(texts[key] == full)
+            diverge[key].append(first_divergence(texts[key], full))
+
     info = machine()
     bandwidth = info["memory_bandwidth_gb_s"] * 1e9
-    full_ms = float(np.median(steps["full"])) * 1e3
-    full_bytes = float(np.mean(limits["full"]))
+    ms = {k: float(np.median(steps[k])) * 1e3 for k in keys}
+    nbytes = {k: float(np.mean(read[k])) for k in keys}
+    reference = ms.get(("hf", "full"))
     rows = {}
-    for name in names:
-        ms = float(np.median(steps[name])) * 1e3
-        b = float(np.mean(limits[name]))
-        e = np.array(exits[name])
-        rows[name] = {"ms_per_token": ms, "speedup": full_ms / ms,
-                      "ideal_speedup_from_bytes": full_bytes / b,
-                      "bytes_per_token": b, "limit_ms_per_token": b / bandwidth * 1e3,
-                      "mean_layers_run": float(e.mean() + 1),
-                      "greedy_agreement": float(np.mean(agree[name])),
-                      "tokens_to_first_divergence": float(np.mean(diverge[name])),
-                      "steps": len(steps[name])}
+    for key in keys:
+        full = (key[0], "full")
+        limit = nbytes[key] / bandwidth * 1e3
+        rows[f"{key[0]} {key[1]}"] = {
+            "backend": key[0], "config": key[1], "ms_per_token": ms[key],
+            "speedup_vs_own_full": ms[full] / ms[key],
+            "speedup_vs_hf_full": reference / ms[key] if reference else None,
+            "ideal_speedup_from_bytes": nbytes[full] / nbytes[key],
+            "bytes_per_token": nbytes[key], "limit_ms_per_token": limit,
+            "share_of_limit": limit / ms[key], "mean_layers_run": float(np.mean(exits[key]) + 1),
+            "greedy_agreement": float(np.mean(agree[key])),
+            "tokens_to_first_divergence": float(np.mean(diverge[key])), "steps": len(steps[key])}
+    command = (f"python benchmarks/speed.py --backends {' '.join(models)} --prompts "
+               f"{args.prompts} --tokens {args.tokens} --thresholds "
+               f"{' '.join(map(str, args.thresholds))} --river-bits {args.river_bits}")
     lines = [f"# Decode speed, {args.prompts} GSM8K train prompts x {args.tokens} tokens, "
              f"int{args.river_bits} river", "",
              f"Machine: {info['cpu']}, {info['cores']} cores, torch {info['torch']}, measured "
              f"copy bandwidth {info['memory_bandwidth_gb_s']} GB/s.", "",
-             f"Command: `python benchmarks/speed.py --prompts {args.prompts} --tokens "
-             f"{args.tokens} --thresholds {' '.join(map(str, args.thresholds))} "
-             f"--river-bits {args.river_bits}`", "",
-             "| config | ms/token | speedup | ideal (bytes) | measured/ideal | limit ms/token "
-             "| layers run | same text as full | tokens to first divergence |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for name, r in rows.items():
-        lines.append(f"| {name} | {r['ms_per_token']:.1f} | {r['speedup']:.2f}x | "
-                     f"{r['ideal_speedup_from_bytes']:.2f}x | "
-                     f"{r['speedup'] / r['ideal_speedup_from_bytes']:.2f} | "
-                     f"{r['limit_ms_per_token']:.2f} | {r['mean_layers_run']:.1f} | "
+             f"Command: `{command}`", "",
+             "Speedups are against the same backend's full depth, and against the hf backend's "
+             "full depth. The limit is bytes read per token over the measured bandwidth.", "",
+             "| backend | config | ms/token | vs own full | vs hf full | ideal (bytes) | "
+             "limit ms/token | % of limit | layers run | same text as full | "
+             "tokens to first divergence |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows.values():
+        vs_hf = f"{r['speedup_vs_hf_full']:.2f}x" if r["speedup_vs_hf_full"] else "-"
+        lines.append(f"| {r['backend']} | {r['config']} | {r['ms_per_token']:.1f} | "
+                     f"{r['speedup_vs_own_full']:.2f}x | {vs_hf} | "
+                     f"{r['ideal_speedup_from_bytes']:.2f}x | {r['limit_ms_per_token']:.2f} | "
+                     f"{100 * r['share_of_limit']:.0f}% | {r['mean_layers_run']:.1f} | "
                      f"{100 * r['greedy_agreement']:.0f}% | "
                      f"{r['tokens_to_first_divergence']:.1f} |")
-    write(args.name, {"machine": info, "args": vars(args) | {"data": str(args.data)},
-                      "results": rows}, "\n".join(lines) + "\n")
+    write(args.name, {"machine": info, "command": command,
+                      "args": vars(args) | {"data": str(args.data)}, "results": rows},
+          "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

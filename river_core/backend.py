@@ -54,6 +54,23 @@ class Prefill:
     similarity: np.ndarray
 
 
+@attrs.frozen
+class Footprint:
+    """Bytes a decode step reads, weights at their stored precision: the physical speed limit
+    is bytes_per_token / memory bandwidth."""
+
+    layer_bytes: tuple[int, ...]     # per backbone layer
+    river_bytes: tuple[int, ...]     # per river layer (0 where there is none)
+    head_bytes: int                  # final norm and LM head
+    kv_bytes_per_position: int       # K and V of one position in one layer, as stored
+
+    def bytes_per_token(self, exit_layer: int, positions: float) -> float:
+        """A token leaving after `exit_layer` with `positions` cached positions to attend."""
+        k = exit_layer
+        return (sum(self.layer_bytes[:k + 1]) + sum(self.river_bytes[k + 1:]) + self.head_bytes
+                + self.kv_bytes_per_position * positions * len(self.layer_bytes))
+
+
 class Tokenizer(Protocol):
     eos_ids: frozenset[int]
 
@@ -101,6 +118,9 @@ class Backend(Protocol, Generic[H]):
 
     def commit(self) -> None:
         """Advance `offset` past the position this step wrote."""
+
+    def footprint(self) -> Footprint:
+        """What a decode step reads from memory, for speed limits in benchmarks."""
 
     def kv(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         """Layer i's keys and values for positions 0..offset-1: two [batch, kv_heads, offset,

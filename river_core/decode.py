@@ -85,9 +85,8 @@ def decode_step(backend: Backend, tokens: Sequence[int], strategy: KVStrategy,
             h = backend.layer(i, h, _rows(deep, batch))
         if gone:
             h = strategy.skipped_layer(backend, i, h, gone)
-        if watch:
-            seen = deep + gone if strategy.moves_state else deep
-            seen.sort()
+        seen = sorted(deep + gone if strategy.moves_state else deep) if watch else []
+        if seen:   # with propagate, rows that left no longer move the state
             for r, s in zip(seen, backend.similarity(before, h, _rows(seen, batch))):
                 predictors[r].observe(i, s)
         if strategy.allows_exit and deep and i < n - 1:

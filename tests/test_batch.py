@@ -54,3 +54,13 @@ def test_rows_exiting_at_different_layers_in_one_step_match_single_runs(strategy
         assert batched.tokens[r] == alone.tokens[0]
         assert set(batched.exit_layers[r]) == {tiny.COMMON["num_hidden_layers"] - 1
                                                if own[r] is None else own[r]}
+
+
+@pytest.mark.parametrize("kv", ["propagate", "river"])
+def test_similarity_policy_runs_once_every_row_has_left(kv):
+    from river_core import ExitConfig, RiverModel
+
+    model = RiverModel(tiny.backend("llama"))
+    out = model.generate_ids([[1, 20, 21]], ExitConfig(kv=kv, threshold=10.0, min_layer=0),
+                             GenerationConfig(max_new_tokens=4))
+    assert set(out.exit_layers[0]) == {0}

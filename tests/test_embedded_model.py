@@ -26,3 +26,11 @@ def test_full_depth_answers_and_river_exits(model):
     assert "Paris" in river.text
     assert river.stats.skipped_share > 0
     assert model.backend.num_layers == 30
+
+
+def test_onnx_backend_generates_on_the_default_model():
+    model = RiverModel.from_pretrained(backend="onnx")
+    gen = GenerationConfig(max_new_tokens=12)
+    out = model.generate("What is the capital of France?", generation=gen)
+    assert "Paris" in out.text and out.stats.skipped_share > 0
+    assert model.backend.providers == ["CPUExecutionProvider"]

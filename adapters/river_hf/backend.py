@@ -7,11 +7,11 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from river_core.backend import Capabilities, Prefill
+from river_core.backend import Capabilities, Footprint, Prefill
 from river_core.config import RiverSpec
 
 from . import compat
-from .blocks import Block, forward, project_kv
+from .blocks import PROJECTIONS, Block, forward, project_kv
 from .cache import KVCache, Step
 
 
@@ -155,7 +155,25 @@ class HFBackend:
     def commit(self) -> None:
         self._offset += 1
 
+    def footprint(self) -> Footprint:
+        def stored(block) -> int:
+            return sum(_nbytes(getattr(block, name)) for name in PROJECTIONS)
+
+        element = torch.empty(0, dtype=self.dtype).element_size()
+        return Footprint(tuple(stored(b) for b in self.blocks),
+                         tuple(stored(r) for r in self.rivers), _nbytes(self._head),
+                         2 * self._kv_heads * self.blocks[0].head_dim * element)
+
     def kv(self, i: int):
         n = self._offset
         return (self._cache.k[i, :, :, :n].float().cpu().numpy(),
                 self._cache.v[i, :, :, :n].float().cpu().numpy())
+
+
+def _nbytes(linear) -> int:
+    """Weight bytes of a torch Linear or a QuantLinear, as stored."""
+    if hasattr(linear, "scale") and linear.q is not None:
+        return linear.q.numel() * linear.q.element_size() + \
+            linear.scale.numel() * linear.scale.element_size()
+    w = linear.weight
+    return w.numel() * w.element_size()

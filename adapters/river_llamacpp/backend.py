@@ -15,7 +15,7 @@ from typing import Sequence
 import attrs
 import numpy as np
 
-from river_core.backend import Capabilities, Prefill
+from river_core.backend import Capabilities, Footprint, Prefill
 from river_core.errors import CapabilityError
 
 UNSUPPORTED = "llama.cpp cannot run single layers or exit early; use the full kv strategy"
@@ -57,8 +57,8 @@ class LlamaCppTokenizer:
 class LlamaCppBackend:
     name = "llamacpp"
 
-    def __init__(self, llm, num_layers: int) -> None:
-        self._llm = llm
+    def __init__(self, llm, num_layers: int, path) -> None:
+        self._llm, self._path = llm, path
         self.num_layers = num_layers
         self.max_positions = llm.n_ctx()
         self.capabilities = Capabilities(exits=False, river=False, propagate=False, batch=False,
@@ -103,6 +103,27 @@ class LlamaCppBackend:
 
     def commit(self) -> None:
         """llama.cpp advanced its own cache when the last layer evaluated the token."""
+
+    def footprint(self) -> Footprint:
+        """Tensor bytes in the GGUF file; K/V as float16 (llama.cpp's default cache type)."""
+        from gguf import GGUFReader
+
+        layers = [0] * self.num_layers
+        head, names = 0, set()
+        for t in GGUFReader(self._path).tensors:
+            names.add(t.name)
+            if t.name.startswith("blk."):
+                layers[int(t.name.split(".")[1])] += int(t.n_bytes)
+            elif t.name in ("output.weight", "output_norm.weight"):
+                head += int(t.n_bytes)
+        if "output.weight" not in names:   # tied: the head reads the embedding table
+            head += next(int(t.n_bytes) for t in GGUFReader(self._path).tensors
+                         if t.name == "token_embd.weight")
+        meta = self._llm.metadata
+        arch = meta["general.architecture"]
+        kv_heads = int(meta[f"{arch}.attention.head_count_kv"])
+        head_dim = int(meta[f"{arch}.embedding_length"]) // int(meta[f"{arch}.attention.head_count"])
+        return Footprint(tuple(layers), (0,) * self.num_layers, head, 2 * kv_heads * head_dim * 2)
 
     def kv(self, i: int):
         raise CapabilityError("llama.cpp does not expose its KV cache")

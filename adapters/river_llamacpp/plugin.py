@@ -49,7 +49,7 @@ def load(model: str | None = None, *, device: str = "cpu", dtype: str = "float32
     if path.suffix != ".gguf" or not path.is_file():
         raise ModelError(f"the llamacpp backend needs a .gguf file, got {path}")
     llm, layers = _llama(path, CONTEXT, exact=False)
-    return LlamaCppBackend(llm, layers)
+    return LlamaCppBackend(llm, layers, path)
 
 
 def tiny_backend(family: str, seed: int, bits: int):
@@ -59,8 +59,9 @@ def tiny_backend(family: str, seed: int, bits: int):
 
     if family != FAMILY:
         raise CapabilityError(f"the llamacpp conformance model is the tiny {FAMILY} only")
-    llm, layers = _llama(gguf_file(seed), 256, exact=True)
-    return LlamaCppBackend(llm, layers)
+    path = gguf_file(seed)
+    llm, layers = _llama(path, 256, exact=True)
+    return LlamaCppBackend(llm, layers, path)
 
 
 @hookimpl

@@ -1,7 +1,8 @@
 """A tiny random Qwen2 model written as a GGUF file, for running the conformance kit on llama.cpp.
 
 Qwen2 because llama.cpp rotates its heads like transformers (NeoX style), so the weights go in
-unpermuted; float32 so both backends compute on the very same numbers.
+unpermuted; float32 so both backends compute on the very same numbers. The kit feeds token ids;
+the character vocabulary has no byte tokens, so llama.cpp cannot tokenize text with it.
 """
 
 from __future__ import annotations

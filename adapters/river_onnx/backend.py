@@ -13,7 +13,7 @@ from typing import Sequence
 import numpy as np
 import onnxruntime as ort
 
-from river_core.backend import Capabilities, Prefill
+from river_core.backend import Capabilities, Footprint, Prefill
 from river_core.errors import CapabilityError
 
 from .export import Manifest
@@ -94,6 +94,7 @@ class OnnxBackend:
     def __init__(self, folder: Path, manifest: Manifest, tokenizer, device: str = "cpu") -> None:
         make = sessions_for(device)
         m = manifest
+        self._folder = folder
         self._embed = make(folder / "embed.onnx")
         self._head = make(folder / "head.onnx")
         self._layers = [make(folder / f"layer_{i}.onnx") for i in range(m.num_layers)]
@@ -195,6 +196,17 @@ class OnnxBackend:
 
     def commit(self) -> None:
         self._offset += 1
+
+    def footprint(self) -> Footprint:
+        """Weight files as stored. Attention reads the whole allocated cache (masked), so a
+        step reads capacity, not `positions`, K/V slots: small next to the weights here."""
+        def size(name: str) -> int:
+            return (self._folder / f"{name}.data").stat().st_size
+
+        layers = range(self.num_layers)
+        return Footprint(tuple(size(f"layer_{i}") for i in layers),
+                         tuple(size(f"river_{i}") for i in layers), size("head"),
+                         2 * self._kv_heads * self._head_dim * 4)
 
     def kv(self, i: int):
         n = self._offset

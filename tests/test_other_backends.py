@@ -1,0 +1,75 @@
+"""The onnx and llamacpp backends from the user's side: CLI, export cache, clear refusals."""
+
+import importlib.util
+
+import pytest
+
+from river_hf import tiny
+from river_core import ModelError
+from river_core.cli import main
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny-qwen3")
+    tiny.model("qwen3").save_pretrained(path)
+    tiny.tokenizer().save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("RIVER_CACHE", str(tmp_path))
+    return tmp_path
+
+
+def test_onnx_exports_once_and_generates(folder, cache, capsys):
+    args = ["generate", "abc", "--model", folder, "--backend", "onnx", "--no-chat",
+            "--max-new-tokens", "4", "--min-layer", "1"]
+    assert main(args) == 0
+    assert "ms/token" in capsys.readouterr().err
+    (export,) = (cache / "onnx").iterdir()
+    stamp = (export / "manifest.json").stat().st_mtime_ns
+    assert main(args + ["--kv", "propagate"]) == 0
+    assert [p.name for p in (cache / "onnx").iterdir()] == [export.name]
+    assert (export / "manifest.json").stat().st_mtime_ns == stamp   # not exported again
+    assert main(args + ["--river-bits", "4"]) == 0                  # other settings: new export
+    assert len(list((cache / "onnx").iterdir())) == 2
+    assert not [p for p in (cache / "onnx").iterdir() if p.name.startswith(".partial")]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--dtype", "bfloat16"], "the onnx backend runs float32 only"),
+    (["--device", "cuda"], "CUDAExecutionProvider"),
+])
+def test_onnx_refuses_what_it_cannot_do(folder, cache, capsys, args, message):
+    assert main(["generate", "abc", "--model", folder, "--backend", "onnx", *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert not (cache / "onnx").exists()   # refused before exporting anything
+
+
+needs_llamacpp = pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None,
+                                    reason="llama-cpp-python is not installed")
+
+
+@needs_llamacpp
+def test_llamacpp_runs_full_depth_and_refuses_exits(capsys):
+    from river_hf.loader import default_gguf
+
+    try:
+        default_gguf()
+    except ModelError as e:
+        pytest.skip(str(e))
+    assert main(["generate", "What is 2 + 2?", "--backend", "llamacpp"]) == 2
+    assert "cannot exit early; use kv strategy 'full'" in capsys.readouterr().err
+    assert main(["generate", "What is 2 + 2?", "--backend", "llamacpp", "--kv", "full",
+                 "--max-new-tokens", "16"]) == 0
+    out = capsys.readouterr()
+    assert "4" in out.out and "ms/token" in out.err
+
+
+@needs_llamacpp
+def test_llamacpp_needs_a_gguf_file(folder, capsys):
+    assert main(["generate", "abc", "--model", folder, "--backend", "llamacpp"]) == 2
+    assert "needs a .gguf file" in capsys.readouterr().err
