@@ -58,7 +58,7 @@ def _report(stats: Generation) -> str:
              f"{100 * stats.skipped_share:.1f}% of layers skipped"]
     hist = stats.histogram()
     if hist.sum():
-        lines.append("exit layer histogram (last backbone layer run):")
+        lines.append("histogram of backbone layers run per token:")
         scale = 40 / hist.max()
         for layer in np.nonzero(hist)[0]:
             lines.append(f"  {layer:3d} | {'#' * max(1, round(hist[layer] * scale))} "

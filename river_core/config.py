@@ -35,7 +35,8 @@ class ExitConfig:
 
     threshold: largest predicted cumulative KV error (see predictor.py) a token may leave with.
     min_layer: earliest layer a token may leave after; None means a quarter of the depth.
-    layer: the fixed exit layer, for policies that take one.
+    layer: the fixed exit layer, for policies that take one; -1 sends every token into the river
+        before the first layer (the whole model at river precision).
     """
 
     policy: str = "similarity"
@@ -49,7 +50,8 @@ class ExitConfig:
         _check(0.0 <= self.threshold <= 10.0, f"threshold must be in [0, 10], got {self.threshold}")
         _check(self.min_layer is None or self.min_layer >= 0,
                f"min_layer must be >= 0, got {self.min_layer}")
-        _check(self.layer is None or self.layer >= 0, f"layer must be >= 0, got {self.layer}")
+        _check(self.layer is None or self.layer >= -1,
+               f"layer must be >= -1 (-1: before the first layer), got {self.layer}")
 
 
 @attrs.frozen

@@ -33,7 +33,7 @@ from river_hf import tiny
 from .config import ExitConfig, GenerationConfig
 from .decode import generate_ids
 from .errors import CapabilityError, ConfigError
-from .kv import Full, Propagate, River
+from .kv import Full, Monotonic, Propagate, River
 from .model import RiverModel
 from .plugins import default_registry
 from .predictor import TransitionPredictor
@@ -184,6 +184,31 @@ def test_river_kv_stays_within_the_documented_bound(conformance_backend, bits, s
                 assert relative_error(got[j][w][:, :, pos], full[j][w][:, :, pos]) <= bound
 
 
+@given(prompt=prompts, cont=continuations, exits=exit_layers, data=st.data())
+def test_monotonic_exits_never_rise_and_read_only_written_entries(conformance_backend, prompt,
+                                                                  cont, exits, data):
+    b = conformance_backend.backend(conformance_backend.family(data))
+    _needs(b, "exits")
+    out = _greedy(b, prompt, len(cont) + 1, Monotonic(), exits)
+    ran = out.exit_layers[0]
+    assert all(later <= earlier for earlier, later in zip(ran, ran[1:]))
+    # skipped layers write nothing; a read of such a slot would be NaN (hf) or wrong
+    for logits in teacher_force(b, prompt, cont, Monotonic(), exits):
+        assert np.isfinite(logits).all()
+
+
+def test_exit_before_the_first_layer_runs_the_whole_model_at_river_precision(
+        conformance_backend):
+    b = conformance_backend.backend()
+    _needs(b, "exits")
+    _needs(b, "river")
+    model = RiverModel(b)
+    out = model.generate_ids([[1, 20, 21, 22]], ExitConfig(kv="river", policy="fixed", layer=-1),
+                             GenerationConfig(max_new_tokens=4))
+    assert out.exit_layers[0] == [-1] * len(out.exit_layers[0])
+    assert out.skipped_share == 1.0 and out.histogram()[0] == len(out.exit_layers[0])
+
+
 @pytest.mark.parametrize("strategy", [River(), Propagate()])
 def test_batched_rows_exit_on_their_own_and_match_single_runs(conformance_backend, strategy):
     b = conformance_backend.backend()
@@ -203,9 +228,10 @@ def test_capability_flags_are_respected(conformance_backend):
     b = conformance_backend.backend()
     model = RiverModel(b)
     ids = [1, 20, 21, 22]
-    for kv in ("river", "propagate"):
+    for kv in ("river", "propagate", "monotonic"):
         strategy = model.registry.kv_strategy(kv)()
-        allowed = b.capabilities.exits and getattr(b.capabilities, strategy.requires)
+        allowed = b.capabilities.exits and (strategy.requires is None
+                                            or getattr(b.capabilities, strategy.requires))
         exit = ExitConfig(kv=kv, policy="fixed", layer=1)
         if allowed:
             out = model.generate_ids([ids], exit, GenerationConfig(max_new_tokens=3))

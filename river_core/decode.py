@@ -28,6 +28,7 @@ class Generation:
 
     tokens: list[list[int]]
     exit_layers: list[list[int]]   # per sequence, per decode step: last backbone layer run
+                                   # (-1: none, the token ran the river only)
     num_layers: int
     prefill_seconds: float
     step_seconds: list[float]      # wall time of each decode step (the whole batch)
@@ -62,8 +63,8 @@ class Generation:
         return float((self.num_layers - 1 - e).sum() / (e.size * self.num_layers))
 
     def histogram(self) -> np.ndarray:
-        """Count of decode steps per exit layer, index = last backbone layer run."""
-        return np.bincount(self._all_exits, minlength=self.num_layers)
+        """Count of decode steps by number of backbone layers run (index 0..num_layers)."""
+        return np.bincount(self._all_exits + 1, minlength=self.num_layers + 1)
 
 
 def _rows(rows: list[int], batch: int) -> Rows:
@@ -79,18 +80,22 @@ def decode_step(backend: Backend, tokens: Sequence[int], strategy: KVStrategy,
     deep, gone = list(range(batch)), []
     watch = strategy.allows_exit and policy.uses_similarity
     h = backend.embed(tokens)
-    for i in range(n):
-        before = h
-        if deep:
-            h = backend.layer(i, h, _rows(deep, batch))
-        if gone:
-            h = strategy.skipped_layer(backend, i, h, gone)
-        seen = sorted(deep + gone if strategy.moves_state else deep) if watch else []
-        if seen:   # with propagate, rows that left no longer move the state
-            for r, s in zip(seen, backend.similarity(before, h, _rows(seen, batch))):
-                predictors[r].observe(i, s)
+    # i = -1: a policy may send a token into the river before the first layer (the whole
+    # model at river precision: the quantized-model baseline)
+    for i in range(-1, n):
+        if i >= 0:
+            before = h
+            if deep:
+                h = backend.layer(i, h, _rows(deep, batch))
+            if gone:
+                h = strategy.skipped_layer(backend, i, h, gone)
+            seen = sorted(deep + gone if strategy.moves_state else deep) if watch else []
+            if seen:   # with propagate, rows that left no longer move the state
+                for r, s in zip(seen, backend.similarity(before, h, _rows(seen, batch))):
+                    predictors[r].observe(i, s)
         if strategy.allows_exit and deep and i < n - 1:
-            leaving = [r for r in deep if policy.should_exit(i, step, predictors[r])]
+            leaving = [r for r in deep if _capped(strategy.ceiling(r), i)
+                       or policy.should_exit(i, step, predictors[r])]
             for r in leaving:
                 exits[r] = i
                 deep.remove(r)
@@ -98,7 +103,13 @@ def decode_step(backend: Backend, tokens: Sequence[int], strategy: KVStrategy,
     if watch:
         for p in predictors:
             p.end_token()
+    for r, k in enumerate(exits):
+        strategy.exited(r, k)
     return backend.logits(h), exits
+
+
+def _capped(ceiling: int | None, layer: int) -> bool:
+    return ceiling is not None and layer >= ceiling
 
 
 def _stopped(text: str, stop: Sequence[str]) -> bool:

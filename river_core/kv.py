@@ -3,6 +3,7 @@
 For every skipped layer j = k+1..L-1 a strategy gets the token's current state and must leave
 layer j's cache slot written for that token (so every layer keeps the same number of
 positions), and it returns the state that continues to layer j+1 and finally to the LM head.
+A strategy may also cap how deep a row may run (`ceiling`), learning from each row's exits.
 """
 
 from __future__ import annotations
@@ -20,8 +21,22 @@ class KVStrategy(Protocol):
 
     def skipped_layer(self, backend: Backend, i: int, h, rows: Rows): ...
 
+    def ceiling(self, row: int) -> int | None:
+        """The deepest backbone layer `row` may run this step (None: any)."""
 
-class River:
+    def exited(self, row: int, layer: int) -> None:
+        """`row`'s token left after `layer` (the last layer: it ran full depth)."""
+
+
+class _Uncapped:
+    def ceiling(self, row: int) -> int | None:
+        return None
+
+    def exited(self, row: int, layer: int) -> None:
+        pass
+
+
+class River(_Uncapped):
     """Stand-in layer j reads and writes layer j's own cache; its output feeds the head."""
 
     name, allows_exit, moves_state, requires = "river", True, True, "river"
@@ -30,7 +45,7 @@ class River:
         return backend.river_layer(i, h, rows)
 
 
-class Propagate:
+class Propagate(_Uncapped):
     """CALM: the exit state h_k feeds every skipped layer's K/V projection and the head."""
 
     name, allows_exit, moves_state, requires = "propagate", True, False, "propagate"
@@ -40,10 +55,29 @@ class Propagate:
         return h
 
 
-class Full:
+class Full(_Uncapped):
     """No exit: every token runs the whole backbone. The baseline."""
 
     name, allows_exit, moves_state, requires = "full", False, False, None
 
     def skipped_layer(self, backend: Backend, i: int, h, rows: Rows):
         raise AssertionError("the full strategy never skips a layer")
+
+
+class Monotonic:
+    """SkipDecode: a token never runs deeper than the token before it, so no later token needs
+    a K/V entry a skipped layer did not write. Skipped layers write nothing; h_k feeds the head."""
+
+    name, allows_exit, moves_state, requires = "monotonic", True, False, None
+
+    def __init__(self) -> None:
+        self._ceilings: dict[int, int] = {}
+
+    def skipped_layer(self, backend: Backend, i: int, h, rows: Rows):
+        return h
+
+    def ceiling(self, row: int) -> int | None:
+        return self._ceilings.get(row)
+
+    def exited(self, row: int, layer: int) -> None:
+        self._ceilings[row] = layer

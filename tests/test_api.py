@@ -63,4 +63,4 @@ def test_cli_generate_prints_text_and_stats(folder, capsys):
                  "--min-layer", "1"]) == 0
     err = capsys.readouterr().err
     assert "ms/token" in err and "tokens/s" in err and "mean exit layer" in err
-    assert "% of layers skipped" in err and "exit layer histogram" in err
+    assert "% of layers skipped" in err and "histogram of backbone layers run" in err

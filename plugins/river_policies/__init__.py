@@ -18,9 +18,9 @@ class FixedDepth:
 
 
 def fixed(config: ExitConfig, num_layers: int) -> FixedDepth:
-    """Exit every token after layer `layer` (--layer)."""
-    if config.layer is None or config.layer >= num_layers:
-        raise ConfigError(f"the fixed policy needs a layer in [0, {num_layers - 1}], "
+    """Exit every token after layer `layer` (--layer; -1: the whole model quantized)."""
+    if config.layer is None or not -1 <= config.layer < num_layers:
+        raise ConfigError(f"the fixed policy needs a layer in [-1, {num_layers - 1}], "
                           f"got {config.layer}")
     return FixedDepth(config.layer)
 
