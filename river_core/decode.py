@@ -161,3 +161,35 @@ def generate_ids(backend: Backend, prompts: Sequence[Sequence[int]], gen: Genera
             if not done[r]:
                 exits[r].append(layers[r])
     return Generation(tokens, exits, backend.num_layers, prefill_seconds, steps)
+
+
+@attrs.frozen
+class Forced:
+    """Teacher forcing: logits after the prompt and after each fed token, and the exits."""
+
+    logits: list[np.ndarray]   # [vocab] each; logits[t] predicts continuation[t]
+    exit_layers: list[int]     # per fed token
+
+    def nll(self, continuation: Sequence[int]) -> float:
+        """Mean negative log-likelihood of `continuation` (nats per token)."""
+        total = 0.0
+        for logits, token in zip(self.logits, continuation):
+            z = logits.astype(np.float64)
+            top = z.max()
+            total += top + np.log(np.exp(z - top).sum()) - z[token]
+        return total / max(len(continuation), 1)
+
+
+def teacher_force(backend: Backend, prompt: Sequence[int], continuation: Sequence[int],
+                  strategy: KVStrategy, policy: ExitPolicy,
+                  make_predictor: PredictorFactory) -> Forced:
+    """Prefill `prompt`, then feed `continuation` a token a step, exiting as `policy` says."""
+    pre = backend.prefill([prompt], len(prompt) + len(continuation))
+    predictors = [make_predictor(backend.river_error, pre.similarity[0])]
+    logits, exits = [pre.logits[0]], []
+    for step, token in enumerate(continuation):
+        out, layers = decode_step(backend, [token], strategy, policy, predictors, step)
+        backend.commit()
+        logits.append(out[0])
+        exits.append(layers[0])
+    return Forced(logits, exits)

@@ -8,7 +8,7 @@ import attrs
 
 from .backend import Backend
 from .config import ExitConfig, GenerationConfig, RiverSpec
-from .decode import Generation, generate_ids
+from .decode import Forced, Generation, generate_ids, teacher_force
 from .errors import CapabilityError, ConfigError
 from .plugins import Registry, default_registry
 
@@ -72,6 +72,16 @@ class RiverModel:
 
     def generate_ids(self, prompts: Sequence[Sequence[int]], exit: ExitConfig,
                      generation: GenerationConfig) -> Generation:
+        return generate_ids(self.backend, prompts, generation, *self._plan(exit))
+
+    def teacher_force(self, prompt: Sequence[int], continuation: Sequence[int],
+                      exit: ExitConfig) -> Forced:
+        """Feed `continuation` after `prompt` token by token under `exit`'s policy and
+        strategy: logits at every position (for NLL) and where each token left."""
+        return teacher_force(self.backend, prompt, continuation, *self._plan(exit))
+
+    def _plan(self, exit: ExitConfig):
+        """(strategy, policy, predictor factory) for `exit`, checked against the backend."""
         strategy = self.registry.kv_strategy(exit.kv)()
         caps = self.backend.capabilities
         if strategy.allows_exit and not caps.exits:
@@ -81,8 +91,7 @@ class RiverModel:
             raise CapabilityError(f"backend {self.backend.name!r} does not support the "
                                   f"{exit.kv!r} kv strategy")
         policy = self.registry.policy(exit.policy)(exit, self.backend.num_layers)
-        predictor = self.registry.predictor(exit.predictor)
-        return generate_ids(self.backend, prompts, generation, strategy, policy, predictor)
+        return strategy, policy, self.registry.predictor(exit.predictor)
 
 
 def _cut(text: str, stop: Sequence[str]) -> str:

@@ -7,7 +7,7 @@ from typing import Sequence
 import numpy as np
 
 from .backend import Backend
-from .decode import decode_step
+from . import decode
 from .kv import KVStrategy
 from .predictor import TransitionPredictor
 
@@ -29,15 +29,8 @@ def teacher_force(backend: Backend, prompt: Sequence[int], continuation: Sequenc
     """Prefill `prompt`, then feed `continuation` one token a step with scripted exits.
 
     Returns the logits after the prompt and after each fed token."""
-    pre = backend.prefill([prompt], len(prompt) + len(continuation))
-    predictors = [TransitionPredictor(backend.river_error, pre.similarity[0])]
-    policy = ScriptedPolicy(exits)
-    out = [pre.logits[0]]
-    for step, token in enumerate(continuation):
-        logits, _ = decode_step(backend, [token], strategy, policy, predictors, step)
-        backend.commit()
-        out.append(logits[0])
-    return out
+    return decode.teacher_force(backend, prompt, continuation, strategy, ScriptedPolicy(exits),
+                                TransitionPredictor).logits
 
 
 def relative_error(approx: np.ndarray, exact: np.ndarray) -> float:

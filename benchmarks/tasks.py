@@ -1,0 +1,277 @@
+"""Quality and speed of every KV strategy on GSM8K and HumanEval, side by side, in one run.
+
+    python -m benchmarks tasks --configs full river:0.15 propagate:0.15 monotonic:0.15 \\
+        quantized@int8 --gsm8k-limit 20 --humaneval-limit 10
+
+A config is KV[:THRESHOLD][@int8|@int4]: a KV strategy (river, propagate, monotonic) with the
+similarity policy at THRESHOLD, `full` (the baseline every ratio is taken against), or
+`quantized` (every layer at river precision: the river from before layer 0). Every problem runs
+every config back to back, order rotated per problem, greedy, at batch 1, so speed ratios come
+from one run. Per problem and config one record is appended to `benchmarks/runs/NAME/`; a rerun
+with the same NAME skips what is there, so an interrupted run resumes.
+
+Metrics: GSM8K exact final answer (few-shot prompts from --gsm8k-shots, default train),
+HumanEval pass@1 (each program in a sandboxed subprocess), teacher-forced NLL of the reference
+GSM8K solution minus full depth's, greedy agreement with full depth (identical output; tokens
+to the first difference), median ms/token, bytes read per token from the backend's footprint,
+layers run, peak RSS. Tune on train (--gsm8k train.jsonl, offset past the shots), report on
+test_dev.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import sys
+from pathlib import Path
+
+import attrs
+import numpy as np
+from tqdm import tqdm
+
+import gsm8k
+import humaneval
+from common import GSM8K_TRAIN, machine, write
+from river_core import ConfigError, ExitConfig, GenerationConfig, RiverModel, RiverSpec
+
+RUNS = Path(__file__).resolve().parent / "runs"
+
+
+@attrs.frozen
+class Config:
+    label: str
+    kv: str
+    threshold: float | None
+    bits: int
+
+    @classmethod
+    def parse(cls, text: str) -> "Config":
+        body, _, bits = text.partition("@")
+        kv, _, threshold = body.partition(":")
+        if bits not in ("", "int8", "int4"):
+            raise ConfigError(f"{text}: river precision is @int8 or @int4")
+        if kv in ("full", "quantized") and threshold:
+            raise ConfigError(f"{text}: {kv} takes no threshold")
+        if kv not in ("full", "quantized") and not threshold:
+            raise ConfigError(f"{text}: give a threshold, e.g. {kv}:0.15")
+        return cls(text, kv, float(threshold) if threshold else None, int(bits[3:] or 8))
+
+    def exit(self) -> ExitConfig:
+        if self.kv == "full":
+            return ExitConfig(kv="full")
+        if self.kv == "quantized":
+            return ExitConfig(kv="river", policy="fixed", layer=-1)
+        return ExitConfig(kv=self.kv, threshold=self.threshold)
+
+
+def first_divergence(a, b) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+class Run:
+    """Records on disk, one JSON line per (task, problem, config)."""
+
+    def __init__(self, name: str) -> None:
+        self.path = RUNS / name / "records.jsonl"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.records = {}
+        if self.path.is_file():
+            for line in self.path.open():
+                r = json.loads(line)
+                self.records[(r["task"], r["problem"], r["config"])] = r
+
+    def has(self, task, problem, config) -> bool:
+        return (task, problem, config) in self.records
+
+    def add(self, record: dict) -> None:
+        self.records[(record["task"], record["problem"], record["config"])] = record
+        with self.path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def of(self, task: str, config: str) -> dict:
+        return {p: r for (t, p, c), r in self.records.items() if t == task and c == config}
+
+
+def generate(model: RiverModel, text: str, config: Config, max_tokens: int, stop) -> dict:
+    tok = model.backend.tokenizer
+    ids = tok.encode(text)
+    out = model.generate_ids([ids], config.exit(),
+                             GenerationConfig(max_new_tokens=max_tokens, stop=stop))
+    tokens = out.tokens[0]
+    completion = tok.decode(tokens)
+    for s in stop:
+        completion = completion.split(s)[0]
+    return {"completion": completion, "tokens": tokens, "exits": out.exit_layers[0],
+            "steps": out.step_seconds, "prompt_tokens": len(ids)}
+
+
+def run_tasks(args, models: dict[int, RiverModel], configs: list[Config], run: Run) -> None:
+    shots = gsm8k.load(args.gsm8k_shots, limit=args.shots)
+    tasks = []
+    if args.gsm8k_limit:
+        tasks += [("gsm8k", p) for p in gsm8k.load(args.gsm8k, limit=args.gsm8k_limit,
+                                                     offset=args.gsm8k_offset)]
+    if args.humaneval_limit:
+        tasks += [("humaneval", p) for p in humaneval.load(args.humaneval_limit)]
+    for n, (task, problem) in enumerate(tqdm(tasks, desc="problems", file=sys.stderr)):
+        for config in configs[n % len(configs):] + configs[:n % len(configs)]:
+            if run.has(task, problem.id, config.label):
+                continue
+            model = models[config.bits]
+            if task == "gsm8k":
+                prompt = gsm8k.prompt(problem, shots)
+                r = generate(model, prompt, config, args.max_tokens, gsm8k.STOP)
+                r["correct"] = gsm8k.correct(r["completion"], problem)
+                tok = model.backend.tokenizer
+                reference = tok.encode(" " + problem.solution)
+                r["nll"] = model.teacher_force(tok.encode(prompt), reference,
+                                               config.exit()).nll(reference)
+            else:
+                r = generate(model, problem.prompt, config, args.max_tokens, humaneval.STOP)
+                r["correct"], r["reason"] = humaneval.check(problem, r["completion"])
+            run.add({"task": task, "problem": problem.id, "config": config.label, **r})
+
+
+def summarize(models, configs: list[Config], run: Run) -> dict:
+    full = "full"
+    rows = {}
+    for c in configs:
+        backend = models[c.bits].backend
+        foot = backend.footprint()
+        steps, exits, nbytes, agree, diverge, nll = [], [], [], [], [], []
+        scores = {}
+        for task in ("gsm8k", "humaneval"):
+            mine, base = run.of(task, c.label), run.of(task, full)
+            if mine:
+                scores[task] = (float(np.mean([r["correct"] for r in mine.values()])),
+                                len(mine))
+            for p, r in mine.items():
+                steps += r["steps"]
+                exits += r["exits"]
+                nbytes += [foot.bytes_per_token(k, r["prompt_tokens"] + i)
+                           for i, k in enumerate(r["exits"])]
+                if p in base:
+                    agree.append(r["tokens"] == base[p]["tokens"])
+                    diverge.append(first_divergence(r["tokens"], base[p]["tokens"]))
+                    if task == "gsm8k":
+                        nll.append(r["nll"] - base[p]["nll"])
+        layers = np.array(exits) + 1
+        rows[c.label] = {
+            "scores": scores, "ms_per_token": float(np.median(steps)) * 1e3,
+            "bytes_per_token": float(np.mean(nbytes)),
+            "mean_layers_run": float(layers.mean()),
+            "layers_run_histogram": np.bincount(layers, minlength=backend.num_layers + 1).tolist(),
+            "greedy_agreement": float(np.mean(agree)) if agree else None,
+            "tokens_to_first_divergence": float(np.mean(diverge)) if diverge else None,
+            "nll_delta": float(np.mean(nll)) if nll else None, "steps": len(steps)}
+    base = rows[full]
+    for r in rows.values():
+        r["speedup"] = base["ms_per_token"] / r["ms_per_token"]
+        r["ideal_speedup_from_bytes"] = base["bytes_per_token"] / r["bytes_per_token"]
+    return rows
+
+
+def plots(name: str, rows: dict, num_layers: int) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from common import RESULTS
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for label, r in rows.items():
+        for ax, key, what in ((axes[0], "gsm8k", "GSM8K accuracy"),
+                              (axes[1], None, "greedy agreement with full depth")):
+            y = r["scores"].get(key, (None,))[0] if key else r["greedy_agreement"]
+            if y is not None:
+                ax.scatter(r["speedup"], y, s=40)
+                ax.annotate(label, (r["speedup"], y), fontsize=8, xytext=(4, 3),
+                            textcoords="offset points")
+                ax.set_ylabel(what)
+    for ax in axes:
+        ax.set_xlabel("speedup over full depth (median ms/token)")
+        ax.axvline(1.0, color="grey", lw=0.5)
+        ax.grid(alpha=0.3)
+    fig.suptitle("Speed-quality frontier")
+    fig.tight_layout()
+    frontier = f"{name}-frontier.png"
+    fig.savefig(RESULTS / frontier, dpi=110)
+    fig, ax = plt.subplots(figsize=(8, 4))
+    for label, r in rows.items():
+        h = np.array(r["layers_run_histogram"], dtype=float)
+        ax.step(np.arange(num_layers + 1), h / max(h.sum(), 1), where="mid", label=label)
+    ax.set_xlabel("backbone layers run by a token")
+    ax.set_ylabel("share of decode steps")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    histogram = f"{name}-layers.png"
+    fig.savefig(RESULTS / histogram, dpi=110)
+    return [frontier, histogram]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--configs", nargs="+", default=["full", "river:0.15"])
+    ap.add_argument("--backend", default="hf")
+    ap.add_argument("--gsm8k", default=str(GSM8K_TRAIN.with_name("test_dev.jsonl")),
+                    help="JSONL path or Hugging Face dataset name (scored)")
+    ap.add_argument("--gsm8k-shots", default=str(GSM8K_TRAIN), help="few-shot exemplars")
+    ap.add_argument("--shots", type=int, default=gsm8k.SHOTS)
+    ap.add_argument("--gsm8k-limit", type=int, default=20)
+    ap.add_argument("--gsm8k-offset", type=int, default=0)
+    ap.add_argument("--humaneval-limit", type=int, default=0)
+    ap.add_argument("--max-tokens", type=int, default=192)
+    ap.add_argument("--name", default="tasks-cpu")
+    args = ap.parse_args()
+
+    try:
+        configs = [Config.parse(c) for c in args.configs]
+        if "full" not in [c.label for c in configs]:
+            raise ConfigError("include the `full` config: every ratio is taken against it")
+    except ConfigError as e:
+        ap.error(str(e))
+    models = {bits: RiverModel.from_pretrained(backend=args.backend, progress=True,
+                                               river=RiverSpec(bits=bits))
+              for bits in sorted({c.bits for c in configs})}
+    warm = configs[0]
+    generate(models[warm.bits], "Question: What is 2 + 3?\nAnswer:", warm, 8, gsm8k.STOP)
+    run = Run(args.name)
+    run_tasks(args, models, configs, run)
+    rows = summarize(models, configs, run)
+    info = machine() | {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    num_layers = next(iter(models.values())).backend.num_layers
+    images = plots(args.name, rows, num_layers)
+    command = "python -m benchmarks tasks " + " ".join(sys.argv[1:])
+    lines = [f"# Strategies on GSM8K and HumanEval ({args.backend} backend)", "",
+             f"Machine: {info['cpu']}, {info['cores']} cores, copy bandwidth "
+             f"{info['memory_bandwidth_gb_s']} GB/s, peak RSS {info['peak_rss_mb']:.0f} MB.",
+             "", f"Command: `{command}`", "",
+             "| config | GSM8K acc | HumanEval pass@1 | same output as full | tokens to first "
+             "difference | NLL delta (nats/token) | ms/token | speedup | ideal (bytes) | "
+             "layers run |", "|---|---|---|---|---|---|---|---|---|---|"]
+
+    def score(r, task):
+        if task not in r["scores"]:
+            return "-"
+        value, n = r["scores"][task]
+        return f"{100 * value:.1f}% (n={n})"
+
+    def num(x, fmt):
+        return "-" if x is None else format(x, fmt)
+
+    for label, r in rows.items():
+        lines.append(f"| {label} | {score(r, 'gsm8k')} | {score(r, 'humaneval')} | "
+                     f"{num(r['greedy_agreement'] and 100 * r['greedy_agreement'], '.0f')}% | "
+                     f"{num(r['tokens_to_first_divergence'], '.1f')} | "
+                     f"{num(r['nll_delta'], '+.4f')} | {r['ms_per_token']:.1f} | "
+                     f"{r['speedup']:.2f}x | {r['ideal_speedup_from_bytes']:.2f}x | "
+                     f"{r['mean_layers_run']:.1f} |")
+    lines += ["", *[f"![{i}]({i})" for i in images]]
+    write(args.name, {"machine": info, "command": command, "args": vars(args),
+                      "results": rows}, "\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,53 @@
+"""The benchmark harness's scoring and sandbox, which its figures rest on."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
+
+import gsm8k  # noqa: E402
+import humaneval  # noqa: E402
+
+TRAIN = Path(__file__).parents[2] / "shared/data/gsm8k/train.jsonl"
+
+
+@pytest.mark.parametrize("text, answer", [
+    ("She has 5 + 3 = 8 apples.\nThe answer is 8.", "8"),
+    ("... so 1,250 dollars. The answer is $1,250.", "1250"),
+    ("It costs 3.50 each, 7 in all", "7"),
+    ("The answer is -4.\n\nQuestion: 12 apples", "-4"),
+    ("no digits here", None),
+])
+def test_gsm8k_final_answer_extraction(text, answer):
+    assert gsm8k.extract(text) == answer
+
+
+@pytest.mark.skipif(not TRAIN.is_file(), reason="shared GSM8K data not present")
+def test_gsm8k_prompts_are_built_from_train_solutions():
+    shots = gsm8k.load(str(TRAIN), limit=2)
+    assert "<<" not in shots[0].solution and shots[0].solution.endswith(f"{shots[0].answer}.")
+    assert gsm8k.correct(shots[0].solution, shots[0])
+    prompt = gsm8k.prompt(shots[1], shots[:1])
+    assert prompt.startswith("Question: ") and prompt.endswith("\nAnswer:")
+
+
+def test_humaneval_reference_solution_passes_and_a_wrong_one_fails():
+    problem = humaneval.load(limit=1)[0]   # has_close_elements
+    good = ("    for i, a in enumerate(numbers):\n        for b in numbers[i + 1:]:\n"
+            "            if abs(a - b) < threshold:\n                return True\n"
+            "    return False\n")
+    assert humaneval.check(problem, good) == (True, "passed")
+    assert humaneval.check(problem, "    return True\n")[0] is False
+
+
+@pytest.mark.parametrize("source, reason", [
+    ("while True: pass", "timeout"),
+    ("x = bytearray(2 << 30)", "MemoryError"),
+])
+def test_humaneval_sandbox_contains_runaway_programs(source, reason, monkeypatch):
+    monkeypatch.setattr(humaneval, "CPU_SECONDS", 1)
+    monkeypatch.setattr(humaneval, "WALL_SECONDS", 3)
+    passed, why = humaneval.run_program(source)
+    assert not passed and reason in why
