@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +22,30 @@ from tqdm import tqdm
 
 from common import GSM8K_TRAIN, gsm8k_questions, machine, write
 from river_core import CapabilityError, ExitConfig, GenerationConfig, RiverModel, RiverSpec
+
+
+TRANSFORMERS = "transformers generate()"
+
+
+def transformers_generate(backend, ids: list[int], tokens: int) -> tuple[list[int], list[float]]:
+    """transformers' own greedy generate() on the hf backend's model: tokens and the time of
+    each decode step (between consecutive logits-processor calls)."""
+    import torch
+    from transformers import LogitsProcessor, LogitsProcessorList
+
+    class Clock(LogitsProcessor):
+        def __init__(self) -> None:
+            self.times: list[float] = []
+
+        def __call__(self, input_ids, scores):
+            self.times.append(time.perf_counter())
+            return scores
+
+    clock = Clock()
+    with torch.inference_mode():
+        out = backend.model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=tokens,
+                                     logits_processor=LogitsProcessorList([clock]))
+    return out[0, len(ids):].tolist(), list(np.diff(clock.times))
 
 
 def first_divergence(a: list[int], b: list[int]) -> int:
@@ -47,13 +72,24 @@ def main() -> None:
             print(f"skipping {name}: {e}", file=sys.stderr)
             continue
         configs[(name, "full")] = ExitConfig(kv="full")
+        if name == "hf":
+            configs[(name, TRANSFORMERS)] = None
         if models[name].backend.capabilities.exits:
             configs.update({(name, f"river t={t}"): ExitConfig(threshold=t)
                             for t in args.thresholds})
     gen = GenerationConfig(max_new_tokens=args.tokens)
     questions = gsm8k_questions(args.data, args.prompts)
-    for key, exit in configs.items():   # warm-up
-        models[key[0]].generate(questions[0], exit=exit, generation=gen)
+    def run(key, question):
+        model = models[key[0]]
+        if key[1] == TRANSFORMERS:
+            ids = model.backend.tokenizer.chat(question)
+            tokens, steps = transformers_generate(model.backend, ids, args.tokens)
+            return tokens, steps, [model.backend.num_layers - 1] * len(steps)
+        stats = model.generate(question, exit=configs[key], generation=gen).stats
+        return stats.tokens[0], stats.step_seconds, stats.exit_layers[0]
+
+    for key in configs:   # warm-up
+        run(key, questions[0])
     keys = list(configs)
     steps = {k: [] for k in keys}
     exits = {k: [] for k in keys}
@@ -64,10 +100,8 @@ def main() -> None:
         texts = {}
         for key in keys[p % len(keys):] + keys[: p % len(keys)]:
             backend = models[key[0]].backend
-            out = models[key[0]].generate(q, exit=configs[key], generation=gen)
-            texts[key] = out.stats.tokens[0]
-            steps[key] += out.stats.step_seconds
-            row = out.stats.exit_layers[0]
+            texts[key], seconds, row = run(key, q)
+            steps[key] += seconds
             exits[key] += row
             prompt_len = len(backend.tokenizer.chat(q))
             foot = backend.footprint()

@@ -11,9 +11,12 @@ core calls, for every layer i in order, exactly one of:
 - `layer(i, h, rows)`: the backbone layer; writes layer i's slot for those rows;
 - `river_layer(i, h, rows)`: the stand-in for layer i; reads layer i's cache like the backbone
   and writes layer i's slot itself (the KV cache is shared, never copied);
-- `project_kv(i, h, rows)`: writes layer i's K/V computed from `h` without running the layer.
+- `project_kv(i, h, rows)`: writes layer i's K/V computed from `h` without running the layer;
+- `skip(i, rows)`: writes nothing: layer i has no entry for this position, and every later
+  read of layer i masks it out (only for the `mask` strategy).
 
-So after any sequence of exits every layer holds the same number of positions.
+So after any sequence of exits every layer holds the same number of positions (some of them
+marked absent under `mask`).
 
 `rows` selects batch rows (a sorted list of row indices) or None for all of them. Layer
 calls return a new `H` of the full batch in which only `rows` changed.
@@ -37,6 +40,7 @@ class Capabilities:
     exits: bool = True        # can stop a token part-way through the backbone
     river: bool = True        # has `river_layer`
     propagate: bool = True    # has `project_kv`
+    mask: bool = False        # has `skip`: absent entries, masked from later reads
     batch: bool = True        # accepts more than one sequence
     devices: tuple[str, ...] = ("cpu",)
 
@@ -109,6 +113,8 @@ class Backend(Protocol, Generic[H]):
     def river_layer(self, i: int, h: H, rows: Rows) -> H: ...
 
     def project_kv(self, i: int, h: H, rows: Rows) -> None: ...
+
+    def skip(self, i: int, rows: Rows) -> None: ...
 
     def similarity(self, before: H, after: H, rows: Rows) -> list[float]:
         """Cosine of each selected row's state before and after a layer."""

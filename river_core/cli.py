@@ -27,16 +27,17 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("prompt")
     g.add_argument("--model", help="local Hugging Face folder or .gguf (default: embedded "
                    "SmolLM2-135M-Instruct)")
-    g.add_argument("--backend", default="hf")
+    g.add_argument("--backend", default="hf", help="hf, onnx, llamacpp (river plugins)")
     g.add_argument("--device", default="cpu")
     g.add_argument("--dtype", default="float32")
     g.add_argument("--policy", default=_default(ExitConfig, "policy"))
     g.add_argument("--predictor", default=_default(ExitConfig, "predictor"))
     g.add_argument("--kv", default=_default(ExitConfig, "kv"),
-                   help="KV strategy: river, propagate, full, ...")
+                   help="KV strategy: river, propagate, mask, monotonic, full (river plugins)")
     g.add_argument("--threshold", type=float, default=_default(ExitConfig, "threshold"))
     g.add_argument("--min-layer", type=int)
-    g.add_argument("--layer", type=int, help="exit layer, for the fixed policy")
+    g.add_argument("--layer", type=int, help="exit layer, for the fixed policy (-1: the whole "
+                   "model at river precision)")
     g.add_argument("--river-bits", type=int, default=_default(RiverSpec, "bits"))
     g.add_argument("--group-size", type=int, default=_default(RiverSpec, "group_size"))
     g.add_argument("--max-new-tokens", type=int,

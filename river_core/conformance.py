@@ -33,7 +33,7 @@ from river_hf import tiny
 from .config import ExitConfig, GenerationConfig
 from .decode import generate_ids
 from .errors import CapabilityError, ConfigError
-from .kv import Full, Monotonic, Propagate, River
+from .kv import Full, Mask, Monotonic, Propagate, River
 from .model import RiverModel
 from .plugins import default_registry
 from .predictor import TransitionPredictor
@@ -121,6 +121,22 @@ def test_full_depth_matches_the_reference_backend(conformance_backend, prompt, n
     for got, want in zip(teacher_force(b, prompt, cont, Full()),
                          teacher_force(ref, prompt, cont, Full())):
         assert relative_error(got, want) <= FULL_DEPTH_RTOL
+
+
+@given(prompt=prompts, cont=continuations, exits=exit_layers, data=st.data(),
+       strategy=st.sampled_from([Propagate(), Mask(), Monotonic()]))
+def test_unquantized_strategies_match_the_reference_backend(conformance_backend, prompt, cont,
+                                                            exits, strategy, data):
+    """propagate, mask and monotonic involve no river weights: any two backends must agree."""
+    family = conformance_backend.family(data)
+    b, ref = conformance_backend.backend(family), _reference(family)
+    _needs(b, "exits")
+    if strategy.requires:
+        _needs(b, strategy.requires)
+    got = teacher_force(b, prompt, cont, type(strategy)(), exits)
+    want = teacher_force(ref, prompt, cont, type(strategy)(), exits)
+    for g, w in zip(got, want):
+        assert relative_error(g, w) <= FULL_DEPTH_RTOL
 
 
 @given(prompt=prompts, cont=continuations, exits=exit_layers,
@@ -228,7 +244,7 @@ def test_capability_flags_are_respected(conformance_backend):
     b = conformance_backend.backend()
     model = RiverModel(b)
     ids = [1, 20, 21, 22]
-    for kv in ("river", "propagate", "monotonic"):
+    for kv in ("river", "propagate", "monotonic", "mask"):
         strategy = model.registry.kv_strategy(kv)()
         allowed = b.capabilities.exits and (strategy.requires is None
                                             or getattr(b.capabilities, strategy.requires))

@@ -55,6 +55,17 @@ class Propagate(_Uncapped):
         return h
 
 
+class Mask(_Uncapped):
+    """D-LLM / SpecEE: skipped layers write no K/V; later tokens attend only to the entries that
+    exist. The exit state h_k feeds the head."""
+
+    name, allows_exit, moves_state, requires = "mask", True, False, "mask"
+
+    def skipped_layer(self, backend: Backend, i: int, h, rows: Rows):
+        backend.skip(i, rows)
+        return h
+
+
 class Full(_Uncapped):
     """No exit: every token runs the whole backbone. The baseline."""
 

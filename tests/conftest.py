@@ -1,6 +1,23 @@
+import functools
+
+import pytest
 from hypothesis import HealthCheck, settings
 
 # Derandomized: CI reruns the same examples; a failure is a finding, never a flake.
 settings.register_profile("river", deadline=None, derandomize=True, max_examples=12,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("river")
+
+
+@pytest.fixture(scope="session")
+def tiny_folder(tmp_path_factory):
+    """family -> a tiny random model saved as a Hugging Face folder (made once per session)."""
+    from river_hf import tiny
+
+    @functools.cache
+    def save(family: str) -> str:
+        path = tmp_path_factory.mktemp(f"tiny-{family}")
+        tiny.model(family).save_pretrained(path)
+        tiny.tokenizer().save_pretrained(path)
+        return str(path)
+    return save

@@ -2,17 +2,13 @@
 
 import pytest
 
-from river_hf import tiny
 from river_core import ConfigError, ExitConfig, RiverModel
 from river_core.cli import main
 
 
 @pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny-llama")
-    tiny.model("llama").save_pretrained(path)
-    tiny.tokenizer().save_pretrained(path)
-    return str(path)
+def folder(tiny_folder):
+    return tiny_folder("llama")
 
 
 def test_generate_returns_text_and_stats(folder):

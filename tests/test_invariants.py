@@ -3,6 +3,7 @@
 The KV-sharing invariants every backend must keep are in the conformance kit
 (river_core/conformance.py, run by test_conformance.py)."""
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, strategies as st
@@ -38,3 +39,20 @@ def test_bfloat16_full_depth_matches_generate_and_river_runs(family):
     river = generate_ids(b, [prompt], GenerationConfig(max_new_tokens=n), River(),
                          ScriptedPolicy([2] * n), TransitionPredictor)
     assert len(river.tokens[0]) >= 1 and set(river.exit_layers[0]) <= {2}
+
+
+@given(prompt=prompts, cont=st.lists(st.integers(3, tiny.VOCAB - 1), min_size=2, max_size=8),
+       exits=st.lists(st.integers(0, 4), min_size=8, max_size=8))
+def test_mask_never_reads_an_absent_entry(prompt, cont, exits):
+    """Whatever an absent entry holds, later tokens' outputs do not change."""
+    from river_hf import cache
+    from river_core.kv import Mask
+    from river_core.testing import teacher_force
+
+    b = tiny.backend("qwen3")
+    clean = teacher_force(b, prompt, cont, Mask(), exits)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(cache, "ABSENT_FILL", 1e4)
+        poisoned = teacher_force(b, prompt, cont, Mask(), exits)
+    for a, p in zip(clean, poisoned):
+        assert np.array_equal(a, p)

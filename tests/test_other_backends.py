@@ -4,17 +4,13 @@ import importlib.util
 
 import pytest
 
-from river_hf import tiny
 from river_core import ModelError
 from river_core.cli import main
 
 
 @pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny-qwen3")
-    tiny.model("qwen3").save_pretrained(path)
-    tiny.tokenizer().save_pretrained(path)
-    return str(path)
+def folder(tiny_folder):
+    return tiny_folder("qwen3")
 
 
 @pytest.fixture

@@ -55,7 +55,7 @@ class HFBackend:
         self.max_positions = config.max_position_embeddings
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
-        self.capabilities = Capabilities(devices=("cpu", "cuda"))
+        self.capabilities = Capabilities(mask=True, devices=("cpu", "cuda"))
         eos = model.generation_config.eos_token_id
         eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
         if tokenizer.eos_token_id is not None:
@@ -112,12 +112,12 @@ class HFBackend:
         return self._begin(ids, self._offset)
 
     def _run(self, block: Block, i: int, h: torch.Tensor, rows) -> torch.Tensor:
-        k, v = self._cache.k[i], self._cache.v[i]
+        k, v, holes = self._cache.k[i], self._cache.v[i], self._cache.holes(i)
         if rows is None:
-            return forward(block, h, self._step, k, v, None)
+            return forward(block, h, self._step, k, v, None, holes)
         idx = torch.tensor(rows, device=self.device)
         out = h.clone()
-        out[idx] = forward(block, h[idx], self._step, k, v, idx)
+        out[idx] = forward(block, h[idx], self._step, k, v, idx, holes)
         return out
 
     @torch.inference_mode()
@@ -136,6 +136,11 @@ class HFBackend:
         cos, sin = self._step.rope(block.rope_key, idx)
         _, k, v = project_kv(block, block.input_norm(x), cos, sin)
         self._step.write(self._cache.k[i], self._cache.v[i], k, v, idx)
+
+    @torch.inference_mode()
+    def skip(self, i: int, rows) -> None:
+        idx = None if rows is None else torch.tensor(rows, device=self.device)
+        self._cache.skip(i, idx, self._step.start)
 
     @torch.inference_mode()
     def similarity(self, before, after, rows) -> list[float]:

@@ -82,13 +82,14 @@ def project_kv(b: Block, x: torch.Tensor, cos, sin):
 
 
 def forward(b: Block, x: torch.Tensor, step, cache_k: torch.Tensor, cache_v: torch.Tensor,
-            rows) -> torch.Tensor:
-    """x: [batch, tokens, hidden] for `rows` of the batch (None: all). Writes the cache."""
+            rows, holes: torch.Tensor | None = None) -> torch.Tensor:
+    """x: [batch, tokens, hidden] for `rows` of the batch (None: all). Writes the cache.
+    holes: this layer's absent entries, or None."""
     cos, sin = step.rope(b.rope_key, rows)
     q, k, v = project_kv(b, b.input_norm(x), cos, sin)
     step.write(cache_k, cache_v, k, v, rows)
     keys, values = step.read(cache_k, cache_v, rows, b.window)
-    mask = step.mask(b.window, rows)
+    mask = step.mask(b.window, rows, holes)
     a = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=b.scaling,
                                        is_causal=mask is None and q.shape[2] > 1,
                                        enable_gqa=True)

@@ -6,18 +6,36 @@ from typing import Callable
 
 import torch
 
+ABSENT_FILL = 0.0
+
 
 class KVCache:
     """K/V for every layer: [layers, batch, kv_heads, capacity, head_dim], written by index.
 
     Starts as NaN: a slot no layer wrote poisons whatever reads it, so a broken strategy
-    cannot pass for a working one."""
+    cannot pass for a working one. `absent` [layers, batch, capacity] marks entries a skipped
+    layer left out on purpose (`mask` strategy); they hold ABSENT_FILL and are masked from reads.
+    """
 
     def __init__(self, layers: int, batch: int, kv_heads: int, capacity: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device) -> None:
         shape = (layers, batch, kv_heads, capacity, head_dim)
         self.k = torch.full(shape, float("nan"), dtype=dtype, device=device)
         self.v = torch.full(shape, float("nan"), dtype=dtype, device=device)
+        self.absent: torch.Tensor | None = None   # made on the first skip
+
+    def skip(self, i: int, rows, start: int) -> None:
+        if self.absent is None:
+            self.absent = torch.zeros(self.k.shape[0], self.k.shape[1], self.k.shape[3],
+                                      dtype=torch.bool, device=self.k.device)
+        rows = slice(None) if rows is None else rows
+        self.k[i, rows, :, start] = ABSENT_FILL   # finite: masked weights are 0, and 0 * NaN
+        self.v[i, rows, :, start] = ABSENT_FILL   # would still poison the output
+        self.absent[i, rows, start] = True
+
+    def holes(self, i: int) -> torch.Tensor | None:
+        """[batch, capacity] True where layer i has no entry, or None when it has all."""
+        return None if self.absent is None else self.absent[i]
 
 
 class Step:
@@ -60,12 +78,18 @@ class Step:
             return cache_k[:, :, lo:self.end], cache_v[:, :, lo:self.end]
         return cache_k[rows, :, lo:self.end], cache_v[rows, :, lo:self.end]
 
-    def mask(self, window: int | None, rows) -> torch.Tensor | None:
-        """Boolean [batch, 1, tokens, keys] (True = attend), or None for plain causal."""
+    def mask(self, window: int | None, rows, holes: torch.Tensor | None = None):
+        """Boolean [batch, 1, tokens, keys] (True = attend), or None for plain causal.
+        holes: [batch, capacity] entries of this layer to leave out (see KVCache.absent)."""
         if window not in self._masks:
             self._masks[window] = self._build_mask(window)
         m = self._masks[window]
-        return m if m is None or rows is None else m[rows]
+        m = m if m is None or rows is None else m[rows]
+        if holes is None:
+            return m
+        lo = self._first_key(window)
+        present = ~(holes if rows is None else holes[rows])[:, None, None, lo:self.end]
+        return present if m is None else m & present
 
     def _build_mask(self, window):
         tokens, lo = self.end - self.start, self._first_key(window)

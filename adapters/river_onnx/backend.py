@@ -103,7 +103,7 @@ class OnnxBackend:
         self.providers = self._head.get_providers()
         self.num_layers, self.max_positions = m.num_layers, m.max_positions
         self.river_error = list(m.river_error)
-        self.capabilities = Capabilities(devices=("cpu", "cuda"))
+        self.capabilities = Capabilities(mask=True, devices=("cpu", "cuda"))
         self.tokenizer = tokenizer
         self._windows = m.windows
         self._keys = m.rope_keys
@@ -132,6 +132,7 @@ class OnnxBackend:
         shape = (batch, self._kv_heads, capacity, self._head_dim)
         self._k = [np.zeros(shape, np.float32) for _ in range(self.num_layers)]
         self._v = [np.zeros(shape, np.float32) for _ in range(self.num_layers)]
+        self._absent: list[np.ndarray | None] = [None] * self.num_layers   # see skip()
         self._offset = 0
         h = self._begin(ids)
         valid = self._valid[:, :width]
@@ -156,6 +157,9 @@ class OnnxBackend:
         feeds = {"h": h, "cos": cos, "sin": sin}
         if attention:
             past_mask, self_mask = s.masks[self._windows[i]]
+            if self._absent[i] is not None:
+                hole = np.where(self._absent[i], -np.inf, 0).astype(np.float32)
+                past_mask = past_mask + hole[:, None, None, :]
             feeds.update(past_k=self._k[i], past_v=self._v[i], past_mask=past_mask,
                          self_mask=self_mask)
         return feeds if idx is None else {k: v[idx] for k, v in feeds.items()}
@@ -186,6 +190,13 @@ class OnnxBackend:
         idx = None if rows is None else np.asarray(rows)
         k, v = self._kv_proj[i].run(None, self._feeds(i, h, idx, attention=False))
         self._write(i, k, v, idx)
+
+    def skip(self, i: int, rows) -> None:
+        """Layer i keeps no entry for this position: its slot stays zero and is masked."""
+        if self._absent[i] is None:
+            batch, _, capacity, _ = self._k[i].shape
+            self._absent[i] = np.zeros((batch, capacity), dtype=bool)
+        self._absent[i][slice(None) if rows is None else np.asarray(rows), self._step.start] = True
 
     def similarity(self, before, after, rows) -> list[float]:
         cos = _cosine(before[:, -1:], after[:, -1:])[:, 0]
