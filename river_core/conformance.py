@@ -63,27 +63,30 @@ class Subject:
     name: str
     make: Callable
     families: tuple[str, ...]
+    refusal: str = ""   # why it runs no family at all
 
     @classmethod
     def of(cls, name: str, make: Callable) -> "Subject":
-        runs = []
+        runs, refusals = [], []
         for family in tiny.FAMILIES:
             try:
                 _made(make, family, 0, 8)
                 runs.append(family)
-            except CapabilityError:
-                pass
-        return cls(name, make, tuple(runs))
+            except CapabilityError as e:
+                refusals.append(str(e))
+        return cls(name, make, tuple(runs), refusals[0] if refusals and not runs else "")
+
+    def _require_families(self) -> None:
+        if not self.families:
+            pytest.skip(f"{self.name} runs none of the tiny families: {self.refusal}")
 
     def backend(self, family: str | None = None, seed: int = 0, bits: int = 8):
-        if not self.families:
-            pytest.skip(f"{self.name} runs none of the tiny families")
+        self._require_families()
         return _made(self.make, family or self.families[0], seed, bits)
 
     def family(self, data) -> str:
         """A family drawn by hypothesis among those the backend runs."""
-        if not self.families:
-            pytest.skip(f"{self.name} runs none of the tiny families")
+        self._require_families()
         return data.draw(st.sampled_from(self.families), label="family")
 
 
