@@ -56,11 +56,7 @@ class HFBackend:
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
         self.capabilities = Capabilities(mask=True, devices=("cpu", "cuda"))
-        eos = model.generation_config.eos_token_id
-        eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
-        if tokenizer.eos_token_id is not None:
-            eos.append(tokenizer.eos_token_id)
-        self.tokenizer = HFTokenizer(tokenizer, eos)
+        self.tokenizer = HFTokenizer(tokenizer, compat.eos_ids(model, tokenizer))
         self._kv_heads = config.num_key_value_heads
         self._cache: KVCache | None = None
         self._pad: torch.Tensor | None = None

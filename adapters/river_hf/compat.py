@@ -63,6 +63,13 @@ def chat_ids(tokenizer, prompt: str) -> list[int]:
     return list(ids[0] if ids and isinstance(ids[0], list) else ids)
 
 
+def eos_ids(model, tokenizer) -> set[int]:
+    """Every id that ends generation: the generation config's and the tokenizer's."""
+    eos = model.generation_config.eos_token_id
+    ids = set() if eos is None else {eos} if isinstance(eos, int) else set(eos)
+    return ids | ({tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set())
+
+
 def inner(model):
     """The decoder stack of a *ForCausalLM."""
     return model.model

@@ -122,7 +122,9 @@ class LlamaCppBackend:
         meta = self._llm.metadata
         arch = meta["general.architecture"]
         kv_heads = int(meta[f"{arch}.attention.head_count_kv"])
-        head_dim = int(meta[f"{arch}.embedding_length"]) // int(meta[f"{arch}.attention.head_count"])
+        width, heads = (int(meta[f"{arch}.{key}"])
+                        for key in ("embedding_length", "attention.head_count"))
+        head_dim = width // heads
         return Footprint(tuple(layers), (0,) * self.num_layers, head, 2 * kv_heads * head_dim * 2)
 
     def kv(self, i: int):

@@ -59,7 +59,8 @@ def gguf_file(seed: int = 0) -> Path:
         for short, long in names.items():
             w.add_tensor(f"blk.{i}.{short}.weight", _np(params[f"model.layers.{i}.{long}.weight"]))
         for short in ("attn_q", "attn_k", "attn_v"):
-            w.add_tensor(f"blk.{i}.{short}.bias", _np(params[f"model.layers.{i}.{names[short]}.bias"]))
+            bias = params[f"model.layers.{i}.{names[short]}.bias"]
+            w.add_tensor(f"blk.{i}.{short}.bias", _np(bias))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

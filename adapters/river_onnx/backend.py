@@ -75,7 +75,7 @@ class _Step:
         tokens, capacity = self.end - self.start, b._k[0].shape[2]
         query = np.arange(self.start, self.end)[:, None]
         slots = np.arange(capacity)[None, :]
-        past = (slots < self.start) & b._valid[:, None, :] & (query >= 0)
+        past = (slots < self.start) & b._valid[:, None, :] & (query >= 0)   # [B, T, capacity]
         new = (slots[:, self.start:self.end] <= query) & b._valid[:, None, self.start:self.end]
         if window is not None:
             past = past & (slots > query - window)

@@ -132,14 +132,11 @@ def export_model(hf, tokenizer, folder: Path, river: RiverSpec, progress: bool) 
     _save(graphs.head(graphs.Norm(_np(w), eps), _np(hf.lm_head.weight),
                       compat.final_softcap(config)), folder, "head")
     tokenizer.save_pretrained(folder / "tokenizer")
-    eos = hf.generation_config.eos_token_id
-    eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
-    if tokenizer.eos_token_id is not None:
-        eos.append(tokenizer.eos_token_id)
     manifest = Manifest(
         num_layers=len(inner.layers), max_positions=config.max_position_embeddings,
-        heads=full.heads, kv_heads=config.num_key_value_heads, head_dim=block.head_dim, windows=windows,
-        rope_keys=[k or "" for k in keys], rope=rope, eos_ids=sorted(set(eos)),
+        heads=full.heads, kv_heads=config.num_key_value_heads, head_dim=block.head_dim,
+        windows=windows,
+        rope_keys=[k or "" for k in keys], rope=rope, eos_ids=sorted(compat.eos_ids(hf, tokenizer)),
         river_error=errors, river_bits=river.bits, group_size=river.group_size)
     manifest.save(folder)
     return manifest
