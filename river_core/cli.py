@@ -85,7 +85,10 @@ def _generate(args) -> None:
                                        registry=registry)
     out = model.generate(args.prompt, chat=not args.no_chat, exit=exit, generation=gen)
     print(out.text)
-    print("\n" + _report(out.stats), file=sys.stderr)
+    # a backend may say where it really ran (onnx: the providers its sessions use)
+    where = getattr(model.backend, "providers", None)
+    ran = f"backend {model.backend.name}" + (f" on {', '.join(where)}" if where else "")
+    print(f"\n{ran}\n{_report(out.stats)}", file=sys.stderr)
 
 
 def _plugins() -> None:

@@ -23,7 +23,8 @@ def test_onnx_exports_once_and_generates(folder, cache, capsys):
     args = ["generate", "abc", "--model", folder, "--backend", "onnx", "--no-chat",
             "--max-new-tokens", "4", "--min-layer", "1"]
     assert main(args) == 0
-    assert "ms/token" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "ms/token" in err and "backend onnx on CPUExecutionProvider" in err
     (export,) = (cache / "onnx").iterdir()
     stamp = (export / "manifest.json").stat().st_mtime_ns
     assert main(args + ["--kv", "propagate"]) == 0
