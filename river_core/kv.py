@@ -1,9 +1,10 @@
 """KV strategies: the KV-sharing contract for a token that exits after layer k.
 
-For every skipped layer j = k+1..L-1 a strategy gets the token's current state and must leave
-layer j's cache slot written for that token (so every layer keeps the same number of
-positions), and it returns the state that continues to layer j+1 and finally to the LM head.
-A strategy may also cap how deep a row may run (`ceiling`), learning from each row's exits.
+For every skipped layer j = k+1..L-1 a strategy gets the token's current state, decides what
+layer j's cache holds for that token, and returns the state that continues to layer j+1 and
+finally to the LM head. `river` and `propagate` write the slot, so every layer keeps every
+position; `mask` marks it absent and later reads skip it; `monotonic` leaves it unwritten and
+caps how deep later tokens may run (`ceiling`), so nobody reads it.
 """
 
 from __future__ import annotations
