@@ -49,6 +49,11 @@ def write(name: str, payload: dict, markdown: str) -> None:
     print(markdown)
 
 
+def first_divergence(a, b) -> int:
+    """Tokens two outputs share before they first differ (the shorter length if never)."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
 def pearson(a, b) -> float:
     return float(np.corrcoef(a, b)[0, 1])
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from common import GSM8K_TRAIN, gsm8k_questions, machine, write
+from common import GSM8K_TRAIN, first_divergence, gsm8k_questions, machine, write
 from river_core import CapabilityError, ExitConfig, GenerationConfig, RiverModel, RiverSpec
 
 
@@ -46,10 +46,6 @@ def transformers_generate(backend, ids: list[int], tokens: int) -> tuple[list[in
         out = backend.model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=tokens,
                                      logits_processor=LogitsProcessorList([clock]))
     return out[0, len(ids):].tolist(), list(np.diff(clock.times))
-
-
-def first_divergence(a: list[int], b: list[int]) -> int:
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
 def main() -> None:
@@ -96,16 +92,16 @@ def main() -> None:
     read = {k: [] for k in keys}
     agree = {k: [] for k in keys}
     diverge = {k: [] for k in keys}
+    footprints = {name: m.backend.footprint() for name, m in models.items()}
     for p, q in enumerate(tqdm(questions, desc="prompts", file=sys.stderr)):
         texts = {}
+        prompt_lens = {name: len(m.backend.tokenizer.chat(q)) for name, m in models.items()}
         for key in keys[p % len(keys):] + keys[: p % len(keys)]:
-            backend = models[key[0]].backend
             texts[key], seconds, row = run(key, q)
             steps[key] += seconds
             exits[key] += row
-            prompt_len = len(backend.tokenizer.chat(q))
-            foot = backend.footprint()
-            read[key] += [foot.bytes_per_token(k, prompt_len + i) for i, k in enumerate(row)]
+            foot, start = footprints[key[0]], prompt_lens[key[0]]
+            read[key] += [foot.bytes_per_token(k, start + i) for i, k in enumerate(row)]
         for key in keys:
             full = texts[(key[0], "full")]
             agree[key].append(texts[key] == full)

@@ -32,7 +32,7 @@ from tqdm import tqdm
 
 import gsm8k
 import humaneval
-from common import GSM8K_TRAIN, machine, write
+from common import GSM8K_TRAIN, first_divergence, machine, write
 from river_core import ConfigError, ExitConfig, GenerationConfig, RiverModel, RiverSpec
 
 RUNS = Path(__file__).resolve().parent / "runs"
@@ -65,10 +65,6 @@ class Config:
         return ExitConfig(kv=self.kv, threshold=self.threshold)
 
 
-def first_divergence(a, b) -> int:
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-
-
 class Run:
     """Records on disk, one JSON line per (task, problem, config)."""
 
@@ -99,10 +95,7 @@ def generate(model: RiverModel, text: str, config: Config, max_tokens: int, stop
     out = model.generate_ids([ids], config.exit(),
                              GenerationConfig(max_new_tokens=max_tokens, stop=stop))
     tokens = out.tokens[0]
-    completion = tok.decode(tokens)
-    for s in stop:
-        completion = completion.split(s)[0]
-    return {"completion": completion, "tokens": tokens, "exits": out.exit_layers[0],
+    return {"completion": model.text(tokens, stop), "tokens": tokens, "exits": out.exit_layers[0],
             "steps": out.step_seconds, "prompt_tokens": len(ids)}
 
 

@@ -66,9 +66,13 @@ class RiverModel:
         tok = self.backend.tokenizer
         ids = [tok.chat(p) if chat else tok.encode(p) for p in prompts]
         stats = self.generate_ids(ids, exit, generation)
-        texts = [_cut(tok.decode(_until_eos(t, tok.eos_ids)), generation.stop)
-                 for t in stats.tokens]
+        texts = [self.text(t, generation.stop) for t in stats.tokens]
         return Completion(texts, stats)
+
+    def text(self, tokens: Sequence[int], stop: Sequence[str] = ()) -> str:
+        """Generated ids as returned text: without the final EOS, cut at the first stop."""
+        tok = self.backend.tokenizer
+        return _cut(tok.decode(_until_eos(list(tokens), tok.eos_ids)), stop)
 
     def generate_ids(self, prompts: Sequence[Sequence[int]], exit: ExitConfig,
                      generation: GenerationConfig) -> Generation:

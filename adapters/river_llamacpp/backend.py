@@ -108,17 +108,13 @@ class LlamaCppBackend:
         """Tensor bytes in the GGUF file; K/V as float16 (llama.cpp's default cache type)."""
         from gguf import GGUFReader
 
+        sizes = {t.name: int(t.n_bytes) for t in GGUFReader(self._path).tensors}
         layers = [0] * self.num_layers
-        head, names = 0, set()
-        for t in GGUFReader(self._path).tensors:
-            names.add(t.name)
-            if t.name.startswith("blk."):
-                layers[int(t.name.split(".")[1])] += int(t.n_bytes)
-            elif t.name in ("output.weight", "output_norm.weight"):
-                head += int(t.n_bytes)
-        if "output.weight" not in names:   # tied: the head reads the embedding table
-            head += next(int(t.n_bytes) for t in GGUFReader(self._path).tensors
-                         if t.name == "token_embd.weight")
+        for name, size in sizes.items():
+            if name.startswith("blk."):
+                layers[int(name.split(".")[1])] += size
+        # tied embeddings: the head reads the embedding table
+        head = sizes["output_norm.weight"] + sizes.get("output.weight", sizes["token_embd.weight"])
         meta = self._llm.metadata
         arch = meta["general.architecture"]
         kv_heads = int(meta[f"{arch}.attention.head_count_kv"])

@@ -7,6 +7,7 @@ new tokens' K/V it returns into the cache by index.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Sequence
 
@@ -19,19 +20,17 @@ from river_core.errors import CapabilityError
 from .export import Manifest
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
-_thread_pool: list[bool] = []
 
 
+@functools.cache
 def _shared_threads() -> bool:
     """One process-wide thread pool for the hundred-odd small sessions, when ORT still allows
     it (it must be set before the first session of the process)."""
-    if not _thread_pool:
-        try:
-            ort.set_global_thread_pool_sizes(0, 1)
-            _thread_pool.append(True)
-        except Exception:   # an environment already exists: fall back to per-session pools
-            _thread_pool.append(False)
-    return _thread_pool[0]
+    try:
+        ort.set_global_thread_pool_sizes(0, 1)
+        return True
+    except Exception:   # an environment already exists: fall back to per-session pools
+        return False
 
 
 def sessions_for(device: str):
