@@ -3,9 +3,10 @@
     python -m benchmarks tasks --configs full river:0.15 propagate:0.15 monotonic:0.15 \\
         quantized@int8 --gsm8k-limit 20 --humaneval-limit 10
 
-A config is KV[:THRESHOLD][@int8|@int4]: a KV strategy (river, propagate, monotonic) with the
-similarity policy at THRESHOLD, `full` (the baseline every ratio is taken against), or
-`quantized` (every layer at river precision: the river from before layer 0). Every problem runs
+A config is KV[:THRESHOLD][@int8|@int4]: a KV strategy (river, propagate, mask, monotonic,
+recompute) with the similarity policy at THRESHOLD, `full` (the baseline every ratio is taken
+against), `quantized` (every layer at river precision: the river from before layer 0), or
+`llamacpp` (full depth through llama-cpp-python on the same GGUF: the anchor). Every problem runs
 every config back to back, order rotated per problem, greedy, at batch 1, so speed ratios come
 from one run. Per problem and config one record is appended to `benchmarks/runs/NAME/`; a rerun
 with the same NAME skips what is there, so an interrupted run resumes.
@@ -34,6 +35,7 @@ import gsm8k
 import humaneval
 from common import GSM8K_TRAIN, first_divergence, machine, write
 from river_core import ConfigError, ExitConfig, GenerationConfig, RiverModel, RiverSpec
+from river_core.plugins import default_registry
 
 RUNS = Path(__file__).resolve().parent / "runs"
 
@@ -44,9 +46,12 @@ class Config:
     kv: str
     threshold: float | None
     bits: int
+    backend: str | None = None   # None: the run's --backend
 
     @classmethod
     def parse(cls, text: str) -> "Config":
+        if text == "llamacpp":
+            return cls(text, "full", None, 8, "llamacpp")
         body, _, bits = text.partition("@")
         kv, _, threshold = body.partition(":")
         if bits not in ("", "int8", "int4"):
@@ -56,6 +61,9 @@ class Config:
         if kv not in ("full", "quantized") and not threshold:
             raise ConfigError(f"{text}: give a threshold, e.g. {kv}:0.15")
         return cls(text, kv, float(threshold) if threshold else None, int(bits[3:] or 8))
+
+    def model_key(self, backend: str) -> tuple[str, int]:
+        return self.backend or backend, self.bits
 
     def exit(self) -> ExitConfig:
         if self.kv == "full":
@@ -99,7 +107,7 @@ def generate(model: RiverModel, text: str, config: Config, max_tokens: int, stop
             "steps": out.step_seconds, "prompt_tokens": len(ids)}
 
 
-def run_tasks(args, models: dict[int, RiverModel], configs: list[Config], run: Run) -> None:
+def run_tasks(args, models: dict[tuple[str, int], RiverModel], configs: list[Config], run: Run) -> None:
     shots = gsm8k.load(args.gsm8k_shots, limit=args.shots)
     tasks = []
     if args.gsm8k_limit:
@@ -111,7 +119,7 @@ def run_tasks(args, models: dict[int, RiverModel], configs: list[Config], run: R
         for config in configs[n % len(configs):] + configs[:n % len(configs)]:
             if run.has(task, problem.id, config.label):
                 continue
-            model = models[config.bits]
+            model = models[config.model_key(args.backend)]
             if task == "gsm8k":
                 prompt = gsm8k.prompt(problem, shots)
                 r = generate(model, prompt, config, args.max_tokens, gsm8k.STOP)
@@ -127,11 +135,12 @@ def run_tasks(args, models: dict[int, RiverModel], configs: list[Config], run: R
             run.add({"task": task, "problem": problem.id, "config": config.label, **r})
 
 
-def summarize(models, configs: list[Config], run: Run) -> dict:
+def summarize(models, configs: list[Config], run: Run, backend_name: str) -> dict:
     full = "full"
     rows = {}
     for c in configs:
-        backend = models[c.bits].backend
+        backend = models[c.model_key(backend_name)].backend
+        reads = default_registry().kv_strategy(c.exit().kv)().skipped_reads
         foot = backend.footprint()
         steps, exits, nbytes, agree, diverge, nll = [], [], [], [], [], []
         scores = {}
@@ -143,7 +152,7 @@ def summarize(models, configs: list[Config], run: Run) -> dict:
             for p, r in mine.items():
                 steps += r["steps"]
                 exits += r["exits"]
-                nbytes += [foot.bytes_per_token(k, r["prompt_tokens"] + i)
+                nbytes += [foot.bytes_per_token(k, r["prompt_tokens"] + i, reads)
                            for i, k in enumerate(r["exits"])]
                 if p in base:
                     agree.append(r["tokens"] == base[p]["tokens"])
@@ -229,14 +238,15 @@ def main() -> None:
             raise ConfigError("include the `full` config: every ratio is taken against it")
     except ConfigError as e:
         ap.error(str(e))
-    models = {bits: RiverModel.from_pretrained(backend=args.backend, progress=True,
-                                               river=RiverSpec(bits=bits))
-              for bits in sorted({c.bits for c in configs})}
-    warm = configs[0]
-    generate(models[warm.bits], "Question: What is 2 + 3?\nAnswer:", warm, 8, gsm8k.STOP)
+    models = {(name, bits): RiverModel.from_pretrained(backend=name, progress=True,
+                                                       river=RiverSpec(bits=bits))
+              for name, bits in sorted({c.model_key(args.backend) for c in configs})}
+    for warm in configs:
+        generate(models[warm.model_key(args.backend)], "Question: What is 2 + 3?\nAnswer:", warm,
+                 8, gsm8k.STOP)
     run = Run(args.name)
     run_tasks(args, models, configs, run)
-    rows = summarize(models, configs, run)
+    rows = summarize(models, configs, run, args.backend)
     info = machine() | {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
     num_layers = next(iter(models.values())).backend.num_layers
     images = plots(args.name, rows, num_layers)

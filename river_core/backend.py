@@ -13,10 +13,14 @@ core calls, for every layer i in order, exactly one of:
   and writes layer i's slot itself (the KV cache is shared, never copied);
 - `project_kv(i, h, rows)`: writes layer i's K/V computed from `h` without running the layer;
 - `skip(i, rows)`: writes nothing: layer i has no entry for this position, and every later
-  read of layer i masks it out (only for the `mask` strategy).
+  read of layer i masks it out (only for the `mask` strategy);
+- `layer_span(i, states, start)`: the backbone layer over positions start..offset of a single
+  sequence at once, causally, writing all their slots: earlier tokens whose layer-i entry was
+  left unwritten, then this step's token (only for the `recompute` strategy, which guarantees
+  that no read of those slots happens before).
 
 So after any sequence of exits every layer holds the same number of positions (some of them
-marked absent under `mask`).
+marked absent under `mask`, some not yet written under `recompute`).
 
 `rows` selects batch rows (a sorted list of row indices) or None for all of them. Layer
 calls return a new `H` of the full batch in which only `rows` changed.
@@ -24,7 +28,7 @@ calls return a new `H` of the full batch in which only `rows` changed.
 
 from __future__ import annotations
 
-from typing import Generic, Protocol, Sequence, TypeVar, runtime_checkable
+from typing import Generic, Literal, Protocol, Sequence, TypeVar, runtime_checkable
 
 import attrs
 import numpy as np
@@ -41,6 +45,7 @@ class Capabilities:
     river: bool = True        # has `river_layer`
     propagate: bool = True    # has `project_kv`
     mask: bool = False        # has `skip`: absent entries, masked from later reads
+    recompute: bool = False   # has `layer_span`: late K/V for earlier tokens, batch 1
     batch: bool = True        # accepts more than one sequence
     devices: tuple[str, ...] = ("cpu",)
 
@@ -58,21 +63,31 @@ class Prefill:
     similarity: np.ndarray
 
 
+Reads = Literal["river", "kv_projection", "nothing"]
+"""What a layer a token skipped reads: its river layer, its K/V projection, or nothing."""
+
+
 @attrs.frozen
 class Footprint:
     """Bytes a decode step reads, weights at their stored precision: the physical speed limit
     is bytes_per_token / memory bandwidth."""
 
-    layer_bytes: tuple[int, ...]     # per backbone layer
-    river_bytes: tuple[int, ...]     # per river layer (0 where there is none)
-    head_bytes: int                  # final norm and LM head
-    kv_bytes_per_position: int       # K and V of one position in one layer, as stored
+    layer_bytes: tuple[int, ...]          # per backbone layer
+    river_bytes: tuple[int, ...]          # per river layer (0 where there is none)
+    kv_projection_bytes: tuple[int, ...]  # per layer: its K and V projections alone
+    head_bytes: int                       # final norm and LM head
+    kv_bytes_per_position: int            # K and V of one position in one layer, as stored
 
-    def bytes_per_token(self, exit_layer: int, positions: float) -> float:
-        """A token leaving after `exit_layer` with `positions` cached positions to attend."""
-        k = exit_layer
-        return (sum(self.layer_bytes[:k + 1]) + sum(self.river_bytes[k + 1:]) + self.head_bytes
-                + self.kv_bytes_per_position * positions * len(self.layer_bytes))
+    def bytes_per_token(self, exit_layer: int, positions: float,
+                        skipped_reads: Reads = "river") -> float:
+        """A token leaving after `exit_layer` with `positions` cached positions to attend.
+        Only layers that attend (the backbone's, and the river's) read the cache."""
+        k, n = exit_layer, len(self.layer_bytes)
+        skipped = {"river": self.river_bytes, "kv_projection": self.kv_projection_bytes,
+                   "nothing": (0,) * n}[skipped_reads]
+        attending = n if skipped_reads == "river" else k + 1
+        return (sum(self.layer_bytes[:k + 1]) + sum(skipped[k + 1:]) + self.head_bytes
+                + self.kv_bytes_per_position * positions * attending)
 
 
 class Tokenizer(Protocol):
@@ -115,6 +130,10 @@ class Backend(Protocol, Generic[H]):
     def project_kv(self, i: int, h: H, rows: Rows) -> None: ...
 
     def skip(self, i: int, rows: Rows) -> None: ...
+
+    def layer_span(self, i: int, states: Sequence[H], start: int) -> list[H]:
+        """Layer i for positions start..offset of the one sequence: `states` holds one
+        single-token state per position, in order; returns their outputs likewise."""
 
     def similarity(self, before: H, after: H, rows: Rows) -> list[float]:
         """Cosine of each selected row's state before and after a layer."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 from .config import ExitConfig
 from .errors import ConfigError
 from .hookspecs import hookimpl
-from .kv import Full, Mask, Monotonic, Propagate, River
+from .kv import Full, Mask, Monotonic, Propagate, Recompute, River
 from .policy import SimilarityPolicy
 from .predictor import TransitionPredictor
 
@@ -40,4 +40,4 @@ def river_predictors():
 @hookimpl
 def river_kv_strategies():
     return {"river": River, "propagate": Propagate, "monotonic": Monotonic,
-            "mask": Mask, "full": Full}
+            "mask": Mask, "recompute": Recompute, "full": Full}

@@ -33,7 +33,7 @@ from river_hf import tiny
 from .config import ExitConfig, GenerationConfig
 from .decode import generate_ids
 from .errors import CapabilityError, ConfigError
-from .kv import Full, Mask, Monotonic, Propagate, River
+from .kv import Full, Mask, Monotonic, Propagate, Recompute, River
 from .model import RiverModel
 from .plugins import default_registry
 from .predictor import TransitionPredictor
@@ -127,10 +127,11 @@ def test_full_depth_matches_the_reference_backend(conformance_backend, prompt, n
 
 
 @given(prompt=prompts, cont=continuations, exits=exit_layers, data=st.data(),
-       strategy=st.sampled_from([Propagate(), Mask(), Monotonic()]))
+       strategy=st.sampled_from([Propagate(), Mask(), Monotonic(), Recompute()]))
 def test_unquantized_strategies_match_the_reference_backend(conformance_backend, prompt, cont,
                                                             exits, strategy, data):
-    """propagate, mask and monotonic involve no river weights: any two backends must agree."""
+    """propagate, mask, monotonic and recompute involve no river weights: any two backends
+    must agree."""
     family = conformance_backend.family(data)
     b, ref = conformance_backend.backend(family), _reference(family)
     _needs(b, "exits")
@@ -184,6 +185,27 @@ def test_propagate_writes_exact_kv_one_layer_past_the_exit(conformance_backend, 
     for layer in range(k + 2):
         for w in (0, 1):
             assert np.array_equal(got[layer][w][:, :, pos], full[layer][w][:, :, pos])
+
+
+@given(prompt=prompts, cont=continuations, exits=exit_layers, data=st.data())
+def test_recompute_catches_up_to_full_depth_whenever_a_token_runs_full_depth(
+        conformance_backend, prompt, cont, exits, data):
+    """A full-depth token first brings every waiting token's deep K/V up to date, so it sees
+    (and leaves) the full-depth cache: its logits and the whole cache match full depth."""
+    b = conformance_backend.backend(conformance_backend.family(data))
+    _needs(b, "exits")
+    _needs(b, "recompute")
+    exits = exits[:len(cont) - 1] + [None]
+    full_logits = teacher_force(b, prompt, cont, Full())
+    full_kv = [b.kv(i) for i in range(b.num_layers)]
+    got = teacher_force(b, prompt, cont, Recompute(), exits)
+    for step, k in enumerate(exits):
+        if k is None or k >= b.num_layers - 1:
+            assert relative_error(got[step + 1], full_logits[step + 1]) <= FULL_DEPTH_RTOL
+    for i, (fk, fv) in enumerate(full_kv):
+        k, v = b.kv(i)
+        assert relative_error(k, fk) <= FULL_DEPTH_RTOL
+        assert relative_error(v, fv) <= FULL_DEPTH_RTOL
 
 
 @given(bits=st.sampled_from([8, 4]), seed=st.integers(0, 2), prompt=prompts,
@@ -247,7 +269,7 @@ def test_capability_flags_are_respected(conformance_backend):
     b = conformance_backend.backend()
     model = RiverModel(b)
     ids = [1, 20, 21, 22]
-    for kv in ("river", "propagate", "monotonic", "mask"):
+    for kv in ("river", "propagate", "monotonic", "mask", "recompute"):
         strategy = model.registry.kv_strategy(kv)()
         allowed = b.capabilities.exits and (strategy.requires is None
                                             or getattr(b.capabilities, strategy.requires))

@@ -86,7 +86,7 @@ def decode_step(backend: Backend, tokens: Sequence[int], strategy: KVStrategy,
         if i >= 0:
             before = h
             if deep:
-                h = backend.layer(i, h, _rows(deep, batch))
+                h = strategy.deep_layer(backend, i, h, _rows(deep, batch))
             if gone:
                 h = strategy.skipped_layer(backend, i, h, gone)
             seen = sorted(deep + gone if strategy.moves_state else deep) if watch else []
@@ -124,6 +124,8 @@ def generate_ids(backend: Backend, prompts: Sequence[Sequence[int]], gen: Genera
         raise ConfigError("empty prompt: give at least one token")
     if len(prompts) > 1 and not backend.capabilities.batch:
         raise ConfigError(f"backend {backend.name!r} runs one sequence at a time")
+    if len(prompts) > 1 and not strategy.batch:
+        raise ConfigError(f"kv strategy {strategy.name!r} runs one sequence at a time")
     capacity = max(len(p) for p in prompts) + gen.max_new_tokens
     if capacity > backend.max_positions:
         raise ConfigError(f"prompt ({max(len(p) for p in prompts)} tokens) plus max_new_tokens "

@@ -4,14 +4,17 @@ For every skipped layer j = k+1..L-1 a strategy gets the token's current state, 
 layer j's cache holds for that token, and returns the state that continues to layer j+1 and
 finally to the LM head. `river` and `propagate` write the slot, so every layer keeps every
 position; `mask` marks it absent and later reads skip it; `monotonic` leaves it unwritten and
-caps how deep later tokens may run (`ceiling`), so nobody reads it.
+caps how deep later tokens may run (`ceiling`), so nobody reads it; `recompute` leaves it
+unwritten until the next token that runs layer j, which first runs j for the waiting tokens.
 """
 
 from __future__ import annotations
 
 from typing import Protocol
 
-from .backend import Backend, Rows
+import attrs
+
+from .backend import Backend, Reads, Rows
 
 
 class KVStrategy(Protocol):
@@ -19,6 +22,11 @@ class KVStrategy(Protocol):
     allows_exit: bool      # False: tokens always run the full backbone
     moves_state: bool      # True: skipped layers transform the state (the predictor observes it)
     requires: str | None   # the Capabilities flag the backend must set
+    batch: bool            # False: one sequence at a time
+    skipped_reads: Reads   # the weights a skipped layer reads (for bytes-per-token figures)
+
+    def deep_layer(self, backend: Backend, i: int, h, rows: Rows):
+        """Backbone layer i for `rows`, the tokens still in the backbone."""
 
     def skipped_layer(self, backend: Backend, i: int, h, rows: Rows): ...
 
@@ -29,7 +37,14 @@ class KVStrategy(Protocol):
         """`row`'s token left after `layer` (the last layer: it ran full depth)."""
 
 
-class _Uncapped:
+class Strategy:
+    """Defaults: deep tokens run the backbone layer, no depth cap, batches allowed."""
+
+    batch = True
+
+    def deep_layer(self, backend: Backend, i: int, h, rows: Rows):
+        return backend.layer(i, h, rows)
+
     def ceiling(self, row: int) -> int | None:
         return None
 
@@ -37,50 +52,52 @@ class _Uncapped:
         pass
 
 
-class River(_Uncapped):
+class River(Strategy):
     """Stand-in layer j reads and writes layer j's own cache; its output feeds the head."""
 
-    name, allows_exit, moves_state, requires = "river", True, True, "river"
+    name, allows_exit, moves_state, requires, skipped_reads = "river", True, True, "river", "river"
 
     def skipped_layer(self, backend: Backend, i: int, h, rows: Rows):
         return backend.river_layer(i, h, rows)
 
 
-class Propagate(_Uncapped):
+class Propagate(Strategy):
     """CALM: the exit state h_k feeds every skipped layer's K/V projection and the head."""
 
     name, allows_exit, moves_state, requires = "propagate", True, False, "propagate"
+    skipped_reads = "kv_projection"
 
     def skipped_layer(self, backend: Backend, i: int, h, rows: Rows):
         backend.project_kv(i, h, rows)
         return h
 
 
-class Mask(_Uncapped):
+class Mask(Strategy):
     """D-LLM / SpecEE: skipped layers write no K/V; later tokens attend only to the entries that
     exist. The exit state h_k feeds the head."""
 
-    name, allows_exit, moves_state, requires = "mask", True, False, "mask"
+    name, allows_exit, moves_state, requires, skipped_reads = "mask", True, False, "mask", "nothing"
 
     def skipped_layer(self, backend: Backend, i: int, h, rows: Rows):
         backend.skip(i, rows)
         return h
 
 
-class Full(_Uncapped):
+class Full(Strategy):
     """No exit: every token runs the whole backbone. The baseline."""
 
-    name, allows_exit, moves_state, requires = "full", False, False, None
+    name, allows_exit, moves_state, requires, skipped_reads = "full", False, False, None, "nothing"
 
     def skipped_layer(self, backend: Backend, i: int, h, rows: Rows):
         raise AssertionError("the full strategy never skips a layer")
 
 
-class Monotonic:
+class Monotonic(Strategy):
     """SkipDecode: a token never runs deeper than the token before it, so no later token needs
     a K/V entry a skipped layer did not write. Skipped layers write nothing; h_k feeds the head."""
 
     name, allows_exit, moves_state, requires = "monotonic", True, False, None
+    skipped_reads = "nothing"
 
     def __init__(self) -> None:
         self._ceilings: dict[int, int] = {}
@@ -93,3 +110,42 @@ class Monotonic:
 
     def exited(self, row: int, layer: int) -> None:
         self._ceilings[row] = layer
+
+
+@attrs.define
+class _Waiting:
+    position: int
+    layer: int       # the deepest backbone layer that holds its K/V
+    state: object    # its output of that layer
+
+
+class Recompute(Strategy):
+    """EE-LLM: a skipped layer writes nothing yet and the exit state h_k waits (and feeds the
+    head). The next token to run backbone layer j runs it in one batch with every waiting
+    token that lacks layer j (`layer_span`), so each deep K/V entry is exact, only late, and is
+    in place before anything reads it. One sequence at a time."""
+
+    name, allows_exit, moves_state, requires = "recompute", True, False, "recompute"
+    batch, skipped_reads = False, "nothing"
+
+    def __init__(self) -> None:
+        # positions since the last full-depth token, in order; their layers never rise along
+        # positions (a newer token brings older ones up to its own exit), so the tokens lacking
+        # a given layer are always a suffix of this list
+        self._waiting: list[_Waiting] = []
+
+    def deep_layer(self, backend: Backend, i: int, h, rows: Rows):
+        due = [w for w in self._waiting if w.layer < i]
+        if not due:
+            return backend.layer(i, h, rows)
+        *states, h = backend.layer_span(i, [w.state for w in due] + [h], due[0].position)
+        for w, s in zip(due, states):
+            w.layer, w.state = i, s
+        if i == backend.num_layers - 1:
+            self._waiting.clear()
+        return h
+
+    def skipped_layer(self, backend: Backend, i: int, h, rows: Rows):
+        if not self._waiting or self._waiting[-1].position != backend.offset:
+            self._waiting.append(_Waiting(backend.offset, i - 1, h))
+        return h

@@ -5,7 +5,8 @@ import pytest
 from river_hf import tiny
 from river_core.config import GenerationConfig
 from river_core.decode import generate_ids
-from river_core.kv import Full, Propagate, River
+from river_core.errors import ConfigError
+from river_core.kv import Full, Propagate, Recompute, River
 from river_core.predictor import TransitionPredictor
 from river_policies import FixedDepth
 
@@ -64,3 +65,9 @@ def test_similarity_policy_runs_once_every_row_has_left(kv):
     out = model.generate_ids([[1, 20, 21]], ExitConfig(kv=kv, threshold=10.0, min_layer=0),
                              GenerationConfig(max_new_tokens=4))
     assert set(out.exit_layers[0]) == {0}
+
+
+def test_recompute_runs_one_sequence_at_a_time():
+    with pytest.raises(ConfigError, match="one sequence at a time"):
+        generate_ids(tiny.backend("llama"), PROMPTS, GEN, Recompute(), FixedDepth(2),
+                     TransitionPredictor)

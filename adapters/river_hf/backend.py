@@ -55,7 +55,7 @@ class HFBackend:
         self.max_positions = config.max_position_embeddings
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
-        self.capabilities = Capabilities(mask=True, devices=("cpu", "cuda"))
+        self.capabilities = Capabilities(mask=True, recompute=True, devices=("cpu", "cuda"))
         self.tokenizer = HFTokenizer(tokenizer, compat.eos_ids(model, tokenizer))
         self._kv_heads = config.num_key_value_heads
         self._cache: KVCache | None = None
@@ -93,14 +93,16 @@ class HFBackend:
         return Prefill(self.logits(h), torch.stack(similarity, 1).cpu().numpy())
 
     def _begin(self, ids: torch.Tensor, start: int) -> torch.Tensor:
-        end = start + ids.shape[1]
+        h = self._embed(ids)
+        self._step = self._positions(start, start + ids.shape[1], h)
+        return h
+
+    def _positions(self, start: int, end: int, like: torch.Tensor) -> Step:
         positions = (torch.arange(start, end, device=self.device)[None, :]
                      - self._pad[:, None]).clamp(min=0)
-        h = self._embed(ids)
         # the rotary module reads only the dtype and device of its first argument
-        self._step = Step(start, end, positions, self._valid,
-                          lambda pos, key: self._rotary_fn(h, pos, key))
-        return h
+        return Step(start, end, positions, self._valid,
+                    lambda pos, key: self._rotary_fn(like, pos, key))
 
     @torch.inference_mode()
     def embed(self, tokens: Sequence[int]) -> torch.Tensor:
@@ -123,6 +125,14 @@ class HFBackend:
     @torch.inference_mode()
     def river_layer(self, i: int, h, rows):
         return self._run(self.rivers[i], i, h, rows)
+
+    @torch.inference_mode()
+    def layer_span(self, i: int, states, start: int):
+        h = torch.cat(states, dim=1)
+        span = self._positions(start, self._step.end, h)
+        out = forward(self.blocks[i], h, span, self._cache.k[i], self._cache.v[i], None,
+                      self._cache.holes(i))
+        return list(out.split(1, dim=1))
 
     @torch.inference_mode()
     def project_kv(self, i: int, h, rows) -> None:
@@ -157,12 +167,13 @@ class HFBackend:
         self._offset += 1
 
     def footprint(self) -> Footprint:
-        def stored(block) -> int:
-            return sum(_nbytes(getattr(block, name)) for name in PROJECTIONS)
+        def stored(block, names=PROJECTIONS) -> int:
+            return sum(_nbytes(getattr(block, name)) for name in names)
 
         element = torch.empty(0, dtype=self.dtype).element_size()
         return Footprint(tuple(stored(b) for b in self.blocks),
-                         tuple(stored(r) for r in self.rivers), _nbytes(self._head),
+                         tuple(stored(r) for r in self.rivers),
+                         tuple(stored(b, ("k", "v")) for b in self.blocks), _nbytes(self._head),
                          2 * self._kv_heads * self.blocks[0].head_dim * element)
 
     def kv(self, i: int):

@@ -95,8 +95,8 @@ class Step:
         tokens, lo = self.end - self.start, self._first_key(window)
         if tokens == 1:
             return None if self.valid is None else self.valid[:, None, None, lo:self.end]
-        if self.valid is None and (window is None or tokens <= window):
-            return None
+        if self.valid is None and self.start == 0 and (window is None or tokens <= window):
+            return None   # plain causal: SDPA's is_causal aligns queries to the first key
         device = self._positions.device
         q = torch.arange(self.start, self.end, device=device)[:, None]
         k = torch.arange(lo, self.end, device=device)[None, :]

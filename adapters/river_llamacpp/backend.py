@@ -109,10 +109,12 @@ class LlamaCppBackend:
         from gguf import GGUFReader
 
         sizes = {t.name: int(t.n_bytes) for t in GGUFReader(self._path).tensors}
-        layers = [0] * self.num_layers
+        layers, kv = [0] * self.num_layers, [0] * self.num_layers
         for name, size in sizes.items():
             if name.startswith("blk."):
-                layers[int(name.split(".")[1])] += size
+                i = int(name.split(".")[1])
+                layers[i] += size
+                kv[i] += size if name.split(".")[2] in ("attn_k", "attn_v") else 0
         # tied embeddings: the head reads the embedding table
         head = sizes["output_norm.weight"] + sizes.get("output.weight", sizes["token_embd.weight"])
         meta = self._llm.metadata
@@ -121,7 +123,8 @@ class LlamaCppBackend:
         width, heads = (int(meta[f"{arch}.{key}"])
                         for key in ("embedding_length", "attention.head_count"))
         head_dim = width // heads
-        return Footprint(tuple(layers), (0,) * self.num_layers, head, 2 * kv_heads * head_dim * 2)
+        return Footprint(tuple(layers), (0,) * self.num_layers, tuple(kv), head,
+                         2 * kv_heads * head_dim * 2)
 
     def kv(self, i: int):
         raise CapabilityError("llama.cpp does not expose its KV cache")

@@ -102,7 +102,7 @@ class OnnxBackend:
         self.providers = self._head.get_providers()
         self.num_layers, self.max_positions = m.num_layers, m.max_positions
         self.river_error = list(m.river_error)
-        self.capabilities = Capabilities(mask=True, devices=("cpu", "cuda"))
+        self.capabilities = Capabilities(mask=True, recompute=True, devices=("cpu", "cuda"))
         self.tokenizer = tokenizer
         self._windows = m.windows
         self._keys = m.rope_keys
@@ -150,8 +150,7 @@ class OnnxBackend:
     def embed(self, tokens: Sequence[int]) -> np.ndarray:
         return self._begin(np.asarray(tokens, dtype=np.int64)[:, None])
 
-    def _feeds(self, i: int, h: np.ndarray, idx, attention: bool = True) -> dict:
-        s = self._step
+    def _feeds(self, s: _Step, i: int, h: np.ndarray, idx, attention: bool = True) -> dict:
         cos, sin = s.rope[self._keys[i]]
         feeds = {"h": h, "cos": cos, "sin": sin}
         if attention:
@@ -163,16 +162,16 @@ class OnnxBackend:
                          self_mask=self_mask)
         return feeds if idx is None else {k: v[idx] for k, v in feeds.items()}
 
-    def _write(self, i: int, k: np.ndarray, v: np.ndarray, idx) -> None:
-        s = self._step
+    def _write(self, s: _Step, i: int, k: np.ndarray, v: np.ndarray, idx) -> None:
         rows = slice(None) if idx is None else idx
         self._k[i][rows, :, s.start:s.end] = k
         self._v[i][rows, :, s.start:s.end] = v
 
-    def _run(self, sess, i: int, h: np.ndarray, rows) -> np.ndarray:
+    def _run(self, sess, i: int, h: np.ndarray, rows, step: _Step | None = None) -> np.ndarray:
+        step = step or self._step
         idx = None if rows is None else np.asarray(rows)
-        out, k, v = sess.run(None, self._feeds(i, h, idx))
-        self._write(i, k, v, idx)
+        out, k, v = sess.run(None, self._feeds(step, i, h, idx))
+        self._write(step, i, k, v, idx)
         if idx is None:
             return out
         full = h.copy()
@@ -185,10 +184,15 @@ class OnnxBackend:
     def river_layer(self, i: int, h, rows):
         return self._run(self._rivers[i], i, h, rows)
 
+    def layer_span(self, i: int, states, start: int):
+        span = _Step(self, start, self._step.end)
+        out = self._run(self._layers[i], i, np.concatenate(states, axis=1), None, span)
+        return np.split(out, out.shape[1], axis=1)
+
     def project_kv(self, i: int, h, rows) -> None:
         idx = None if rows is None else np.asarray(rows)
-        k, v = self._kv_proj[i].run(None, self._feeds(i, h, idx, attention=False))
-        self._write(i, k, v, idx)
+        k, v = self._kv_proj[i].run(None, self._feeds(self._step, i, h, idx, attention=False))
+        self._write(self._step, i, k, v, idx)
 
     def skip(self, i: int, rows) -> None:
         """Layer i keeps no entry for this position: its slot stays zero and is masked."""
@@ -215,7 +219,8 @@ class OnnxBackend:
 
         layers = range(self.num_layers)
         return Footprint(tuple(size(f"layer_{i}") for i in layers),
-                         tuple(size(f"river_{i}") for i in layers), size("head"),
+                         tuple(size(f"river_{i}") for i in layers),
+                         tuple(size(f"kv_{i}") for i in layers), size("head"),
                          2 * self._kv_heads * self._head_dim * 4)
 
     def kv(self, i: int):
