@@ -34,7 +34,8 @@ from tqdm import tqdm
 import gsm8k
 import humaneval
 from common import GSM8K_TRAIN, first_divergence, machine, write
-from river_core import ConfigError, ExitConfig, GenerationConfig, RiverModel, RiverSpec
+from river_core import (CapabilityError, ConfigError, ExitConfig, GenerationConfig, RiverModel,
+                        RiverSpec)
 from river_core.plugins import default_registry
 
 RUNS = Path(__file__).resolve().parent / "runs"
@@ -107,7 +108,8 @@ def generate(model: RiverModel, text: str, config: Config, max_tokens: int, stop
             "steps": out.step_seconds, "prompt_tokens": len(ids)}
 
 
-def run_tasks(args, models: dict[tuple[str, int], RiverModel], configs: list[Config], run: Run) -> None:
+def run_tasks(args, models: dict[tuple[str, int], RiverModel], configs: list[Config],
+              run: Run) -> None:
     shots = gsm8k.load(args.gsm8k_shots, limit=args.shots)
     tasks = []
     if args.gsm8k_limit:
@@ -135,7 +137,10 @@ def run_tasks(args, models: dict[tuple[str, int], RiverModel], configs: list[Con
             run.add({"task": task, "problem": problem.id, "config": config.label, **r})
 
 
-def summarize(models, configs: list[Config], run: Run, backend_name: str) -> dict:
+def summarize(models, configs: list[Config], run: Run, backend_name: str,
+              bandwidth: float) -> dict:
+    """Per config: scores, agreement, NLL delta, speed and its physical limit (bytes read per
+    token over `bandwidth`, bytes/s)."""
     full = "full"
     rows = {}
     for c in configs:
@@ -160,10 +165,13 @@ def summarize(models, configs: list[Config], run: Run, backend_name: str) -> dic
                     if "nll" in r and "nll" in base[p]:
                         nll.append(r["nll"] - base[p]["nll"])
         layers = np.array(exits) + 1
+        ms = float(np.median(steps)) * 1e3
         rows[c.label] = {
-            "scores": scores, "ms_per_token": float(np.median(steps)) * 1e3,
+            "scores": scores, "ms_per_token": ms, "tokens_per_second": 1e3 / ms,
             "bytes_per_token": float(np.mean(nbytes)),
+            "limit_ms_per_token": float(np.mean(nbytes)) / bandwidth * 1e3,
             "mean_layers_run": float(layers.mean()),
+            "skipped_share": float(1 - layers.mean() / backend.num_layers),
             "layers_run_histogram": np.bincount(layers, minlength=backend.num_layers + 1).tolist(),
             "greedy_agreement": float(np.mean(agree)) if agree else None,
             "tokens_to_first_divergence": float(np.mean(diverge)) if diverge else None,
@@ -183,22 +191,25 @@ def plots(name: str, rows: dict, num_layers: int) -> list[str]:
 
     from common import RESULTS
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-    for label, r in rows.items():
-        for ax, key, what in ((axes[0], "gsm8k", "GSM8K accuracy"),
-                              (axes[1], None, "greedy agreement with full depth")):
-            y = r["scores"].get(key, (None,))[0] if key else r["greedy_agreement"]
-            if y is not None:
-                ax.scatter(r["speedup"], y, s=40)
-                ax.annotate(label, (r["speedup"], y), fontsize=8, xytext=(4, 3),
-                            textcoords="offset points")
-                ax.set_ylabel(what)
-    for ax in axes:
+    fig, axes = plt.subplots(1, 3, figsize=(15, 5))
+    panels = ((lambda r: r["scores"].get("gsm8k", (None,))[0], "GSM8K accuracy", "linear"),
+              (lambda r: r["greedy_agreement"], "greedy agreement with full depth", "linear"),
+              (lambda r: r["nll_delta"], "NLL delta vs full depth (nats/token)", "symlog"))
+    markers = "osD^v<>pPX*h"
+    for n, (label, r) in enumerate(rows.items()):
+        for ax, (value, _, _) in zip(axes, panels):
+            if value(r) is not None:
+                ax.scatter(r["speedup"], value(r), s=45, marker=markers[n % len(markers)],
+                           label=label if ax is axes[0] else None)
+    for ax, (_, what, scale) in zip(axes, panels):
+        ax.set_yscale(scale, **({"linthresh": 1e-3} if scale == "symlog" else {}))
+        ax.set_ylabel(what)
         ax.set_xlabel("speedup over full depth (median ms/token)")
         ax.axvline(1.0, color="grey", lw=0.5)
         ax.grid(alpha=0.3)
+    fig.legend(loc="lower center", ncol=min(len(rows), 6), fontsize=8)
+    fig.subplots_adjust(bottom=0.26, wspace=0.3)
     fig.suptitle("Speed-quality frontier")
-    fig.tight_layout()
     frontier = f"{name}-frontier.png"
     fig.savefig(RESULTS / frontier, dpi=110)
     fig, ax = plt.subplots(figsize=(8, 4))
@@ -238,16 +249,23 @@ def main() -> None:
             raise ConfigError("include the `full` config: every ratio is taken against it")
     except ConfigError as e:
         ap.error(str(e))
-    models = {(name, bits): RiverModel.from_pretrained(backend=name, progress=True,
-                                                       river=RiverSpec(bits=bits))
-              for name, bits in sorted({c.model_key(args.backend) for c in configs})}
+    models = {}
+    for name, bits in sorted({c.model_key(args.backend) for c in configs}):
+        try:
+            models[name, bits] = RiverModel.from_pretrained(backend=name, progress=True,
+                                                            river=RiverSpec(bits=bits))
+        except CapabilityError as e:   # an optional anchor that is not installed
+            if name == args.backend:
+                raise
+            print(f"skipping {name}: {e}", file=sys.stderr)
+    configs = [c for c in configs if c.model_key(args.backend) in models]
     for warm in configs:
         generate(models[warm.model_key(args.backend)], "Question: What is 2 + 3?\nAnswer:", warm,
                  8, gsm8k.STOP)
     run = Run(args.name)
     run_tasks(args, models, configs, run)
-    rows = summarize(models, configs, run, args.backend)
     info = machine() | {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    rows = summarize(models, configs, run, args.backend, info["memory_bandwidth_gb_s"] * 1e9)
     num_layers = next(iter(models.values())).backend.num_layers
     images = plots(args.name, rows, num_layers)
     command = "python -m benchmarks tasks " + " ".join(sys.argv[1:])
@@ -256,8 +274,8 @@ def main() -> None:
              f"{info['memory_bandwidth_gb_s']} GB/s, peak RSS {info['peak_rss_mb']:.0f} MB.",
              "", f"Command: `{command}`", "",
              "| config | GSM8K acc | HumanEval pass@1 | same output as full | tokens to first "
-             "difference | NLL delta (nats/token) | ms/token | speedup | ideal (bytes) | "
-             "layers run |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "difference | NLL delta (nats/token) | ms/token | limit ms/token (bytes / "
+             "bandwidth) | speedup | ideal (bytes) | layers run |", "|---" * 11 + "|"]
 
     def score(r, task):
         if task not in r["scores"]:
@@ -273,6 +291,8 @@ def main() -> None:
                      f"{num(r['greedy_agreement'] and 100 * r['greedy_agreement'], '.0f')}% | "
                      f"{num(r['tokens_to_first_divergence'], '.1f')} | "
                      f"{num(r['nll_delta'], '+.4f')} | {r['ms_per_token']:.1f} | "
+                     f"{r['limit_ms_per_token']:.1f} "
+                     f"({100 * r['limit_ms_per_token'] / r['ms_per_token']:.0f}% reached) | "
                      f"{r['speedup']:.2f}x | {r['ideal_speedup_from_bytes']:.2f}x | "
                      f"{r['mean_layers_run']:.1f} |")
     lines += ["", *[f"![{i}]({i})" for i in images]]

@@ -51,3 +51,17 @@ def test_humaneval_sandbox_contains_runaway_programs(source, reason, monkeypatch
     monkeypatch.setattr(humaneval, "WALL_SECONDS", 3)
     passed, why = humaneval.run_program(source)
     assert not passed and reason in why
+
+
+def test_task_configs_name_a_strategy_threshold_and_precision():
+    import tasks
+    from river_core import ConfigError
+
+    river = tasks.Config.parse("river:0.2@int4")
+    assert (river.kv, river.threshold, river.bits, river.model_key("onnx")) == \
+        ("river", 0.2, 4, ("onnx", 4))
+    assert tasks.Config.parse("llamacpp").model_key("hf") == ("llamacpp", 8)
+    assert tasks.Config.parse("quantized@int8").exit().layer == -1
+    for bad in ("river", "full:0.2", "river:0.2@int2"):
+        with pytest.raises(ConfigError):
+            tasks.Config.parse(bad)
