@@ -75,11 +75,16 @@ class Config:
 
 
 class Run:
-    """Records on disk, one JSON line per (task, problem, config)."""
+    """Records on disk, one JSON line per (task, problem, config), and the machine they ran
+    on, measured (memory bandwidth included) when the run started, before any model loaded."""
 
     def __init__(self, name: str) -> None:
         self.path = RUNS / name / "records.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        described = self.path.with_name("machine.json")
+        if not described.is_file():
+            described.write_text(json.dumps(machine()))
+        self.machine = json.loads(described.read_text())
         self.records = {}
         if self.path.is_file():
             for line in self.path.open():
@@ -249,6 +254,7 @@ def main() -> None:
             raise ConfigError("include the `full` config: every ratio is taken against it")
     except ConfigError as e:
         ap.error(str(e))
+    run = Run(args.name)
     models = {}
     for name, bits in sorted({c.model_key(args.backend) for c in configs}):
         try:
@@ -262,9 +268,8 @@ def main() -> None:
     for warm in configs:
         generate(models[warm.model_key(args.backend)], "Question: What is 2 + 3?\nAnswer:", warm,
                  8, gsm8k.STOP)
-    run = Run(args.name)
     run_tasks(args, models, configs, run)
-    info = machine() | {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    info = run.machine | {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
     rows = summarize(models, configs, run, args.backend, info["memory_bandwidth_gb_s"] * 1e9)
     num_layers = next(iter(models.values())).backend.num_layers
     images = plots(args.name, rows, num_layers)
