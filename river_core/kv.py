@@ -73,8 +73,9 @@ class Propagate(Strategy):
 
 
 class Mask(Strategy):
-    """D-LLM / SpecEE: skipped layers write no K/V; later tokens attend only to the entries that
-    exist. The exit state h_k feeds the head."""
+    """D-LLM / SpecEE: skipped layers write no K/V, and later reads mask those entries out.
+
+    Later tokens attend only to the entries that exist. The exit state h_k feeds the head."""
 
     name, allows_exit, moves_state, requires, skipped_reads = "mask", True, False, "mask", "nothing"
 
@@ -93,8 +94,10 @@ class Full(Strategy):
 
 
 class Monotonic(Strategy):
-    """SkipDecode: a token never runs deeper than the token before it, so no later token needs
-    a K/V entry a skipped layer did not write. Skipped layers write nothing; h_k feeds the head."""
+    """SkipDecode: exit depth never rises along the sequence, so no K/V entry is ever missing.
+
+    A token never runs deeper than the token before it, so no later token needs an entry a
+    skipped layer did not write. Skipped layers write nothing; h_k feeds the head."""
 
     name, allows_exit, moves_state, requires = "monotonic", True, False, None
     skipped_reads = "nothing"
@@ -120,10 +123,12 @@ class _Waiting:
 
 
 class Recompute(Strategy):
-    """EE-LLM: a skipped layer writes nothing yet and the exit state h_k waits (and feeds the
-    head). The next token to run backbone layer j runs it in one batch with every waiting
-    token that lacks layer j (`layer_span`), so each deep K/V entry is exact, only late, and is
-    in place before anything reads it. One sequence at a time."""
+    """EE-LLM: exited tokens' deep K/V is computed late, in one batch with the next deep token.
+
+    A skipped layer writes nothing yet and the exit state h_k waits (and feeds the head). The
+    next token to run backbone layer j runs it in one batch with every waiting token that lacks
+    layer j (`layer_span`), so each deep K/V entry is exact, only late, and in place before
+    anything reads it. One sequence at a time."""
 
     name, allows_exit, moves_state, requires = "recompute", True, False, "recompute"
     batch, skipped_reads = False, "nothing"

@@ -31,7 +31,8 @@ class CountingBackend:
         return self._inner.offset
 
     def __getattr__(self, primitive):
-        """prefill, embed, layer, river_layer, project_kv, similarity, logits, commit, kv."""
+        """prefill, embed, layer, river_layer, project_kv, skip, layer_span, similarity, logits,
+        commit, footprint, kv."""
         method = getattr(self._inner, primitive)
 
         def counted(*args):

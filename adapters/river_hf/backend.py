@@ -94,10 +94,10 @@ class HFBackend:
 
     def _begin(self, ids: torch.Tensor, start: int) -> torch.Tensor:
         h = self._embed(ids)
-        self._step = self._positions(start, start + ids.shape[1], h)
+        self._step = self._make_step(start, start + ids.shape[1], h)
         return h
 
-    def _positions(self, start: int, end: int, like: torch.Tensor) -> Step:
+    def _make_step(self, start: int, end: int, like: torch.Tensor) -> Step:
         positions = (torch.arange(start, end, device=self.device)[None, :]
                      - self._pad[:, None]).clamp(min=0)
         # the rotary module reads only the dtype and device of its first argument
@@ -129,7 +129,7 @@ class HFBackend:
     @torch.inference_mode()
     def layer_span(self, i: int, states, start: int):
         h = torch.cat(states, dim=1)
-        span = self._positions(start, self._step.end, h)
+        span = self._make_step(start, self._step.end, h)
         out = forward(self.blocks[i], h, span, self._cache.k[i], self._cache.v[i], None,
                       self._cache.holes(i))
         return list(out.split(1, dim=1))
