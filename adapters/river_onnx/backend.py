@@ -42,6 +42,9 @@ def sessions_for(device: str):
                               f"onnx-gpu extra instead of onnx")
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    # each session's CPU arena keeps the largest buffers it ever served, so after one long
+    # prefill the ~150 sessions of a model together held gigabytes (docs/benchmarks.md)
+    options.enable_cpu_mem_arena = False
     if device == "cpu" and _shared_threads():
         options.use_per_session_threads = False
     else:
