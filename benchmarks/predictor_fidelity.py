@@ -19,7 +19,7 @@ import torch
 from tqdm import tqdm
 
 from common import GSM8K_TRAIN, RESULTS, gsm8k_questions, machine, pearson, spearman, write
-from river_core import RiverModel, RiverSpec
+from river_core import QuantSpec, RiverModel
 from river_core.predictor import TransitionPredictor
 from river_core.testing import relative_error
 
@@ -40,16 +40,16 @@ def main() -> None:
     ap.add_argument("--data", type=Path, default=GSM8K_TRAIN)
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--tokens", type=int, default=24)
-    ap.add_argument("--river-bits", type=int, default=8)
+    ap.add_argument("--bits", type=int, default=8)
     args = ap.parse_args()
-    model = RiverModel.from_pretrained(river=RiverSpec(bits=args.river_bits), progress=True)
+    model = RiverModel.from_pretrained(quant=QuantSpec(bits=args.bits), progress=True)
     b = model.backend
     n = b.num_layers
     predicted, measured, token_corr = [], [], []
     for q in tqdm(gsm8k_questions(args.data, args.prompts), desc="prompts", file=sys.stderr):
         ids = b.tokenizer.chat(q)
         pre = b.prefill([ids], len(ids) + args.tokens + 1)
-        p = TransitionPredictor(b.river_error, pre.similarity[0])
+        p = TransitionPredictor(b.stand_in_error, pre.similarity[0])
         token = int(pre.logits[0].argmax())
         with torch.inference_mode():
             for _ in range(args.tokens):
@@ -69,7 +69,7 @@ def main() -> None:
                 for k in range(n - 1):
                     x, total = states[k], 0.0
                     for j in range(k + 1, n):
-                        x = b.river_layer(j, x, None)
+                        x = b.stand_in_layer(j, x, None)
                         total += max(rel(b._cache.k[j, :, :, pos], full_kv[j][0]),
                                      rel(b._cache.v[j, :, :, pos], full_kv[j][1]))
                     real.append(total)
@@ -95,16 +95,16 @@ def main() -> None:
         ax.scatter(measured, predicted, s=4, alpha=0.4)
         ax.set_xlabel("measured cumulative river K/V error")
         ax.set_ylabel("predicted E(k)")
-        ax.set_title(f"int{args.river_bits} river, SmolLM2-135M, Spearman "
+        ax.set_title(f"int{args.bits} river, SmolLM2-135M, Spearman "
                      f"{result['spearman']:.2f}")
         fig.tight_layout()
         fig.savefig(RESULTS / "predictor-fidelity.png", dpi=110)
         plot = "\n![predicted vs measured](predictor-fidelity.png)\n"
     except ImportError:
         plot = "\n(install the `bench` extra for the plot)\n"
-    md = (f"# Predictor fidelity, int{args.river_bits} river, embedded SmolLM2-135M-Instruct\n\n"
+    md = (f"# Predictor fidelity, int{args.bits} river, embedded SmolLM2-135M-Instruct\n\n"
           f"Command: `python benchmarks/predictor_fidelity.py --prompts {args.prompts} --tokens "
-          f"{args.tokens} --river-bits {args.river_bits}`. Machine: {info['cpu']}, "
+          f"{args.tokens} --bits {args.bits}`. Machine: {info['cpu']}, "
           f"{info['cores']} cores.\n\n| measure | value |\n|---|---|\n"
           f"| Pearson, all (token, k) | {result['pearson']:.3f} |\n"
           f"| Spearman, all (token, k) | {result['spearman']:.3f} |\n"

@@ -21,15 +21,16 @@ import numpy as np
 from tqdm import tqdm
 
 from common import GSM8K_TRAIN, first_divergence, gsm8k_questions, machine, write
-from river_core import CapabilityError, ExitConfig, GenerationConfig, RiverModel, RiverSpec
+from river_core import CapabilityError, ExitConfig, GenerationConfig, QuantSpec, RiverModel
+from river_models.source import hf_model, locate
 
 
 TRANSFORMERS = "transformers generate()"
 
 
-def transformers_generate(backend, ids: list[int], tokens: int) -> tuple[list[int], list[float]]:
-    """transformers' own greedy generate() on the hf backend's model: tokens and the time of
-    each decode step (between consecutive logits-processor calls)."""
+def transformers_generate(model, ids: list[int], tokens: int) -> tuple[list[int], list[float]]:
+    """transformers' own greedy generate() on the same model: tokens and the time of each
+    decode step (between consecutive logits-processor calls)."""
     import torch
     from transformers import LogitsProcessor, LogitsProcessorList
 
@@ -43,7 +44,7 @@ def transformers_generate(backend, ids: list[int], tokens: int) -> tuple[list[in
 
     clock = Clock()
     with torch.inference_mode():
-        out = backend.model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=tokens,
+        out = model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=tokens,
                                      logits_processor=LogitsProcessorList([clock]))
     return out[0, len(ids):].tolist(), list(np.diff(clock.times))
 
@@ -55,7 +56,7 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=6)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--thresholds", type=float, nargs="+", default=[0.1, 0.15])
-    ap.add_argument("--river-bits", type=int, default=8)
+    ap.add_argument("--bits", type=int, default=8)
     ap.add_argument("--name", default="speed-cpu")
     args = ap.parse_args()
 
@@ -63,15 +64,16 @@ def main() -> None:
     for name in args.backends:
         try:
             models[name] = RiverModel.from_pretrained(backend=name, progress=True,
-                                                      river=RiverSpec(bits=args.river_bits))
+                                                      quant=QuantSpec(bits=args.bits))
         except CapabilityError as e:
             print(f"skipping {name}: {e}", file=sys.stderr)
             continue
         configs[(name, "full")] = ExitConfig(kv="full")
         if name == "hf":
             configs[(name, TRANSFORMERS)] = None
+            reference, _ = hf_model(locate(None))
         if models[name].backend.capabilities.exits:
-            configs.update({(name, f"river t={t}"): ExitConfig(threshold=t)
+            configs.update({(name, f"river t={t}"): ExitConfig(options={"threshold": t})
                             for t in args.thresholds})
     gen = GenerationConfig(max_new_tokens=args.tokens)
     questions = gsm8k_questions(args.data, args.prompts)
@@ -79,9 +81,9 @@ def main() -> None:
         model = models[key[0]]
         if key[1] == TRANSFORMERS:
             ids = model.backend.tokenizer.chat(question)
-            tokens, steps = transformers_generate(model.backend, ids, args.tokens)
+            tokens, steps = transformers_generate(reference, ids, args.tokens)
             return tokens, steps, [model.backend.num_layers - 1] * len(steps)
-        stats = model.generate(question, exit=configs[key], generation=gen).stats
+        stats = model.generate(question, exit_config=configs[key], generation_config=gen).stats
         return stats.tokens[0], stats.step_seconds, stats.exit_layers[0]
 
     for key in configs:   # warm-up
@@ -127,9 +129,9 @@ def main() -> None:
             "tokens_to_first_divergence": float(np.mean(diverge[key])), "steps": len(steps[key])}
     command = (f"python benchmarks/speed.py --backends {' '.join(models)} --prompts "
                f"{args.prompts} --tokens {args.tokens} --thresholds "
-               f"{' '.join(map(str, args.thresholds))} --river-bits {args.river_bits}")
+               f"{' '.join(map(str, args.thresholds))} --bits {args.bits}")
     lines = [f"# Decode speed, {args.prompts} GSM8K train prompts x {args.tokens} tokens, "
-             f"int{args.river_bits} river", "",
+             f"int{args.bits} stand-ins", "",
              f"Machine: {info['cpu']}, {info['cores']} cores, torch {info['torch']}, measured "
              f"copy bandwidth {info['memory_bandwidth_gb_s']} GB/s.", "",
              f"Command: `{command}`", "",

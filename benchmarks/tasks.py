@@ -34,8 +34,8 @@ from tqdm import tqdm
 import gsm8k
 import humaneval
 from common import GSM8K_TRAIN, first_divergence, machine, write
-from river_core import (CapabilityError, ConfigError, ExitConfig, GenerationConfig, RiverModel,
-                        RiverSpec)
+from river_core import (CapabilityError, ConfigError, ExitConfig, GenerationConfig, QuantSpec,
+                        RiverModel)
 from river_core.plugins import default_registry
 
 RUNS = Path(__file__).resolve().parent / "runs"
@@ -66,12 +66,12 @@ class Config:
     def model_key(self, backend: str) -> tuple[str, int]:
         return self.backend or backend, self.bits
 
-    def exit(self) -> ExitConfig:
+    def exit_config(self) -> ExitConfig:
         if self.kv == "full":
             return ExitConfig(kv="full")
         if self.kv == "quantized":
-            return ExitConfig(kv="river", policy="fixed", layer=-1)
-        return ExitConfig(kv=self.kv, threshold=self.threshold)
+            return ExitConfig(kv="river", policy="fixed", options={"layer": -1})
+        return ExitConfig(kv=self.kv, options={"threshold": self.threshold})
 
 
 class Run:
@@ -106,7 +106,7 @@ class Run:
 def generate(model: RiverModel, text: str, config: Config, max_tokens: int, stop) -> dict:
     tok = model.backend.tokenizer
     ids = tok.encode(text)
-    out = model.generate_ids([ids], config.exit(),
+    out = model.generate_ids([ids], config.exit_config(),
                              GenerationConfig(max_new_tokens=max_tokens, stop=stop))
     tokens = out.tokens[0]
     return {"completion": model.text(tokens, stop), "tokens": tokens, "exits": out.exit_layers[0],
@@ -135,7 +135,7 @@ def run_tasks(args, models: dict[tuple[str, int], RiverModel], configs: list[Con
                     tok = model.backend.tokenizer
                     reference = tok.encode(" " + problem.solution)
                     r["nll"] = model.teacher_force(tok.encode(prompt), reference,
-                                                   config.exit()).nll(reference)
+                                                   config.exit_config()).nll(reference)
             else:
                 r = generate(model, problem.prompt, config, args.max_tokens, humaneval.STOP)
                 r["correct"], r["reason"] = humaneval.check(problem, r["completion"])
@@ -150,7 +150,7 @@ def summarize(models, configs: list[Config], run: Run, backend_name: str,
     rows = {}
     for c in configs:
         backend = models[c.model_key(backend_name)].backend
-        reads = default_registry().kv_strategy(c.exit().kv)().skipped_reads
+        reads = default_registry().kv_strategy(c.exit_config().kv)().skipped_reads
         foot = backend.footprint()
         steps, exits, nbytes, agree, diverge, nll = [], [], [], [], [], []
         scores = {}
@@ -259,7 +259,7 @@ def main() -> None:
     for name, bits in sorted({c.model_key(args.backend) for c in configs}):
         try:
             models[name, bits] = RiverModel.from_pretrained(backend=name, progress=True,
-                                                            river=RiverSpec(bits=bits))
+                                                            quant=QuantSpec(bits=bits))
         except CapabilityError as e:   # an optional anchor that is not installed
             if name == args.backend:
                 raise

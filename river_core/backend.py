@@ -9,8 +9,9 @@ every layer, at index `offset`; `commit()` advances `offset`. Between `embed` an
 core calls, for every layer i in order, exactly one of:
 
 - `layer(i, h, rows)`: the backbone layer; writes layer i's slot for those rows;
-- `river_layer(i, h, rows)`: the stand-in for layer i; reads layer i's cache like the backbone
-  and writes layer i's slot itself (the KV cache is shared, never copied);
+- `stand_in_layer(i, h, rows)`: layer i's stand-in (its weight-quantized copy); reads layer
+  i's cache like the backbone and writes layer i's slot itself (the cache is shared, never
+  copied);
 - `project_kv(i, h, rows)`: writes layer i's K/V computed from `h` without running the layer;
 - `skip(i, rows)`: writes nothing: layer i has no entry for this position, and every later
   read of layer i masks it out (only for the `mask` strategy);
@@ -24,6 +25,9 @@ marked absent under `mask`, some not yet written under `recompute`).
 
 `rows` selects batch rows (a sorted list of row indices) or None for all of them. Layer
 calls return a new `H` of the full batch in which only `rows` changed.
+
+Padding, rotary positions, attention windows and holes are the same for every engine: a backend
+takes them from `river_core.layout.Layout` rather than computing its own.
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ class Capabilities:
     """What a backend can do. The core refuses anything not declared here with a clear error."""
 
     exits: bool = True        # can stop a token part-way through the backbone
-    river: bool = True        # has `river_layer`
+    stand_in: bool = True     # has `stand_in_layer`
     propagate: bool = True    # has `project_kv`
     mask: bool = False        # has `skip`: absent entries, masked from later reads
     recompute: bool = False   # has `layer_span`: late K/V for earlier tokens, batch 1
@@ -63,8 +67,8 @@ class Prefill:
     similarity: np.ndarray
 
 
-Reads = Literal["river", "kv_projection", "nothing"]
-"""What a layer a token skipped reads: its river layer, its K/V projection, or nothing."""
+Reads = Literal["stand_in", "kv_projection", "nothing"]
+"""What a layer a token skipped reads: its stand-in, its K/V projection, or nothing."""
 
 
 @attrs.frozen
@@ -73,19 +77,19 @@ class Footprint:
     is bytes_per_token / memory bandwidth."""
 
     layer_bytes: tuple[int, ...]          # per backbone layer
-    river_bytes: tuple[int, ...]          # per river layer (0 where there is none)
+    stand_in_bytes: tuple[int, ...]       # per stand-in layer (0 where there is none)
     kv_projection_bytes: tuple[int, ...]  # per layer: its K and V projections alone
     head_bytes: int                       # final norm and LM head
     kv_bytes_per_position: int            # K and V of one position in one layer, as stored
 
     def bytes_per_token(self, exit_layer: int, positions: float,
-                        skipped_reads: Reads = "river") -> float:
+                        skipped_reads: Reads = "stand_in") -> float:
         """A token leaving after `exit_layer` with `positions` cached positions to attend.
-        Only layers that attend (the backbone's, and the river's) read the cache."""
+        Only layers that attend (the backbone's and the stand-ins) read the cache."""
         k, n = exit_layer, len(self.layer_bytes)
-        skipped = {"river": self.river_bytes, "kv_projection": self.kv_projection_bytes,
+        skipped = {"stand_in": self.stand_in_bytes, "kv_projection": self.kv_projection_bytes,
                    "nothing": (0,) * n}[skipped_reads]
-        attending = n if skipped_reads == "river" else k + 1
+        attending = n if skipped_reads == "stand_in" else k + 1
         return (sum(self.layer_bytes[:k + 1]) + sum(skipped[k + 1:]) + self.head_bytes
                 + self.kv_bytes_per_position * positions * attending)
 
@@ -108,9 +112,12 @@ class Backend(Protocol, Generic[H]):
     max_positions: int
     capabilities: Capabilities
     tokenizer: Tokenizer
-    river_error: Sequence[float]
-    """Per layer: relative error of the river's weights, ||Q(W) - W|| / ||W|| over the layer's
+    stand_in_error: Sequence[float]
+    """Per layer: relative weight error of its stand-in, ||Q(W) - W|| / ||W|| over the layer's
     projections. The predictor scales its KV-error estimate by it."""
+    runs_on: tuple[str, ...]
+    """Where the backend really computes: devices or execution providers, as the engine
+    reports them (e.g. ("cpu",), ("CPUExecutionProvider",))."""
 
     @property
     def offset(self) -> int:
@@ -125,7 +132,7 @@ class Backend(Protocol, Generic[H]):
 
     def layer(self, i: int, h: H, rows: Rows) -> H: ...
 
-    def river_layer(self, i: int, h: H, rows: Rows) -> H: ...
+    def stand_in_layer(self, i: int, h: H, rows: Rows) -> H: ...
 
     def project_kv(self, i: int, h: H, rows: Rows) -> None: ...
 

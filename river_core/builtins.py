@@ -1,30 +1,42 @@
 """The core's own plugin: the method's policy, predictor and KV strategies.
 
-Registered through the `river_core` entry-point group exactly like a third-party plugin.
+Registered in code before any entry point loads (so a source checkout has them), through the
+same hooks as any third-party plugin.
 """
 
 from __future__ import annotations
 
-from .config import ExitConfig
+import attrs
+
 from .errors import ConfigError
 from .hookspecs import hookimpl
 from .kv import Full, Mask, Monotonic, Propagate, Recompute, River
-from .policy import SimilarityPolicy
+from .options import between, option, takes
+from .policy import SimilarityOptions, SimilarityPolicy
 from .predictor import TransitionPredictor
 
 
-def similarity_policy(config: ExitConfig, num_layers: int) -> SimilarityPolicy:
+@takes(SimilarityOptions)
+def similarity_policy(options: SimilarityOptions, num_layers: int) -> SimilarityPolicy:
     """Exit at the first layer whose predicted cumulative KV error is <= threshold."""
-    min_layer = num_layers // 4 if config.min_layer is None else config.min_layer
+    min_layer = num_layers // 4 if options.min_layer is None else options.min_layer
     if min_layer >= num_layers:
         raise ConfigError(f"min_layer {min_layer} is past the model's last layer "
                           f"({num_layers - 1})")
-    return SimilarityPolicy(config.threshold, min_layer)
+    return SimilarityPolicy(options.threshold, min_layer)
 
 
-def transition_predictor(river_error, prompt_similarity) -> TransitionPredictor:
-    """First-order river error model over block transitions sqrt(2 - 2 cos)."""
-    return TransitionPredictor(river_error, prompt_similarity)
+@attrs.frozen
+class TransitionOptions:
+    momentum: float = option(0.9, "weight of the past in the running mean of each block's "
+                             "transition", between(0.0, 1.0))
+
+
+@takes(TransitionOptions)
+def transition_predictor(options: TransitionOptions, stand_in_error,
+                         prompt_similarity) -> TransitionPredictor:
+    """First-order stand-in error model over block transitions sqrt(2 - 2 cos)."""
+    return TransitionPredictor(stand_in_error, prompt_similarity, options.momentum)
 
 
 @hookimpl

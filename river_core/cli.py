@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 import attrs
 import numpy as np
 
-from .config import ExitConfig, GenerationConfig, RiverSpec
-from .decode import Generation
+from .config import ExitConfig, GenerationConfig, QuantSpec
+from .decode import DecodeResult
 from .errors import RiverError
-from .model import RiverModel
+from .model import RiverModel, bound_options
+from .options import parse
 from .plugins import KINDS, default_registry
 
 
@@ -30,16 +32,17 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--backend", default="hf", help="hf, onnx, llamacpp (river plugins)")
     g.add_argument("--device", default="cpu")
     g.add_argument("--dtype", default="float32")
-    g.add_argument("--policy", default=_default(ExitConfig, "policy"))
+    g.add_argument("--policy", default=_default(ExitConfig, "policy"),
+                   help="exit policy: similarity, fixed, ... (river plugins)")
     g.add_argument("--predictor", default=_default(ExitConfig, "predictor"))
     g.add_argument("--kv", default=_default(ExitConfig, "kv"),
-                   help="KV strategy: river, propagate, mask, monotonic, full (river plugins)")
-    g.add_argument("--threshold", type=float, default=_default(ExitConfig, "threshold"))
-    g.add_argument("--min-layer", type=int)
-    g.add_argument("--layer", type=int, help="exit layer, for the fixed policy (-1: the whole "
-                   "model at river precision)")
-    g.add_argument("--river-bits", type=int, default=_default(RiverSpec, "bits"))
-    g.add_argument("--group-size", type=int, default=_default(RiverSpec, "group_size"))
+                   help="KV strategy: river, propagate, mask, monotonic, recompute, full")
+    g.add_argument("-o", "--option", action="append", default=[], metavar="KEY=VALUE",
+                   help="an option of the chosen policy, predictor or KV strategy, e.g. "
+                   "-o threshold=0.2 (repeatable; river plugins lists them)")
+    g.add_argument("--bits", type=int, default=_default(QuantSpec, "bits"),
+                   help="stand-in weight precision: 8 or 4")
+    g.add_argument("--group-size", type=int, default=_default(QuantSpec, "group_size"))
     g.add_argument("--max-new-tokens", type=int,
                    default=_default(GenerationConfig, "max_new_tokens"))
     g.add_argument("--temperature", type=float, default=_default(GenerationConfig, "temperature"))
@@ -47,11 +50,12 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     g.add_argument("--seed", type=int, default=_default(GenerationConfig, "seed"))
     g.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
-    sub.add_parser("plugins", help="list registered backends, policies, predictors, strategies")
+    sub.add_parser("plugins", help="list registered backends, policies, predictors, strategies "
+                   "and their options")
     return p
 
 
-def _report(stats: Generation) -> str:
+def _report(stats: DecodeResult) -> str:
     n = sum(len(t) for t in stats.tokens)
     lines = [f"{n} tokens | {stats.ms_per_token:.1f} ms/token (median decode step) | "
              f"{stats.tokens_per_second:.1f} tokens/s | mean exit layer "
@@ -68,27 +72,25 @@ def _report(stats: Generation) -> str:
 
 
 def _generate(args) -> None:
-    # build every config first: bad settings fail before the model loads
-    river = RiverSpec(bits=args.river_bits, group_size=args.group_size)
-    exit = ExitConfig(policy=args.policy, kv=args.kv, threshold=args.threshold,
-                      min_layer=args.min_layer, layer=args.layer, predictor=args.predictor)
+    # every setting is checked first: bad input fails before the model loads
+    quant = QuantSpec(bits=args.bits, group_size=args.group_size)
+    exit_config = ExitConfig(policy=args.policy, kv=args.kv, predictor=args.predictor,
+                             options=parse(args.option))
     gen = GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                            top_p=args.top_p, stop=args.stop, seed=args.seed)
     if not args.prompt.strip():
         raise RiverError("empty prompt")
     registry = default_registry()
-    for kind, name in (("policy", exit.policy), ("kv strategy", exit.kv),
-                       ("predictor", exit.predictor)):
-        registry.get(kind, name)
+    bound_options(registry, exit_config)
     model = RiverModel.from_pretrained(args.model, backend=args.backend, device=args.device,
-                                       dtype=args.dtype, river=river, progress=True,
+                                       dtype=args.dtype, quant=quant, progress=True,
                                        registry=registry)
-    out = model.generate(args.prompt, chat=not args.no_chat, exit=exit, generation=gen)
+    out = model.generate(args.prompt, chat=not args.no_chat, exit_config=exit_config,
+                         generation_config=gen)
     print(out.text)
-    # a backend may say where it really ran (onnx: the providers its sessions use)
-    where = getattr(model.backend, "providers", None)
-    ran = f"backend {model.backend.name}" + (f" on {', '.join(where)}" if where else "")
-    print(f"\n{ran}\n{_report(out.stats)}", file=sys.stderr)
+    backend = model.backend
+    print(f"\nbackend {backend.name} on {', '.join(backend.runs_on)}\n{_report(out.stats)}",
+          file=sys.stderr)
 
 
 def _plugins() -> None:
@@ -97,6 +99,8 @@ def _plugins() -> None:
         print(f"{kind}:")
         for e in registry.entries(kind).values():
             print(f"  {e.name:<12} {e.provider:<20} {e.summary}")
+            for name, default, doc in e.options:
+                print(f"  {'':<12} -o {name}={json.dumps(default)}: {doc}")
 
 
 def main(argv: list[str] | None = None) -> int:

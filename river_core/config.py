@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any, Mapping
+
 import attrs
 
 from .errors import ConfigError
@@ -13,45 +15,35 @@ def _check(cond: bool, message: str) -> None:
 
 
 @attrs.frozen
-class RiverSpec:
-    """How a backend builds its stand-in ("river") layers: round-to-nearest weight quantization.
+class QuantSpec:
+    """How the stand-in layers' weights are quantized (weights only; no training, no data).
 
-    bits=8: symmetric per output channel. bits=4: asymmetric, one scale and zero per `group_size`
-    input columns. No training and no calibration data.
+    bits=8: symmetric, one scale per output row. bits=4: asymmetric, one scale and zero point
+    per `group_size` input columns (or the largest supported group dividing a layer's width).
     """
 
     bits: int = 8
     group_size: int = 128
 
     def __attrs_post_init__(self) -> None:
-        _check(self.bits in (4, 8), f"river precision must be 4 or 8 bits, got {self.bits}")
+        _check(self.bits in (4, 8), f"stand-in precision must be 4 or 8 bits, got {self.bits}")
         _check(self.group_size in (32, 64, 128, 256),
-               f"river group size must be 32, 64, 128 or 256, got {self.group_size}")
+               f"group size must be 32, 64, 128 or 256, got {self.group_size}")
+
+    @property
+    def label(self) -> str:
+        return "int8" if self.bits == 8 else f"int{self.bits} g{self.group_size}"
 
 
 @attrs.frozen
 class ExitConfig:
-    """Which exit policy and KV strategy run, and their knobs.
-
-    threshold: largest predicted cumulative KV error (see predictor.py) a token may leave with.
-    min_layer: earliest layer a token may leave after; None means a quarter of the depth.
-    layer: the fixed exit layer, for policies that take one; -1 sends every token into the river
-        before the first layer (the whole model at river precision).
-    """
+    """Which exit policy, predictor and KV strategy run, and their options by name (each
+    plugin declares its own: `river plugins` lists them)."""
 
     policy: str = "similarity"
     kv: str = "river"
-    threshold: float = 0.15
-    min_layer: int | None = None
-    layer: int | None = None
     predictor: str = "transition"
-
-    def __attrs_post_init__(self) -> None:
-        _check(0.0 <= self.threshold <= 10.0, f"threshold must be in [0, 10], got {self.threshold}")
-        _check(self.min_layer is None or self.min_layer >= 0,
-               f"min_layer must be >= 0, got {self.min_layer}")
-        _check(self.layer is None or self.layer >= -1,
-               f"layer must be >= -1 (-1: before the first layer), got {self.layer}")
+    options: Mapping[str, Any] = attrs.field(factory=dict, converter=dict)
 
 
 @attrs.frozen

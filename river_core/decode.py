@@ -23,12 +23,12 @@ PredictorFactory = Callable[[Sequence[float], Sequence[float]], SimilarityPredic
 
 
 @attrs.frozen
-class Generation:
+class DecodeResult:
     """Generated ids per sequence, and where each decode step's token left the backbone."""
 
     tokens: list[list[int]]
     exit_layers: list[list[int]]   # per sequence, per decode step: last backbone layer run
-                                   # (-1: none, the token ran the river only)
+                                   # (-1: none, the token ran stand-ins only)
     num_layers: int
     prefill_seconds: float
     step_seconds: list[float]      # wall time of each decode step (the whole batch)
@@ -80,8 +80,8 @@ def decode_step(backend: Backend, tokens: Sequence[int], strategy: KVStrategy,
     deep, gone = list(range(batch)), []
     watch = strategy.allows_exit and policy.uses_similarity
     h = backend.embed(tokens)
-    # i = -1: a policy may send a token into the river before the first layer (the whole
-    # model at river precision: the quantized-model baseline)
+    # i = -1: a policy may exit a token before the first layer, so it runs stand-ins only
+    # (the whole model quantized: the baseline River is measured against)
     for i in range(-1, n):
         if i >= 0:
             before = h
@@ -118,7 +118,7 @@ def _stopped(text: str, stop: Sequence[str]) -> bool:
 
 def generate_ids(backend: Backend, prompts: Sequence[Sequence[int]], gen: GenerationConfig,
                  strategy: KVStrategy, policy: ExitPolicy,
-                 make_predictor: PredictorFactory) -> Generation:
+                 make_predictor: PredictorFactory) -> DecodeResult:
     """Generate up to gen.max_new_tokens per prompt; each sequence stops on EOS or a stop string."""
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ConfigError("empty prompt: give at least one token")
@@ -137,7 +137,7 @@ def generate_ids(backend: Backend, prompts: Sequence[Sequence[int]], gen: Genera
     start = time.perf_counter()
     pre = backend.prefill(prompts, capacity)
     prefill_seconds = time.perf_counter() - start
-    predictors = [make_predictor(backend.river_error, row) for row in pre.similarity]
+    predictors = [make_predictor(backend.stand_in_error, row) for row in pre.similarity]
 
     batch = len(prompts)
     tokens: list[list[int]] = [[] for _ in range(batch)]
@@ -162,7 +162,7 @@ def generate_ids(backend: Backend, prompts: Sequence[Sequence[int]], gen: Genera
         for r in range(batch):
             if not done[r]:
                 exits[r].append(layers[r])
-    return Generation(tokens, exits, backend.num_layers, prefill_seconds, steps)
+    return DecodeResult(tokens, exits, backend.num_layers, prefill_seconds, steps)
 
 
 @attrs.frozen
@@ -187,7 +187,7 @@ def teacher_force(backend: Backend, prompt: Sequence[int], continuation: Sequenc
                   make_predictor: PredictorFactory) -> Forced:
     """Prefill `prompt`, then feed `continuation` a token a step, exiting as `policy` says."""
     pre = backend.prefill([prompt], len(prompt) + len(continuation))
-    predictors = [make_predictor(backend.river_error, pre.similarity[0])]
+    predictors = [make_predictor(backend.stand_in_error, pre.similarity[0])]
     logits, exits = [pre.logits[0]], []
     for step, token in enumerate(continuation):
         out, layers = decode_step(backend, [token], strategy, policy, predictors, step)

@@ -6,7 +6,9 @@ A plugin is any module or object with `@hookimpl` functions, listed under the en
     [project.entry-points.river_core]
     mybackend = "my_package.plugin"
 
-Each hook returns a mapping of names to factories; names must be unique across plugins.
+Each hook returns a mapping of names to factories; names must be unique across plugins. A
+policy, predictor or KV strategy factory takes its options first: an instance of its `Options`
+attribute (an attrs class, see options.py), or of `NoOptions` when it declares none.
 """
 
 from __future__ import annotations
@@ -22,27 +24,28 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 
 @hookspec
 def river_backends() -> Mapping[str, Callable]:
-    """name -> load(model, *, device, dtype, river, progress) returning a Backend."""
+    """name -> load(model, *, device, dtype, quant, progress) returning a Backend."""
 
 
 @hookspec
 def river_exit_policies() -> Mapping[str, Callable]:
-    """name -> make(config: ExitConfig, num_layers: int) returning an ExitPolicy."""
+    """name -> make(options, num_layers) returning an ExitPolicy."""
 
 
 @hookspec
 def river_predictors() -> Mapping[str, Callable]:
-    """name -> make(river_error, prompt_similarity) returning a SimilarityPredictor."""
+    """name -> make(options, stand_in_error, prompt_similarity) returning a
+    SimilarityPredictor."""
 
 
 @hookspec
 def river_kv_strategies() -> Mapping[str, Callable]:
-    """name -> make() returning a KVStrategy."""
+    """name -> make(options) returning a KVStrategy."""
 
 
 @hookspec
 def river_conformance_backends() -> Mapping[str, Callable]:
     """name -> make(family, seed, bits) returning a Backend over the tiny random model
-    `river_hf.tiny.model(family, seed)`: what the conformance kit (river_core.conformance)
-    runs. `family` is one of river_hf.tiny.FAMILIES; raise CapabilityError for one the
-    backend cannot run."""
+    `river_models.tiny.checkpoint(family, seed)`: what the conformance kit (package
+    `river_conformance`) runs. `family` is one of river_models.tiny.FAMILIES; raise
+    CapabilityError for one the backend cannot run."""

@@ -2,10 +2,11 @@
 
 For every skipped layer j = k+1..L-1 a strategy gets the token's current state, decides what
 layer j's cache holds for that token, and returns the state that continues to layer j+1 and
-finally to the LM head. `river` and `propagate` write the slot, so every layer keeps every
-position; `mask` marks it absent and later reads skip it; `monotonic` leaves it unwritten and
-caps how deep later tokens may run (`ceiling`), so nobody reads it; `recompute` leaves it
-unwritten until the next token that runs layer j, which first runs j for the waiting tokens.
+finally to the LM head. `river` (the method: the token runs layer j's stand-in) and
+`propagate` write the slot, so every layer keeps every position; `mask` marks it absent and
+later reads skip it; `monotonic` leaves it unwritten and caps how deep later tokens may run
+(`ceiling`), so nobody reads it; `recompute` leaves it unwritten until the next token that
+runs layer j, which first runs j for the waiting tokens.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Protocol
 import attrs
 
 from .backend import Backend, Reads, Rows
+from .options import NoOptions
 
 
 class KVStrategy(Protocol):
@@ -38,9 +40,15 @@ class KVStrategy(Protocol):
 
 
 class Strategy:
-    """Defaults: deep tokens run the backbone layer, no depth cap, batches allowed."""
+    """Defaults: deep tokens run the backbone layer, no depth cap, batches allowed, no options.
+
+    A strategy is made afresh for every generation, from its options."""
 
     batch = True
+    Options = NoOptions
+
+    def __init__(self, options=NoOptions()) -> None:
+        self.options = options
 
     def deep_layer(self, backend: Backend, i: int, h, rows: Rows):
         return backend.layer(i, h, rows)
@@ -53,12 +61,13 @@ class Strategy:
 
 
 class River(Strategy):
-    """Stand-in layer j reads and writes layer j's own cache; its output feeds the head."""
+    """River: stand-in j reads and writes layer j's own cache; its output feeds the head."""
 
-    name, allows_exit, moves_state, requires, skipped_reads = "river", True, True, "river", "river"
+    name, allows_exit, moves_state, requires = "river", True, True, "stand_in"
+    skipped_reads = "stand_in"
 
     def skipped_layer(self, backend: Backend, i: int, h, rows: Rows):
-        return backend.river_layer(i, h, rows)
+        return backend.stand_in_layer(i, h, rows)
 
 
 class Propagate(Strategy):
@@ -102,7 +111,8 @@ class Monotonic(Strategy):
     name, allows_exit, moves_state, requires = "monotonic", True, False, None
     skipped_reads = "nothing"
 
-    def __init__(self) -> None:
+    def __init__(self, options=NoOptions()) -> None:
+        super().__init__(options)
         self._ceilings: dict[int, int] = {}
 
     def skipped_layer(self, backend: Backend, i: int, h, rows: Rows):
@@ -133,7 +143,8 @@ class Recompute(Strategy):
     name, allows_exit, moves_state, requires = "recompute", True, False, "recompute"
     batch, skipped_reads = False, "nothing"
 
-    def __init__(self) -> None:
+    def __init__(self, options=NoOptions()) -> None:
+        super().__init__(options)
         # positions since the last full-depth token, in order; their layers never rise along
         # positions (a newer token brings older ones up to its own exit), so the tokens lacking
         # a given layer are always a suffix of this list

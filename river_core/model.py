@@ -2,28 +2,81 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+import functools
+from typing import Any, Mapping, Sequence
 
 import attrs
 
 from .backend import Backend
-from .config import ExitConfig, GenerationConfig, RiverSpec
-from .decode import Forced, Generation, generate_ids, teacher_force
+from .config import ExitConfig, GenerationConfig, QuantSpec
+from .decode import DecodeResult, Forced, PredictorFactory, generate_ids, teacher_force
 from .errors import CapabilityError, ConfigError
+from .kv import KVStrategy
+from .options import bind
 from .plugins import Registry, default_registry
+from .policy import ExitPolicy
 
-_EXIT_FIELDS = {f.name for f in attrs.fields(ExitConfig)}
+_EXIT_FIELDS = {f.name for f in attrs.fields(ExitConfig)} - {"options"}
 _GEN_FIELDS = {f.name for f in attrs.fields(GenerationConfig)}
 
 
 @attrs.frozen
 class Completion:
     texts: list[str]
-    stats: Generation
+    stats: DecodeResult
 
     @property
     def text(self) -> str:
         return self.texts[0]
+
+
+@attrs.frozen
+class Plan:
+    """What runs a generation: the KV strategy, the exit policy and the predictor factory."""
+
+    strategy: KVStrategy
+    policy: ExitPolicy
+    make_predictor: PredictorFactory
+
+
+def bound_options(registry: Registry, config: ExitConfig) -> dict[str, Any]:
+    """Each chosen plugin's options instance; fails on unknown names or bad values without
+    needing a model."""
+    return bind(config.options, {"policy": registry.policy(config.policy),
+                                 "predictor": registry.predictor(config.predictor),
+                                 "kv": registry.kv_strategy(config.kv)})
+
+
+def plan(registry: Registry, config: ExitConfig, backend: Backend) -> Plan:
+    """The plugins `config` names, made with their options and checked against the backend."""
+    options = bound_options(registry, config)
+    strategy = registry.kv_strategy(config.kv)(options["kv"])
+    caps = backend.capabilities
+    if strategy.allows_exit and not caps.exits:
+        raise CapabilityError(f"backend {backend.name!r} cannot exit early; "
+                              f"use kv strategy 'full'")
+    if strategy.requires and not getattr(caps, strategy.requires):
+        raise CapabilityError(f"backend {backend.name!r} does not support the "
+                              f"{config.kv!r} kv strategy")
+    policy = registry.policy(config.policy)(options["policy"], backend.num_layers)
+    predictor = functools.partial(registry.predictor(config.predictor), options["predictor"])
+    return Plan(strategy, policy, predictor)
+
+
+def split_settings(settings: Mapping[str, Any], exit_config: ExitConfig | None,
+                   generation_config: GenerationConfig | None,
+                   options: Mapping[str, Any] | None) -> tuple[ExitConfig, GenerationConfig]:
+    """Keyword settings by name: ExitConfig fields, GenerationConfig fields, and any other
+    name as a plugin option."""
+    exit_config = exit_config or ExitConfig()
+    plugin_options = {**exit_config.options, **(options or {}),
+                      **{k: v for k, v in settings.items()
+                         if k not in _EXIT_FIELDS and k not in _GEN_FIELDS}}
+    exit_config = attrs.evolve(exit_config, options=plugin_options,
+                               **{k: v for k, v in settings.items() if k in _EXIT_FIELDS})
+    generation_config = attrs.evolve(generation_config or GenerationConfig(),
+                                     **{k: v for k, v in settings.items() if k in _GEN_FIELDS})
+    return exit_config, generation_config
 
 
 class RiverModel:
@@ -40,33 +93,30 @@ class RiverModel:
     @classmethod
     def from_pretrained(cls, model: str | None = None, *, backend: str = "hf",
                         device: str = "cpu", dtype: str = "float32",
-                        river: RiverSpec = RiverSpec(), progress: bool = False,
+                        quant: QuantSpec = QuantSpec(), progress: bool = False,
                         registry: Registry | None = None) -> "RiverModel":
         """`model`: a local Hugging Face folder or GGUF file; None for the embedded default."""
         registry = registry or default_registry()
         load = registry.backend(backend)
-        return cls(load(model, device=device, dtype=dtype, river=river, progress=progress),
+        return cls(load(model, device=device, dtype=dtype, quant=quant, progress=progress),
                    registry)
 
     def generate(self, prompt: str | Sequence[str], *, chat: bool = True,
-                 exit: ExitConfig | None = None, generation: GenerationConfig | None = None,
-                 **options) -> Completion:
-        """Generate for one prompt or a batch. `options` set ExitConfig and GenerationConfig
-        fields by name (threshold=0.2, max_new_tokens=64, kv="propagate", ...)."""
-        unknown_opts = set(options) - _EXIT_FIELDS - _GEN_FIELDS
-        if unknown_opts:
-            raise ConfigError(f"unknown option(s): {', '.join(sorted(unknown_opts))}")
-        exit = attrs.evolve(exit or ExitConfig(),
-                            **{k: v for k, v in options.items() if k in _EXIT_FIELDS})
-        generation = attrs.evolve(generation or GenerationConfig(),
-                                  **{k: v for k, v in options.items() if k in _GEN_FIELDS})
+                 exit_config: ExitConfig | None = None,
+                 generation_config: GenerationConfig | None = None,
+                 options: Mapping[str, Any] | None = None, **settings) -> Completion:
+        """Generate for one prompt or a batch. `settings` name ExitConfig fields (kv="full"),
+        GenerationConfig fields (max_new_tokens=64) or plugin options (threshold=0.2), which
+        `options` may also carry as a dict."""
+        exit_config, generation_config = split_settings(settings, exit_config,
+                                                        generation_config, options)
         prompts = [prompt] if isinstance(prompt, str) else list(prompt)
         if not prompts or any(not p.strip() for p in prompts):
             raise ConfigError("empty prompt")
         tok = self.backend.tokenizer
         ids = [tok.chat(p) if chat else tok.encode(p) for p in prompts]
-        stats = self.generate_ids(ids, exit, generation)
-        texts = [self.text(t, generation.stop) for t in stats.tokens]
+        stats = self.generate_ids(ids, exit_config, generation_config)
+        texts = [self.text(t, generation_config.stop) for t in stats.tokens]
         return Completion(texts, stats)
 
     def text(self, tokens: Sequence[int], stop: Sequence[str] = ()) -> str:
@@ -74,28 +124,19 @@ class RiverModel:
         tok = self.backend.tokenizer
         return _cut(tok.decode(_until_eos(list(tokens), tok.eos_ids)), stop)
 
-    def generate_ids(self, prompts: Sequence[Sequence[int]], exit: ExitConfig,
-                     generation: GenerationConfig) -> Generation:
-        return generate_ids(self.backend, prompts, generation, *self._plan(exit))
+    def generate_ids(self, prompts: Sequence[Sequence[int]], exit_config: ExitConfig,
+                     generation_config: GenerationConfig) -> DecodeResult:
+        p = plan(self.registry, exit_config, self.backend)
+        return generate_ids(self.backend, prompts, generation_config, p.strategy, p.policy,
+                            p.make_predictor)
 
     def teacher_force(self, prompt: Sequence[int], continuation: Sequence[int],
-                      exit: ExitConfig) -> Forced:
-        """Feed `continuation` after `prompt` token by token under `exit`'s policy and
+                      exit_config: ExitConfig) -> Forced:
+        """Feed `continuation` after `prompt` token by token under `exit_config`'s policy and
         strategy: logits at every position (for NLL) and where each token left."""
-        return teacher_force(self.backend, prompt, continuation, *self._plan(exit))
-
-    def _plan(self, exit: ExitConfig):
-        """(strategy, policy, predictor factory) for `exit`, checked against the backend."""
-        strategy = self.registry.kv_strategy(exit.kv)()
-        caps = self.backend.capabilities
-        if strategy.allows_exit and not caps.exits:
-            raise CapabilityError(f"backend {self.backend.name!r} cannot exit early; "
-                                  f"use kv strategy 'full'")
-        if strategy.requires and not getattr(caps, strategy.requires):
-            raise CapabilityError(f"backend {self.backend.name!r} does not support the "
-                                  f"{exit.kv!r} kv strategy")
-        policy = self.registry.policy(exit.policy)(exit, self.backend.num_layers)
-        return strategy, policy, self.registry.predictor(exit.predictor)
+        p = plan(self.registry, exit_config, self.backend)
+        return teacher_force(self.backend, prompt, continuation, p.strategy, p.policy,
+                             p.make_predictor)
 
 
 def _cut(text: str, stop: Sequence[str]) -> str:

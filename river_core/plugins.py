@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import functools
-from typing import Callable, Iterable
+from importlib.metadata import version
+from typing import Any, Callable, Iterable
 
 import attrs
 import pluggy
 
-from . import hookspecs
+from . import builtins, hookspecs
 from .errors import ConfigError, unknown
+from .options import describe
 
 KINDS = {
     "backend": "river_backends",
@@ -18,6 +20,7 @@ KINDS = {
     "kv strategy": "river_kv_strategies",
     "conformance backend": "river_conformance_backends",
 }
+BUILTIN = "core"   # the core's own plugin, under the name of its entry point
 
 
 @attrs.frozen
@@ -25,24 +28,38 @@ class Entry:
     kind: str
     name: str
     factory: Callable
-    provider: str   # "distribution version" or the plugin's own name when not installed
+    provider: str   # "distribution version", or the plugin's own name when not installed
 
     @property
     def summary(self) -> str:
         return ((self.factory.__doc__ or "").strip().splitlines() or [""])[0]
 
+    @property
+    def options(self) -> list[tuple[str, Any, str]]:
+        """(name, default, doc) of each option it takes."""
+        return describe(self.factory)
+
+
+def _core_provider() -> str:
+    try:
+        return f"river-llm {version('river-llm')}"
+    except Exception:   # a source checkout that is not installed
+        return "river-llm (source)"
+
 
 class Registry:
-    """Everything the installed plugins (and any passed in `extra`) register."""
+    """The core's built-ins, every installed plugin and any passed in `extra`."""
 
     def __init__(self, extra: Iterable[object] = (), entry_points: bool = True) -> None:
         pm = pluggy.PluginManager(hookspecs.PROJECT)
         pm.add_hookspecs(hookspecs)
+        pm.register(builtins, name=BUILTIN)   # first: entry points of the same name are skipped
         if entry_points:
             pm.load_setuptools_entrypoints(hookspecs.PROJECT)
         for plugin in extra:
             pm.register(plugin)
         dists = {id(p): f"{d.project_name} {d.version}" for p, d in pm.list_plugin_distinfo()}
+        dists[id(builtins)] = _core_provider()
         self._entries: dict[str, dict[str, Entry]] = {}
         for kind, hook in KINDS.items():
             table: dict[str, Entry] = {}

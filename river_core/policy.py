@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import Protocol
 
+import attrs
+
+from .options import at_least, between, option
 from .predictor import SimilarityPredictor
 
 
@@ -13,6 +16,14 @@ class ExitPolicy(Protocol):
 
     def should_exit(self, layer: int, step: int, predictor: SimilarityPredictor) -> bool:
         """After backbone layer `layer` of the `step`-th generated token: exit now?"""
+
+
+@attrs.frozen
+class SimilarityOptions:
+    threshold: float = option(0.15, "largest predicted cumulative KV error a token may exit "
+                              "with", between(0.0, 10.0))
+    min_layer: int | None = option(None, "earliest layer a token may exit after (default: a "
+                                   "quarter of the depth)", at_least(0))
 
 
 class SimilarityPolicy:

@@ -1,26 +1,26 @@
 """State-transition similarity and the predicted cumulative KV error of exiting.
 
 Notation: layers 0..L-1; a token "exits after layer k" when layers 0..k ran in the backbone and
-k+1..L-1 are left to the KV strategy (the river by default).
+k+1..L-1 are left to the KV strategy (River's stand-ins by default).
 
 Transition of block j: s_j = cos(h_{j-1}, h_j), the cosine between the block's input and output.
 Its chord distance t_j = sqrt(2 - 2 s_j) is how far block j moves the (normalised) state.
 
-Default predictor ("transition"), a first-order error model of the river:
-- a river layer j has relative weight error eps_j (the backend measures it when quantizing);
+Default predictor ("transition"), a first-order error model of the stand-ins:
+- the stand-in of layer j has relative weight error eps_j (measured when it is quantized);
 - its own K/V projection is off by about eps_j even on an exact input;
 - its update of the state is off by about eps_j * t_j, and that drift reaches every later layer.
-So the relative K/V error the river leaves at layer j > k is about
+So the relative K/V error the stand-ins leave at layer j > k is about
     eps_j + sum_{k<i<j} eps_i * t_i,
 and summed over the skipped layers (the cumulative KV error of exiting after k):
     E(k) = sum_{j>k} eps_j + c * sum_{k<i<L-1} eps_i * tau_i * (L - 1 - i)
 tau_i is the typical t_i: its running mean over earlier tokens (started from the prompt,
-updated with every layer a token really ran, backbone or river). The token's own future
+updated with every layer a token really ran, backbone or stand-in). The token's own future
 transitions are unknown when it decides, so c scales tau by how much this token has moved so
 far compared with a typical one: c = sum_{j<=k} t_j / sum_{j<=k} tau_j.
 
 Properties (tested): E >= 0; E(L-1) = 0; for fixed transitions E is non-increasing in k and
-non-decreasing in every eps. How well E tracks the measured river KV error is measured by
+non-decreasing in every eps. How well E tracks the measured K/V error is measured by
 `benchmarks/predictor_fidelity.py` (see docs/results/).
 """
 
@@ -51,11 +51,11 @@ class SimilarityPredictor(Protocol):
 class TransitionPredictor:
     """The default predictor; see the module docstring for its formula."""
 
-    def __init__(self, river_error: Sequence[float], prompt_similarity: Sequence[float],
+    def __init__(self, stand_in_error: Sequence[float], prompt_similarity: Sequence[float],
                  momentum: float = 0.9) -> None:
-        if len(river_error) != len(prompt_similarity):
-            raise ValueError("river_error and prompt_similarity need one entry per layer")
-        self.eps = [float(e) for e in river_error]
+        if len(stand_in_error) != len(prompt_similarity):
+            raise ValueError("stand_in_error and prompt_similarity need one entry per layer")
+        self.eps = [float(e) for e in stand_in_error]
         self.tau = [transition(float(s)) for s in prompt_similarity]
         self.momentum = momentum
         self._seen: dict[int, float] = {}

@@ -10,9 +10,22 @@ settings.load_profile("river")
 
 
 @pytest.fixture(scope="session")
+def scratch_cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("river-cache")
+
+
+@pytest.fixture(autouse=True)
+def user_cache(request, scratch_cache, monkeypatch):
+    """Tests build into a scratch cache; only the embedded-model tests (marked slow) use the
+    user's, so its one-time conversion and export are kept between runs."""
+    if "slow" not in request.keywords:
+        monkeypatch.setenv("RIVER_CACHE", str(scratch_cache))
+
+
+@pytest.fixture(scope="session")
 def tiny_folder(tmp_path_factory):
     """family -> a tiny random model saved as a Hugging Face folder (made once per session)."""
-    from river_hf import tiny
+    from river_models import tiny
 
     @functools.cache
     def save(family: str) -> str:

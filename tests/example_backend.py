@@ -1,9 +1,10 @@
-"""A minimal third-party backend: what an author writes to plug into River.
+"""A minimal third-party backend in plain numpy: what an author writes to plug into River.
 
-It implements the contract of river_core/backend.py by delegating the arithmetic to the
-reference backend and counting the primitives the core calls, which is enough to show the
-registration and to run the conformance kit (test_example_backend.py). A real backend puts its
-own kernels where this one delegates.
+Everything a backend does is here, in the order the core calls it, for the Llama, Mistral and
+Qwen2 families (no per-head norms, no sandwich norms). It reads the model from the model
+package (`river_models`), takes padding, positions and masks from the core's `Layout`, and keeps
+its own KV cache. Its stand-ins run the model package's quantized weights, dequantized: correct,
+not fast. The conformance kit runs it like any other backend (test_example_backend.py).
 
 Registered in the author's pyproject.toml:
 
@@ -11,39 +12,188 @@ Registered in the author's pyproject.toml:
     example = "example_backend"
 """
 
+from __future__ import annotations
+
 from collections import Counter
+from typing import Sequence
 
+import numpy as np
+
+from river_core.backend import Capabilities, Footprint, Prefill
+from river_core.config import QuantSpec
+from river_core.errors import CapabilityError
 from river_core.hookspecs import hookimpl
-from river_hf import tiny
+from river_core.layout import Layout
+from river_models import PROJECTIONS, Checkpoint, StandIns, stand_ins, tiny
 
 
-class CountingBackend:
+def rms_norm(x, w, eps):
+    return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
+
+
+def silu(x):
+    return x / (1 + np.exp(-x))
+
+
+def cosine(a, b):
+    return (a * b).sum(-1) / np.maximum(np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1),
+                                         1e-30)
+
+
+class NumpyBackend:
     name = "example"
 
-    def __init__(self, inner) -> None:
-        self._inner = inner
-        self.calls: Counter = Counter()
-        for field in ("num_layers", "max_positions", "capabilities", "tokenizer", "river_error"):
-            setattr(self, field, getattr(inner, field))
+    def __init__(self, checkpoint: Checkpoint, quantized: StandIns) -> None:
+        spec = checkpoint.spec
+        if spec.qk_norm or spec.sandwich or spec.activation != "silu":
+            raise CapabilityError("the example backend runs the Llama, Mistral and Qwen2 families")
+        self.spec, self.w = spec, checkpoint.weights
+        # a stand-in is its layer with every projection replaced by its quantized copy
+        self.stand_in_weights = [{n: q.dequantize() for n, q in layer.items()}
+                                 for layer in quantized.layers]
+        self.stand_in_error = list(quantized.errors)
+        self.num_layers, self.max_positions = spec.num_layers, spec.max_positions
+        self.capabilities = Capabilities(mask=True, recompute=True, devices=("cpu",))
+        self.runs_on = ("cpu",)
+        self.tokenizer = checkpoint.tokenizer
+        self.calls: Counter = Counter()   # which primitives the core called, for the tests
+        self._offset = 0
 
     @property
     def offset(self) -> int:
-        return self._inner.offset
+        return self._offset
 
-    def __getattr__(self, primitive):
-        """prefill, embed, layer, river_layer, project_kv, skip, layer_span, similarity, logits,
-        commit, footprint, kv."""
-        method = getattr(self._inner, primitive)
+    # -- one step's context ---------------------------------------------------------------
 
-        def counted(*args):
-            self.calls[primitive] += 1
-            return method(*args)
-        return counted
+    def _begin(self, ids: np.ndarray) -> np.ndarray:
+        self._start, self._end = self._offset, self._offset + ids.shape[1]
+        return self.w.embed[ids] * self.spec.embed_scale
+
+    def _rope(self, x, rows, start, end):
+        positions = self.layout.positions(start, end)[rows]
+        cos, sin = self.spec.rotary[""].angles(positions)
+        half = x.shape[-1] // 2
+        rotated = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+        return x * cos[:, None] + rotated * sin[:, None]
+
+    # -- the layer --------------------------------------------------------------------------
+
+    def _heads(self, y, count):
+        """[b, t, count * hd] -> [b, count, t, hd]"""
+        b, t, _ = y.shape
+        return y.reshape(b, t, count, self.spec.head_dim).transpose(0, 2, 1, 3)
+
+    def _linear(self, i, name, x, proj):
+        y = x @ proj[name].T
+        bias = self.w.layers[i].biases.get(name)
+        return y if bias is None else y + bias
+
+    def _write_kv(self, i, xn, rows, proj, start, end):
+        """This layer's K/V of the normalised inputs `xn` of `rows`, into the cache."""
+        k = self._rope(self._heads(self._linear(i, "k", xn, proj), self.spec.kv_heads), rows,
+                       start, end)
+        self.k[i][rows, :, start:end] = k
+        self.v[i][rows, :, start:end] = self._heads(self._linear(i, "v", xn, proj),
+                                                    self.spec.kv_heads)
+
+    def _block(self, i, h, rows, proj, start=None):
+        """Layer i (backbone or stand-in weights `proj`) for `rows`, queries start..end-1."""
+        start, end = self._start if start is None else start, self._end
+        rows = list(range(h.shape[0])) if rows is None else list(rows)
+        layer, spec = self.w.layers[i], self.spec
+        x = h[rows]
+        xn = rms_norm(x, layer.input_norm, spec.norm_eps)
+        q = self._rope(self._heads(self._linear(i, "q", xn, proj), spec.heads), rows, start, end)
+        self._write_kv(i, xn, rows, proj, start, end)
+        window = spec.windows[i]
+        lo = self.layout.first_key(start, end, window)
+        keys = np.repeat(self.k[i][rows, :, lo:end], spec.group, axis=1)
+        values = np.repeat(self.v[i][rows, :, lo:end], spec.group, axis=1)
+        scores = q @ keys.transpose(0, 1, 3, 2) * spec.attn_scale
+        scores = np.where(self.layout.mask(start, end, window, i)[rows][:, None], scores, -np.inf)
+        p = np.exp(scores - scores.max(-1, keepdims=True))
+        a = (p / p.sum(-1, keepdims=True)) @ values
+        x = x + self._linear(i, "o", a.transpose(0, 2, 1, 3).reshape(*x.shape[:2], -1), proj)
+        xn = rms_norm(x, layer.pre_mlp_norm, spec.norm_eps)
+        m = silu(self._linear(i, "gate", xn, proj)) * self._linear(i, "up", xn, proj)
+        out = h.copy()
+        out[rows] = x + self._linear(i, "down", m, proj)
+        return out
+
+    # -- the contract -----------------------------------------------------------------------
+
+    def prefill(self, prompts: Sequence[Sequence[int]], capacity: int) -> Prefill:
+        self.calls["prefill"] += 1
+        self.layout = Layout([len(p) for p in prompts], capacity, self.num_layers)
+        shape = (self.layout.batch, self.spec.kv_heads, capacity, self.spec.head_dim)
+        self.k = [np.full(shape, np.nan, np.float32) for _ in range(self.num_layers)]
+        self.v = [np.full(shape, np.nan, np.float32) for _ in range(self.num_layers)]
+        self._offset = 0
+        h = self._begin(self.layout.ids(prompts))
+        similarity = np.zeros((self.layout.batch, self.num_layers))
+        for i in range(self.num_layers):
+            out = self._block(i, h, None, self.w.layers[i].projections)
+            similarity[:, i] = self.layout.prompt_mean(cosine(h, out))
+            h = out
+        self._offset = self.layout.width
+        return Prefill(self.logits(h), similarity)
+
+    def embed(self, tokens: Sequence[int]) -> np.ndarray:
+        self.calls["embed"] += 1
+        return self._begin(np.asarray(tokens)[:, None])
+
+    def layer(self, i: int, h, rows):
+        self.calls["layer"] += 1
+        return self._block(i, h, rows, self.w.layers[i].projections)
+
+    def stand_in_layer(self, i: int, h, rows):
+        self.calls["stand_in_layer"] += 1
+        return self._block(i, h, rows, self.stand_in_weights[i])
+
+    def project_kv(self, i: int, h, rows) -> None:
+        rows = list(range(h.shape[0])) if rows is None else list(rows)
+        xn = rms_norm(h[rows], self.w.layers[i].input_norm, self.spec.norm_eps)
+        self._write_kv(i, xn, rows, self.w.layers[i].projections, self._start, self._end)
+
+    def skip(self, i: int, rows) -> None:
+        self.layout.skip(i, rows, self._start)
+        sel = slice(None) if rows is None else list(rows)
+        self.k[i][sel, :, self._start] = 0.0   # finite: masked, never read
+        self.v[i][sel, :, self._start] = 0.0
+
+    def layer_span(self, i: int, states, start: int):
+        out = self._block(i, np.concatenate(states, axis=1), None, self.w.layers[i].projections,
+                          start)
+        return np.split(out, out.shape[1], axis=1)
+
+    def similarity(self, before, after, rows) -> list[float]:
+        cos = cosine(before[:, -1], after[:, -1])
+        return (cos if rows is None else cos[list(rows)]).tolist()
+
+    def logits(self, h) -> np.ndarray:
+        self.calls["logits"] += 1
+        return rms_norm(h[:, -1], self.w.final_norm, self.spec.norm_eps) @ self.w.head.T
+
+    def commit(self) -> None:
+        self.calls["commit"] += 1
+        self._offset += 1
+
+    def footprint(self) -> Footprint:
+        layers = self.w.layers
+        return Footprint(tuple(l.projection_bytes() for l in layers),
+                         tuple(sum(w.nbytes for w in s.values()) for s in self.stand_in_weights),
+                         tuple(l.projection_bytes(("k", "v")) for l in layers), self.w.head.nbytes,
+                         2 * self.spec.kv_heads * self.spec.head_dim * 4)
+
+    def kv(self, i: int):
+        return self.k[i][:, :, :self._offset].copy(), self.v[i][:, :, :self._offset].copy()
 
 
-def make(family: str, seed: int, bits: int) -> CountingBackend:
+def make(family: str, seed: int, bits: int) -> NumpyBackend:
     """The example backend over a tiny random model."""
-    return CountingBackend(tiny.backend(family, seed, bits))
+    checkpoint = tiny.checkpoint(family, seed)
+    return NumpyBackend(checkpoint, stand_ins(checkpoint, QuantSpec(bits=bits, group_size=32),
+                                              cache=False))
 
 
 @hookimpl

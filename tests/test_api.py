@@ -51,12 +51,12 @@ def test_bad_options(folder):
     with pytest.raises(ConfigError, match="exceeds the model's context"):
         model.generate("a" * 250, chat=False, max_new_tokens=10)
     with pytest.raises(ConfigError, match="fixed policy needs a layer"):
-        model.generate("abc", exit=ExitConfig(policy="fixed"))
+        model.generate("abc", exit_config=ExitConfig(policy="fixed"))
 
 
 def test_cli_generate_prints_text_and_stats(folder, capsys):
     assert main(["generate", "abc", "--model", folder, "--no-chat", "--max-new-tokens", "5",
-                 "--min-layer", "1"]) == 0
+                 "-o", "min_layer=1"]) == 0
     err = capsys.readouterr().err
     assert "ms/token" in err and "tokens/s" in err and "mean exit layer" in err
     assert "% of layers skipped" in err and "histogram of backbone layers run" in err

@@ -2,7 +2,8 @@
 
 import pytest
 
-from river_hf import tiny
+from river_hf.plugin import tiny_backend
+from river_models import tiny
 from river_core.config import GenerationConfig
 from river_core.decode import generate_ids
 from river_core.errors import ConfigError
@@ -18,7 +19,7 @@ GEN = GenerationConfig(max_new_tokens=8)
 @pytest.mark.parametrize("strategy,policy", [(Full(), FixedDepth(-1)), (River(), FixedDepth(2)),
                                              (Propagate(), FixedDepth(3))])
 def test_batched_rows_match_single_runs(family, strategy, policy):
-    b = tiny.backend(family)
+    b = tiny_backend(family, 0, 8)
     batched = generate_ids(b, PROMPTS, GEN, strategy, policy, TransitionPredictor)
     for r, prompt in enumerate(PROMPTS):
         alone = generate_ids(b, [prompt], GEN, strategy, policy, TransitionPredictor)
@@ -38,8 +39,8 @@ class PerRow:
 def predictors_exiting_at(layers):
     layers = iter(layers)
 
-    def make(river_error, prompt_similarity):
-        p = TransitionPredictor(river_error, prompt_similarity)
+    def make(stand_in_error, prompt_similarity):
+        p = TransitionPredictor(stand_in_error, prompt_similarity)
         p.exit_at = next(layers)
         return p
     return make
@@ -47,13 +48,13 @@ def predictors_exiting_at(layers):
 
 @pytest.mark.parametrize("strategy", [River(), Propagate()])
 def test_rows_exiting_at_different_layers_in_one_step_match_single_runs(strategy):
-    b = tiny.backend("qwen3")
+    b = tiny_backend("qwen3", 0, 8)
     own = [1, 4, None]
     batched = generate_ids(b, PROMPTS, GEN, strategy, PerRow(), predictors_exiting_at(own))
     for r, prompt in enumerate(PROMPTS):
         alone = generate_ids(b, [prompt], GEN, strategy, PerRow(), predictors_exiting_at([own[r]]))
         assert batched.tokens[r] == alone.tokens[0]
-        assert set(batched.exit_layers[r]) == {tiny.COMMON["num_hidden_layers"] - 1
+        assert set(batched.exit_layers[r]) == {tiny.LAYERS - 1
                                                if own[r] is None else own[r]}
 
 
@@ -61,13 +62,14 @@ def test_rows_exiting_at_different_layers_in_one_step_match_single_runs(strategy
 def test_similarity_policy_runs_once_every_row_has_left(kv):
     from river_core import ExitConfig, RiverModel
 
-    model = RiverModel(tiny.backend("llama"))
-    out = model.generate_ids([[1, 20, 21]], ExitConfig(kv=kv, threshold=10.0, min_layer=0),
+    model = RiverModel(tiny_backend("llama", 0, 8))
+    config = ExitConfig(kv=kv, options={"threshold": 10.0, "min_layer": 0})
+    out = model.generate_ids([[1, 20, 21]], config,
                              GenerationConfig(max_new_tokens=4))
     assert set(out.exit_layers[0]) == {0}
 
 
 def test_recompute_runs_one_sequence_at_a_time():
     with pytest.raises(ConfigError, match="one sequence at a time"):
-        generate_ids(tiny.backend("llama"), PROMPTS, GEN, Recompute(), FixedDepth(2),
+        generate_ids(tiny_backend("llama", 0, 8), PROMPTS, GEN, Recompute(), FixedDepth(2),
                      TransitionPredictor)

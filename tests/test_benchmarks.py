@@ -61,7 +61,7 @@ def test_task_configs_name_a_strategy_threshold_and_precision():
     assert (river.kv, river.threshold, river.bits, river.model_key("onnx")) == \
         ("river", 0.2, 4, ("onnx", 4))
     assert tasks.Config.parse("llamacpp").model_key("hf") == ("llamacpp", 8)
-    assert tasks.Config.parse("quantized@int8").exit().layer == -1
+    assert tasks.Config.parse("quantized@int8").exit_config().options == {"layer": -1}
     for bad in ("river", "full:0.2", "river:0.2@int2"):
         with pytest.raises(ConfigError):
             tasks.Config.parse(bad)

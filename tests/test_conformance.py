@@ -1,3 +1,3 @@
-"""The backend conformance kit over every registered backend (hf, onnx, ...)."""
+"""The backend conformance kit over every registered backend (hf, onnx, llamacpp, ...)."""
 
-from river_core.conformance import *  # noqa: F401,F403
+from river_conformance.kit import *  # noqa: F401,F403

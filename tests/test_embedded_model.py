@@ -9,7 +9,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def model():
-    from river_hf.loader import default_gguf
+    from river_models import default_gguf
     try:
         default_gguf()
     except ModelError as e:
@@ -19,10 +19,10 @@ def model():
 
 def test_full_depth_answers_and_river_exits(model):
     gen = GenerationConfig(max_new_tokens=12)
-    full = model.generate("What is the capital of France?", exit=ExitConfig(kv="full"),
-                          generation=gen)
+    full = model.generate("What is the capital of France?", exit_config=ExitConfig(kv="full"),
+                          generation_config=gen)
     assert "Paris" in full.text
-    river = model.generate("What is the capital of France?", generation=gen)
+    river = model.generate("What is the capital of France?", generation_config=gen)
     assert "Paris" in river.text
     assert river.stats.skipped_share > 0
     assert model.backend.num_layers == 30
@@ -31,6 +31,6 @@ def test_full_depth_answers_and_river_exits(model):
 def test_onnx_backend_generates_on_the_default_model():
     model = RiverModel.from_pretrained(backend="onnx")
     gen = GenerationConfig(max_new_tokens=12)
-    out = model.generate("What is the capital of France?", generation=gen)
+    out = model.generate("What is the capital of France?", generation_config=gen)
     assert "Paris" in out.text and out.stats.skipped_share > 0
-    assert model.backend.providers == ["CPUExecutionProvider"]
+    assert model.backend.runs_on == ("CPUExecutionProvider",)

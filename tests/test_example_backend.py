@@ -2,17 +2,19 @@
 
 import pytest
 
-from river_core.conformance import *  # noqa: F401,F403
-from river_core.conformance import Subject
-from river_core.plugins import Registry
+from river_conformance.kit import *  # noqa: F401,F403
+from river_conformance.kit import Subject
 
 import example_backend
 
 
 @pytest.fixture(scope="session")
 def conformance_backend():
-    registry = Registry(extra=[example_backend])
-    return Subject.of("example", registry.get("conformance backend", "example"))
+    return Subject.of("example", example_backend.make)
+
+
+def test_the_example_runs_the_families_it_says(conformance_backend):
+    assert conformance_backend.families == ("llama", "mistral", "qwen2")
 
 
 def test_the_core_drives_the_backend_only_through_the_contract(conformance_backend):

@@ -2,17 +2,17 @@
 
 from river_core.backend import Footprint
 
-F = Footprint(layer_bytes=(10, 10, 10), river_bytes=(3, 3, 3), kv_projection_bytes=(2, 2, 2),
+F = Footprint(layer_bytes=(10, 10, 10), stand_in_bytes=(3, 3, 3), kv_projection_bytes=(2, 2, 2),
               head_bytes=5, kv_bytes_per_position=1)
 
 
 def test_a_token_reads_its_backbone_layers_the_head_and_what_its_strategy_reads_past_the_exit():
     # exit after layer 0 with 4 cached positions
-    assert F.bytes_per_token(0, 4, "river") == 10 + 2 * 3 + 5 + 4 * 3   # rivers attend too
+    assert F.bytes_per_token(0, 4, "stand_in") == 10 + 2 * 3 + 5 + 4 * 3   # stand-ins attend too
     assert F.bytes_per_token(0, 4, "kv_projection") == 10 + 2 * 2 + 5 + 4 * 1
     assert F.bytes_per_token(0, 4, "nothing") == 10 + 5 + 4 * 1
 
 
 def test_full_depth_reads_the_same_whatever_the_strategy():
     full = 30 + 5 + 4 * 3
-    assert {F.bytes_per_token(2, 4, r) for r in ("river", "kv_projection", "nothing")} == {full}
+    assert {F.bytes_per_token(2, 4, r) for r in ("stand_in", "kv_projection", "nothing")} == {full}

@@ -8,7 +8,8 @@ import pytest
 import torch
 from hypothesis import given, strategies as st
 
-from river_hf import tiny
+from river_hf.plugin import tiny_backend
+from river_models import tiny
 from river_core.config import GenerationConfig
 from river_core.decode import generate_ids
 from river_core.kv import Full, River
@@ -22,7 +23,7 @@ prompts = st.lists(st.integers(3, tiny.VOCAB - 1), min_size=1, max_size=24).map(
 @given(prompt=prompts, n=st.integers(1, 12))
 def test_full_depth_matches_transformers_generate(family, prompt, n):
     ref = tiny.model(family).generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=n)
-    ours = generate_ids(tiny.backend(family), [prompt], GenerationConfig(max_new_tokens=n),
+    ours = generate_ids(tiny_backend(family, 0, 8), [prompt], GenerationConfig(max_new_tokens=n),
                         Full(), ScriptedPolicy([]), TransitionPredictor)
     assert ours.tokens[0] == ref[0, len(prompt):].tolist()
 
@@ -30,9 +31,9 @@ def test_full_depth_matches_transformers_generate(family, prompt, n):
 @pytest.mark.parametrize("family", ["llama", "gemma3"])
 def test_bfloat16_full_depth_matches_generate_and_river_runs(family):
     prompt, n = [1, 20, 21, 22, 23], 8
-    ref = tiny.model(family, dtype=torch.bfloat16).generate(torch.tensor([prompt]),
+    ref = tiny.model(family, dtype="bfloat16").generate(torch.tensor([prompt]),
                                                             do_sample=False, max_new_tokens=n)
-    b = tiny.backend(family, dtype=torch.bfloat16)
+    b = tiny_backend(family, 0, 8, dtype="bfloat16")
     full = generate_ids(b, [prompt], GenerationConfig(max_new_tokens=n), Full(),
                         ScriptedPolicy([]), TransitionPredictor)
     assert full.tokens[0] == ref[0, len(prompt):].tolist()
@@ -49,7 +50,7 @@ def test_mask_never_reads_an_absent_entry(prompt, cont, exits):
     from river_core.kv import Mask
     from river_core.testing import teacher_force
 
-    b = tiny.backend("qwen3")
+    b = tiny_backend("qwen3", 0, 8)
     clean = teacher_force(b, prompt, cont, Mask(), exits)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(cache, "ABSENT_FILL", 1e4)

@@ -21,7 +21,7 @@ def cache(tmp_path, monkeypatch):
 
 def test_onnx_exports_once_and_generates(folder, cache, capsys):
     args = ["generate", "abc", "--model", folder, "--backend", "onnx", "--no-chat",
-            "--max-new-tokens", "4", "--min-layer", "1"]
+            "--max-new-tokens", "4", "-o", "min_layer=1"]
     assert main(args) == 0
     err = capsys.readouterr().err
     assert "ms/token" in err and "backend onnx on CPUExecutionProvider" in err
@@ -30,7 +30,7 @@ def test_onnx_exports_once_and_generates(folder, cache, capsys):
     assert main(args + ["--kv", "propagate"]) == 0
     assert [p.name for p in (cache / "onnx").iterdir()] == [export.name]
     assert (export / "manifest.json").stat().st_mtime_ns == stamp   # not exported again
-    assert main(args + ["--river-bits", "4"]) == 0                  # other settings: new export
+    assert main(args + ["--bits", "4"]) == 0                  # other settings: new export
     assert len(list((cache / "onnx").iterdir())) == 2
     assert not [p for p in (cache / "onnx").iterdir() if p.name.startswith(".partial")]
 
@@ -52,7 +52,7 @@ needs_llamacpp = pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is Non
 
 @needs_llamacpp
 def test_llamacpp_runs_full_depth_and_refuses_exits(capsys):
-    from river_hf.loader import default_gguf
+    from river_models import default_gguf
 
     try:
         default_gguf()

@@ -1,2 +1,3 @@
-"""River's Hugging Face transformers + PyTorch backend. Loaded through the `river_core` entry
-point `hf`; import `river_hf.backend.HFBackend` directly to wrap a model already in memory."""
+"""River's PyTorch backend (`hf`: it reads Hugging Face models, through the model package).
+Loaded through the `river_core` entry point `hf`; build `river_hf.backend.HFBackend` from a
+`river_models.Checkpoint` to use it directly."""

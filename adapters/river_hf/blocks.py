@@ -1,8 +1,8 @@
-"""One decoder block as a plain function over the HF layer's own submodules.
+"""One decoder block as plain torch functions over River's own weights.
 
-Norms, activation and rotary tables are the model's own modules, so full depth matches
-transformers' numerics; attention is ours, because the cache is ours. A river block is the same
-block with its seven projections swapped for quantized ones.
+Built from the model package's `LayerWeights` (backbone) or its `QuantWeight`s (stand-in).
+Norms, rotary and activations follow transformers' numerics operation for operation, so full
+depth matches `generate()` token for token; attention is ours, because the cache is ours.
 """
 
 from __future__ import annotations
@@ -10,58 +10,105 @@ from __future__ import annotations
 from typing import Callable
 
 import attrs
+import numpy as np
 import torch
 import torch.nn.functional as F
 
-from river_core.config import RiverSpec
-
-from .quant import QuantLinear
-
-PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")
+from river_models import PROJECTIONS, LayerWeights, ModelSpec, QuantWeight
 
 
-@attrs.define
+@attrs.frozen(eq=False)
+class Norm:
+    """RMSNorm. Gemma (`offset`) scales by 1 + w in float32 before casting back; the others
+    cast back first, then scale (as transformers does)."""
+
+    weight: torch.Tensor
+    eps: float
+    offset: bool
+
+    @classmethod
+    def of(cls, w: np.ndarray | None, spec: ModelSpec, dtype, device) -> "Norm | None":
+        if w is None:
+            return None
+        t = torch.from_numpy(w).to(device)
+        return cls(1.0 + t if spec.norm_offset else t.to(dtype), spec.norm_eps, spec.norm_offset)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (xf * self.weight).type_as(x) if self.offset else self.weight * xf.to(x.dtype)
+
+
+def dense(w: np.ndarray, bias: np.ndarray | None, dtype, device) -> Callable:
+    weight = torch.from_numpy(w).to(device=device, dtype=dtype)
+    b = None if bias is None else torch.from_numpy(bias).to(device=device, dtype=dtype)
+    linear = lambda x: F.linear(x, weight, b)
+    linear.nbytes = weight.numel() * weight.element_size()
+    return linear
+
+
+def packed(q: QuantWeight, bias: np.ndarray | None, dtype, device) -> Callable:
+    """A stand-in projection. On the CPU: aten's packed int8/int4 kernels with bfloat16
+    activations (the fast path there); elsewhere the dequantized weights (correct, not
+    faster: not run on a GPU yet)."""
+    if device.type != "cpu":
+        return dense(q.dequantize(), bias, dtype, device)
+    rows, _ = q.shape
+    b = None if bias is None else torch.from_numpy(bias).to(dtype)
+    scale = torch.from_numpy(q.scale)
+    if q.bits == 8:
+        w = torch.from_numpy(q.codes.astype(np.int16) - 128).to(torch.int8)
+        s = scale[:, 0].to(torch.bfloat16)
+        mm = lambda x: torch.ops.aten._weight_int8pack_mm(x, w, s)
+        nbytes = w.numel() + s.numel() * 2
+    else:
+        w = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
+            torch.from_numpy(q.codes.astype(np.int32)), 1)
+        # kernel convention: w = (code - 8) * scale + zero
+        zero = (8 - torch.from_numpy(q.zero).float()) * scale
+        s = torch.stack([scale.t(), zero.t()], -1).contiguous().to(torch.bfloat16)
+        group = q.group
+        mm = lambda x: torch.ops.aten._weight_int4pack_mm_for_cpu(x, w, group, s)
+        nbytes = q.codes.size // 2 + s.numel() * 2
+
+    def linear(x: torch.Tensor) -> torch.Tensor:
+        y = mm(x.reshape(-1, x.shape[-1]).to(torch.bfloat16)).to(x.dtype)
+        y = y.view(*x.shape[:-1], rows)
+        return y if b is None else y + b
+    linear.nbytes = nbytes
+    return linear
+
+
+@attrs.frozen(eq=False)
 class Block:
-    input_norm: Callable
-    pre_mlp_norm: Callable
-    post_attn_norm: Callable | None   # Gemma's sandwich norms
-    post_mlp_norm: Callable | None
-    q_norm: Callable | None           # Qwen3, Gemma 3
-    k_norm: Callable | None
-    q: Callable
-    k: Callable
-    v: Callable
-    o: Callable
-    gate: Callable
-    up: Callable
-    down: Callable
+    input_norm: Norm
+    pre_mlp_norm: Norm
+    post_attn_norm: Norm | None   # Gemma's sandwich norms
+    post_mlp_norm: Norm | None
+    q_norm: Norm | None           # Qwen3, Gemma 3
+    k_norm: Norm | None
+    proj: dict                    # PROJECTIONS -> callable
     act: Callable
     head_dim: int
     scaling: float
     window: int | None
-    rope_key: str | None
+    rope_key: str
 
     @classmethod
-    def from_hf(cls, layer, sandwich: bool, window: int | None, rope_key: str | None) -> "Block":
-        attn, mlp = layer.self_attn, layer.mlp
-        return cls(
-            input_norm=layer.input_layernorm,
-            pre_mlp_norm=layer.pre_feedforward_layernorm if sandwich
-            else layer.post_attention_layernorm,
-            post_attn_norm=layer.post_attention_layernorm if sandwich else None,
-            post_mlp_norm=layer.post_feedforward_layernorm if sandwich else None,
-            q_norm=getattr(attn, "q_norm", None), k_norm=getattr(attn, "k_norm", None),
-            q=attn.q_proj, k=attn.k_proj, v=attn.v_proj, o=attn.o_proj,
-            gate=mlp.gate_proj, up=mlp.up_proj, down=mlp.down_proj, act=mlp.act_fn,
-            head_dim=attn.head_dim, scaling=attn.scaling, window=window, rope_key=rope_key)
+    def build(cls, i: int, layer: LayerWeights, spec: ModelSpec, dtype, device,
+              quantized: dict[str, QuantWeight] | None = None) -> "Block":
+        """Layer i of the backbone, or its stand-in when `quantized` projections are given."""
+        norm = lambda w: Norm.of(w, spec, dtype, device)
+        proj = {n: dense(layer.projections[n], layer.biases.get(n), dtype, device)
+                if quantized is None else packed(quantized[n], layer.biases.get(n), dtype, device)
+                for n in PROJECTIONS}
+        act = F.silu if spec.activation == "silu" else lambda x: F.gelu(x, approximate="tanh")
+        return cls(norm(layer.input_norm), norm(layer.pre_mlp_norm), norm(layer.post_attn_norm),
+                   norm(layer.post_mlp_norm), norm(layer.q_norm), norm(layer.k_norm), proj, act,
+                   spec.head_dim, spec.attn_scale, spec.windows[i], spec.rope_keys[i])
 
-    def quantized(self, spec: RiverSpec) -> tuple["Block", float]:
-        """The river stand-in, and its relative weight error over all projections."""
-        quant = {name: QuantLinear(getattr(self, name), spec) for name in PROJECTIONS}
-        sq = sum(q.error ** 2 * getattr(self, n).weight.float().pow(2).sum()
-                 for n, q in quant.items())
-        total = sum(getattr(self, n).weight.float().pow(2).sum() for n in PROJECTIONS)
-        return attrs.evolve(self, **quant), float((sq / total).sqrt())
+    def nbytes(self, names=PROJECTIONS) -> int:
+        return sum(self.proj[n].nbytes for n in names)
 
 
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -73,32 +120,32 @@ def project_kv(b: Block, x: torch.Tensor, cos, sin):
     """Normalised input -> (q, k, v) as [batch, heads, tokens, head_dim], rotary applied."""
     batch, tokens, _ = x.shape
     shape = (batch, tokens, -1, b.head_dim)
-    q = b.q(x).view(shape).transpose(1, 2)
-    k = b.k(x).view(shape).transpose(1, 2)
-    v = b.v(x).view(shape).transpose(1, 2)
+    q = b.proj["q"](x).view(shape).transpose(1, 2)
+    k = b.proj["k"](x).view(shape).transpose(1, 2)
+    v = b.proj["v"](x).view(shape).transpose(1, 2)
     if b.q_norm is not None:
         q, k = b.q_norm(q), b.k_norm(k)
     return rope(q, cos, sin), rope(k, cos, sin), v
 
 
-def forward(b: Block, x: torch.Tensor, step, cache_k: torch.Tensor, cache_v: torch.Tensor,
-            rows, holes: torch.Tensor | None = None) -> torch.Tensor:
-    """x: [batch, tokens, hidden] for `rows` of the batch (None: all). Writes the cache.
-    holes: this layer's absent entries, or None."""
+def forward(b: Block, i: int, x: torch.Tensor, step, cache_k: torch.Tensor,
+            cache_v: torch.Tensor, rows) -> torch.Tensor:
+    """Layer i on x: [batch, tokens, hidden] for `rows` of the batch (None: all). Writes the
+    cache."""
     cos, sin = step.rope(b.rope_key, rows)
     q, k, v = project_kv(b, b.input_norm(x), cos, sin)
     step.write(cache_k, cache_v, k, v, rows)
     keys, values = step.read(cache_k, cache_v, rows, b.window)
-    mask = step.mask(b.window, rows, holes)
+    mask = step.mask(b.window, i, rows)
     a = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=b.scaling,
                                        is_causal=mask is None and q.shape[2] > 1,
                                        enable_gqa=True)
-    a = b.o(a.transpose(1, 2).reshape(*x.shape[:2], -1))
+    a = b.proj["o"](a.transpose(1, 2).reshape(*x.shape[:2], -1))
     if b.post_attn_norm is not None:
         a = b.post_attn_norm(a)
     x = x + a
     h = b.pre_mlp_norm(x)
-    m = b.down(b.act(b.gate(h)) * b.up(h))
+    m = b.proj["down"](b.act(b.proj["gate"](h)) * b.proj["up"](h))
     if b.post_mlp_norm is not None:
         m = b.post_mlp_norm(m)
     return x + m

@@ -1,20 +1,57 @@
 """Registers the `hf` backend with River (entry point `hf` in group `river_core`)."""
 
+from __future__ import annotations
+
+from river_core.config import QuantSpec
+from river_core.errors import CapabilityError, ConfigError
 from river_core.hookspecs import hookimpl
 
-from .loader import load
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _torch_device(device: str):
+    import torch
+
+    if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
+        raise ConfigError(f"unknown device {device!r}; use cpu or cuda")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise CapabilityError("CUDA was asked for but torch sees no CUDA device")
+    return device
+
+
+def load(model: str | None = None, *, device: str = "cpu", dtype: str = "float32",
+         quant: QuantSpec = QuantSpec(), progress: bool = False):
+    """PyTorch (CPU, CUDA): the reference backend."""
+    import torch
+
+    from river_models import open_model, stand_ins
+
+    from .backend import HFBackend
+
+    if dtype not in DTYPES:
+        raise ConfigError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}")
+    _torch_device(device)
+    checkpoint = open_model(model, progress)
+    return HFBackend(checkpoint, stand_ins(checkpoint, quant, progress), getattr(torch, dtype),
+                     device)
+
+
+def tiny_backend(family: str, seed: int, bits: int, dtype: str = "float32"):
+    """The hf backend over a tiny random model: the conformance kit's reference."""
+    import torch
+
+    from river_models import stand_ins, tiny
+
+    from .backend import HFBackend
+
+    checkpoint = tiny.checkpoint(family, seed, dtype)
+    quant = QuantSpec(bits=bits, group_size=32)
+    return HFBackend(checkpoint, stand_ins(checkpoint, quant, cache=False), getattr(torch, dtype))
 
 
 @hookimpl
 def river_backends():
     return {"hf": load}
-
-
-def tiny_backend(family: str, seed: int, bits: int):
-    """The hf backend over a tiny random model: the conformance kit's reference."""
-    from .tiny import backend
-
-    return backend(family, seed, bits)
 
 
 @hookimpl

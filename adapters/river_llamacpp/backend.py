@@ -61,10 +61,11 @@ class LlamaCppBackend:
         self._llm, self._path = llm, path
         self.num_layers = num_layers
         self.max_positions = llm.n_ctx()
-        self.capabilities = Capabilities(exits=False, river=False, propagate=False, batch=False,
-                                         devices=("cpu",))
+        self.capabilities = Capabilities(exits=False, stand_in=False, propagate=False,
+                                         batch=False, devices=("cpu",))
+        self.runs_on = ("cpu",)
         self.tokenizer = LlamaCppTokenizer(llm)
-        self.river_error = [float("nan")] * num_layers   # there is no river
+        self.stand_in_error = [float("nan")] * num_layers   # there are no stand-ins
 
     @property
     def offset(self) -> int:
@@ -89,7 +90,7 @@ class LlamaCppBackend:
     def layer(self, i: int, h, rows):
         return Evaluated(self._eval(h.tokens)) if i == self.num_layers - 1 else h
 
-    def river_layer(self, i: int, h, rows):
+    def stand_in_layer(self, i: int, h, rows):
         raise CapabilityError(UNSUPPORTED)
 
     def project_kv(self, i: int, h, rows) -> None:

@@ -6,7 +6,7 @@ import atexit
 import os
 from pathlib import Path
 
-from river_core.config import RiverSpec
+from river_core.config import QuantSpec
 from river_core.errors import CapabilityError, ConfigError, ModelError
 from river_core.hookspecs import hookimpl
 
@@ -34,9 +34,9 @@ def _llama(path: Path, context: int, exact: bool):
 
 
 def load(model: str | None = None, *, device: str = "cpu", dtype: str = "float32",
-         river: RiverSpec = RiverSpec(), progress: bool = False):
+         quant: QuantSpec = QuantSpec(), progress: bool = False):
     """llama.cpp via llama-cpp-python (CPU): full depth only, GGUF files."""
-    from river_hf.loader import default_gguf
+    from river_models import default_gguf
 
     from .backend import LlamaCppBackend
 

@@ -1,1 +1,1 @@
-"""ONNX Runtime backend: a transformers model exported into per-layer ONNX graphs."""
+"""ONNX Runtime backend: a model package checkpoint exported into per-layer ONNX graphs."""

@@ -16,6 +16,7 @@ import onnxruntime as ort
 
 from river_core.backend import Capabilities, Footprint, Prefill
 from river_core.errors import CapabilityError
+from river_core.layout import Layout
 
 from .export import Manifest
 
@@ -60,32 +61,33 @@ def sessions_for(device: str):
 
 
 class _Step:
-    """Rotary tables and additive masks of positions start..end-1, shared by all layers."""
+    """Rotary tables and additive masks of cache slots start..end-1, shared by all layers."""
 
     def __init__(self, backend: "OnnxBackend", start: int, end: int) -> None:
         self.start, self.end = start, end
-        b = backend
-        positions = np.maximum(np.arange(start, end)[None, :] - b._pad[:, None], 0)
+        self._b = backend
+        positions = backend._layout.positions(start, end)
         self.rope = {}
-        for key, (inv_freq, scaling) in b._rope.items():
-            freqs = positions.astype(np.float32)[..., None] * inv_freq
-            emb = np.concatenate([freqs, freqs], axis=-1)[:, None]
-            self.rope[key] = (np.cos(emb) * scaling, np.sin(emb) * scaling)
-        self.masks = {w: self._masks(b, w) for w in set(b._windows)}
+        for key, rotary in backend.spec.rotary.items():
+            cos, sin = rotary.angles(positions)
+            self.rope[key] = (cos[:, None], sin[:, None])
+        self._masks: dict = {}
 
-    def _masks(self, b: "OnnxBackend", window: int | None):
-        tokens, capacity = self.end - self.start, b._k[0].shape[2]
-        query = np.arange(self.start, self.end)[:, None]
-        slots = np.arange(capacity)[None, :]
-        past = (slots < self.start) & b._valid[:, None, :] & (query >= 0)   # [B, T, capacity]
-        new = (slots[:, self.start:self.end] <= query) & b._valid[:, None, self.start:self.end]
-        if window is not None:
-            past = past & (slots > query - window)
-            new = new & (slots[:, self.start:self.end] > query - window)
-        new |= np.eye(tokens, dtype=bool)   # a padded query attends to itself only
-        group = b._group
-        return tuple(np.tile(np.where(m, 0, -np.inf).astype(np.float32)[:, None], (1, 1, group, 1))
-                     for m in (past, new))
+    def masks(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
+        """(past [B, 1, G*T, capacity], new [B, 1, G*T, T]) additive masks of `layer`."""
+        layout, window = self._b._layout, self._b.spec.windows[layer]
+        key = (window, layer if layout.holes is not None else None)
+        if key not in self._masks:
+            lo = layout.first_key(self.start, self.end, window)
+            attend = np.zeros((layout.batch, self.end - self.start, layout.capacity), bool)
+            attend[:, :, lo:self.end] = layout.mask(self.start, self.end, window, layer)
+            past = attend.copy()
+            past[:, :, self.start:] = False
+            group = self._b.spec.group
+            self._masks[key] = tuple(
+                np.tile(np.where(m, 0, -np.inf).astype(np.float32)[:, None], (1, 1, group, 1))
+                for m in (past, attend[:, :, self.start:self.end]))
+        return self._masks[key]
 
 
 class OnnxBackend:
@@ -95,28 +97,22 @@ class OnnxBackend:
 
     def __init__(self, folder: Path, manifest: Manifest, tokenizer, device: str = "cpu") -> None:
         make = sessions_for(device)
-        m = manifest
+        self.spec = spec = manifest.spec
         self._folder = folder
         self._embed = make(folder / "embed.onnx")
         self._head = make(folder / "head.onnx")
-        self._layers = [make(folder / f"layer_{i}.onnx") for i in range(m.num_layers)]
-        self._rivers = [make(folder / f"river_{i}.onnx") for i in range(m.num_layers)]
-        self._kv_proj = [make(folder / f"kv_{i}.onnx") for i in range(m.num_layers)]
-        self.providers = self._head.get_providers()
-        self.num_layers, self.max_positions = m.num_layers, m.max_positions
-        self.river_error = list(m.river_error)
+        layers = range(spec.num_layers)
+        self._layers = [make(folder / f"layer_{i}.onnx") for i in layers]
+        self._stand_ins = [make(folder / f"stand_in_{i}.onnx") for i in layers]
+        self._kv_proj = [make(folder / f"kv_{i}.onnx") for i in layers]
+        self.runs_on = tuple(self._head.get_providers())
+        self.num_layers, self.max_positions = spec.num_layers, spec.max_positions
+        self.stand_in_error = list(manifest.stand_in_error)
         self.capabilities = Capabilities(mask=True, recompute=True, devices=("cpu", "cuda"))
         self.tokenizer = tokenizer
-        self._windows = m.windows
-        self._keys = m.rope_keys
-        self._rope = {k: (np.asarray(f, dtype=np.float32), np.float32(s))
-                      for k, (f, s) in m.rope.items()}
-        self._kv_heads, self._head_dim = m.kv_heads, m.head_dim
-        self._group = m.heads // m.kv_heads
         self._k: list[np.ndarray] = []
         self._v: list[np.ndarray] = []
-        self._pad = np.zeros(0, dtype=np.int64)
-        self._valid = np.zeros((0, 0), dtype=bool)
+        self._layout: Layout | None = None
         self._step: _Step | None = None
         self._offset = 0
 
@@ -125,25 +121,18 @@ class OnnxBackend:
         return self._offset
 
     def prefill(self, prompts: Sequence[Sequence[int]], capacity: int) -> Prefill:
-        batch, width = len(prompts), max(len(p) for p in prompts)
-        ids = np.zeros((batch, width), dtype=np.int64)
-        for r, p in enumerate(prompts):
-            ids[r, width - len(p):] = p
-        self._pad = np.array([width - len(p) for p in prompts])
-        self._valid = np.arange(capacity)[None, :] >= self._pad[:, None]
-        shape = (batch, self._kv_heads, capacity, self._head_dim)
+        self._layout = layout = Layout([len(p) for p in prompts], capacity, self.num_layers)
+        shape = (layout.batch, self.spec.kv_heads, capacity, self.spec.head_dim)
         self._k = [np.zeros(shape, np.float32) for _ in range(self.num_layers)]
         self._v = [np.zeros(shape, np.float32) for _ in range(self.num_layers)]
-        self._absent: list[np.ndarray | None] = [None] * self.num_layers   # see skip()
         self._offset = 0
-        h = self._begin(ids)
-        valid = self._valid[:, :width]
-        similarity = np.zeros((batch, self.num_layers))
+        h = self._begin(layout.ids(prompts))
+        similarity = np.zeros((layout.batch, self.num_layers))
         for i in range(self.num_layers):
             out = self.layer(i, h, None)
-            similarity[:, i] = (_cosine(h, out) * valid).sum(1) / valid.sum(1)
+            similarity[:, i] = layout.prompt_mean(_cosine(h, out))
             h = out
-        self._offset = width
+        self._offset = layout.width
         return Prefill(self.logits(h), similarity)
 
     def _begin(self, ids: np.ndarray) -> np.ndarray:
@@ -154,13 +143,10 @@ class OnnxBackend:
         return self._begin(np.asarray(tokens, dtype=np.int64)[:, None])
 
     def _feeds(self, s: _Step, i: int, h: np.ndarray, idx, attention: bool = True) -> dict:
-        cos, sin = s.rope[self._keys[i]]
+        cos, sin = s.rope[self.spec.rope_keys[i]]
         feeds = {"h": h, "cos": cos, "sin": sin}
         if attention:
-            past_mask, self_mask = s.masks[self._windows[i]]
-            if self._absent[i] is not None:
-                hole = np.where(self._absent[i], -np.inf, 0).astype(np.float32)
-                past_mask = past_mask + hole[:, None, None, :]
+            past_mask, self_mask = s.masks(i)
             feeds.update(past_k=self._k[i], past_v=self._v[i], past_mask=past_mask,
                          self_mask=self_mask)
         return feeds if idx is None else {k: v[idx] for k, v in feeds.items()}
@@ -184,8 +170,8 @@ class OnnxBackend:
     def layer(self, i: int, h, rows):
         return self._run(self._layers[i], i, h, rows)
 
-    def river_layer(self, i: int, h, rows):
-        return self._run(self._rivers[i], i, h, rows)
+    def stand_in_layer(self, i: int, h, rows):
+        return self._run(self._stand_ins[i], i, h, rows)
 
     def layer_span(self, i: int, states, start: int):
         span = _Step(self, start, self._step.end)
@@ -199,10 +185,7 @@ class OnnxBackend:
 
     def skip(self, i: int, rows) -> None:
         """Layer i keeps no entry for this position: its slot stays zero and is masked."""
-        if self._absent[i] is None:
-            batch, _, capacity, _ = self._k[i].shape
-            self._absent[i] = np.zeros((batch, capacity), dtype=bool)
-        self._absent[i][slice(None) if rows is None else np.asarray(rows), self._step.start] = True
+        self._layout.skip(i, rows, self._step.start)
 
     def similarity(self, before, after, rows) -> list[float]:
         cos = _cosine(before[:, -1:], after[:, -1:])[:, 0]
@@ -222,9 +205,9 @@ class OnnxBackend:
 
         layers = range(self.num_layers)
         return Footprint(tuple(size(f"layer_{i}") for i in layers),
-                         tuple(size(f"river_{i}") for i in layers),
+                         tuple(size(f"stand_in_{i}") for i in layers),
                          tuple(size(f"kv_{i}") for i in layers), size("head"),
-                         2 * self._kv_heads * self._head_dim * 4)
+                         2 * self.spec.kv_heads * self.spec.head_dim * 4)
 
     def kv(self, i: int):
         n = self._offset

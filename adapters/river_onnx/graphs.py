@@ -1,6 +1,6 @@
-"""ONNX graphs for one decoder block, its river stand-in, its K/V projection, the embedding and
-the head, written node by node from numpy weights: the same math as `river_hf.blocks`, with no
-tracing and no exporter version drift.
+"""ONNX graphs for one decoder block, its stand-in, its K/V projection, the embedding and the
+head, written node by node from the model package's numpy weights: the same math as the hf
+backend's blocks, with no tracing and no exporter version drift.
 
 A block graph takes the whole preallocated cache of its layer and returns the new tokens' K/V
 beside the new state; the backend writes them into the cache itself. Attention never copies the
@@ -16,11 +16,12 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from .quant import QuantWeight
+from river_models import PROJECTIONS, LayerWeights, ModelSpec, QuantWeight
+
+from .quant import NBits, nbits
 
 OPSET, IR_VERSION = 21, 10
 FLOAT = TensorProto.FLOAT
-ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 # MatMulNBits computes with activations quantized to int8 per block: on CPUs 3-50x faster than
 # level 0 (float), at a measured extra output error of about half the int8 weight error.
 ACCURACY_LEVEL = 4
@@ -31,10 +32,16 @@ class Norm:
     weight: np.ndarray   # effective scale (Gemma's 1 + w already folded in)
     eps: float
 
+    @classmethod
+    def of(cls, w: np.ndarray | None, spec: ModelSpec) -> "Norm | None":
+        if w is None:
+            return None
+        return cls((1 + w if spec.norm_offset else w).astype(np.float32), spec.norm_eps)
+
 
 @attrs.frozen
 class Linear:
-    weight: np.ndarray | QuantWeight   # float [out, in], or quantized
+    weight: np.ndarray | NBits   # float [out, in], or quantized
     bias: np.ndarray | None = None
 
 
@@ -46,18 +53,23 @@ class BlockWeights:
     post_mlp_norm: Norm | None
     q_norm: Norm | None
     k_norm: Norm | None
-    q: Linear
-    k: Linear
-    v: Linear
-    o: Linear
-    gate: Linear
-    up: Linear
-    down: Linear
+    proj: dict   # PROJECTIONS -> Linear
     heads: int
     kv_heads: int
     head_dim: int
     scaling: float
     activation: str
+
+    @classmethod
+    def of(cls, layer: LayerWeights, spec: ModelSpec,
+           quantized: dict[str, QuantWeight] | None = None) -> "BlockWeights":
+        """A backbone block, or its stand-in when `quantized` projections are given."""
+        norm = lambda w: Norm.of(w, spec)
+        proj = {n: Linear(layer.projections[n] if quantized is None else nbits(quantized[n]),
+                          layer.biases.get(n)) for n in PROJECTIONS}
+        return cls(norm(layer.input_norm), norm(layer.pre_mlp_norm), norm(layer.post_attn_norm),
+                   norm(layer.post_mlp_norm), norm(layer.q_norm), norm(layer.k_norm), proj,
+                   spec.heads, spec.kv_heads, spec.head_dim, spec.attn_scale, spec.activation)
 
 
 class Graph:
@@ -116,7 +128,7 @@ class Graph:
 
     def linear(self, x: str, lin: Linear) -> str:
         w = lin.weight
-        if isinstance(w, QuantWeight):
+        if isinstance(w, NBits):
             y = self.op("MatMulNBits", x, self.const(w.packed), self.const(w.scales),
                         self.const(w.zeros), domain="com.microsoft", K=w.columns, N=w.rows,
                         bits=w.bits, block_size=w.block, accuracy_level=ACCURACY_LEVEL)
@@ -137,14 +149,16 @@ class Graph:
         return self.op("Transpose", x, perm=[0, 2, 1, 3])
 
     def project_kv(self, x: str, b: BlockWeights, cos: str, sin: str) -> tuple[str, str]:
-        k = self.rope(self.heads(self.linear(x, b.k), b.kv_heads, b.head_dim, b.k_norm), cos, sin)
-        v = self.heads(self.linear(x, b.v), b.kv_heads, b.head_dim, None)
+        k = self.heads(self.linear(x, b.proj["k"]), b.kv_heads, b.head_dim, b.k_norm)
+        k = self.rope(k, cos, sin)
+        v = self.heads(self.linear(x, b.proj["v"]), b.kv_heads, b.head_dim, None)
         return k, v
 
     def attention(self, x: str, b: BlockWeights, cos: str, sin: str, past_k: str, past_v: str,
                   past_mask: str, self_mask: str) -> tuple[str, str, str]:
         """Returns (attention output [B, T, D], new K, new V)."""
-        q = self.rope(self.heads(self.linear(x, b.q), b.heads, b.head_dim, b.q_norm), cos, sin)
+        q = self.heads(self.linear(x, b.proj["q"]), b.heads, b.head_dim, b.q_norm)
+        q = self.rope(q, cos, sin)
         k, v = self.project_kv(x, b, cos, sin)
         q = self.op("Mul", q, self.const(np.float32(b.scaling)))
         # [B, H, T, hd] -> [B, Hkv, G*T, hd]: each K/V head meets its G query heads at once
@@ -163,15 +177,15 @@ class Graph:
         out = self.op("Reshape", out, self.shape(0, b.heads, -1, b.head_dim))
         out = self.op("Reshape", self.op("Transpose", out, perm=[0, 2, 1, 3]),
                       self.shape(0, 0, b.heads * b.head_dim))
-        return self.linear(out, b.o), k, v
+        return self.linear(out, b.proj["o"]), k, v
 
     def mlp(self, x: str, b: BlockWeights) -> str:
-        gate = self.linear(x, b.gate)
+        gate = self.linear(x, b.proj["gate"])
         if b.activation == "silu":
             gate = self.op("Mul", gate, self.op("Sigmoid", gate))
         else:
             gate = self.op("Gelu", gate, approximate="tanh")
-        return self.linear(self.op("Mul", gate, self.linear(x, b.up)), b.down)
+        return self.linear(self.op("Mul", gate, self.linear(x, b.proj["up"])), b.proj["down"])
 
 
 def _rope_inputs(g: Graph) -> tuple[str, str]:

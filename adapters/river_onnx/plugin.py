@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-from river_core.config import RiverSpec
+from river_core.config import QuantSpec
 from river_core.errors import ConfigError
 from river_core.hookspecs import hookimpl
 
 
 def load(model: str | None = None, *, device: str = "cpu", dtype: str = "float32",
-         river: RiverSpec = RiverSpec(), progress: bool = False):
+         quant: QuantSpec = QuantSpec(), progress: bool = False):
     """ONNX Runtime (CPU; CUDA with the onnx-gpu extra): exported per-layer graphs."""
     from transformers import AutoTokenizer
 
-    from river_hf.backend import HFTokenizer
+    from river_models.tokenizer import Tokenizer
 
     from .backend import PROVIDERS, OnnxBackend, sessions_for
     from .export import Manifest, exported
@@ -22,22 +22,34 @@ def load(model: str | None = None, *, device: str = "cpu", dtype: str = "float32
     if device not in PROVIDERS:
         raise ConfigError(f"unknown device {device!r} for the onnx backend; use cpu or cuda")
     sessions_for(device)   # fail before a long export when the provider is missing
-    folder = exported(model, river, progress)
+    folder = exported(model, quant, progress)
     manifest = Manifest.read(folder)
     tokenizer = AutoTokenizer.from_pretrained(folder / "tokenizer", local_files_only=True)
-    return OnnxBackend(folder, manifest, HFTokenizer(tokenizer, manifest.eos_ids), device)
+    return OnnxBackend(folder, manifest, Tokenizer(tokenizer, manifest.spec.eos_ids), device)
+
+
+def tiny_backend(family: str, seed: int, bits: int):
+    """The onnx backend over a tiny random model, exported on the fly."""
+    import tempfile
+    from pathlib import Path
+
+    from river_models import stand_ins, tiny
+
+    from .backend import OnnxBackend
+    from .export import export_model
+
+    checkpoint = tiny.checkpoint(family, seed)
+    quant = QuantSpec(bits=bits, group_size=32)
+    # sessions read every weight when they are made, so the export folder can go right after
+    with tempfile.TemporaryDirectory(prefix=f"river-onnx-{family}-") as folder:
+        manifest = export_model(checkpoint, stand_ins(checkpoint, quant, cache=False),
+                                Path(folder))
+        return OnnxBackend(Path(folder), manifest, checkpoint.tokenizer)
 
 
 @hookimpl
 def river_backends():
     return {"onnx": load}
-
-
-def tiny_backend(family: str, seed: int, bits: int):
-    """The onnx backend over a tiny random model, exported on the fly."""
-    from .tiny import backend
-
-    return backend(family, seed, bits)
 
 
 @hookimpl

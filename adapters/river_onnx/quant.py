@@ -1,9 +1,9 @@
-"""Round-to-nearest weight quantization in ONNX Runtime's `MatMulNBits` layout. No data needed.
+"""The model package's quantized weights in ONNX Runtime's `MatMulNBits` layout.
 
-Both precisions are asymmetric with one scale and zero point per block of `block` input
-columns of each output row (4 bits: two values a byte, low nibble first). This is not the hf
-backend's int8 layout (symmetric, per channel): each backend reports its own weight error in
-`river_error`, and the river K/V bound is stated in terms of it.
+MatMulNBits keeps per block of `block` input columns of each output row a float scale and an
+integer zero point, codes packed low nibble first at 4 bits. The engine-neutral
+`river_models.QuantWeight` maps onto it exactly: an 8-bit weight's one scale per row is
+repeated over the row's blocks, so hf and onnx run the very same stand-in weights.
 """
 
 from __future__ import annotations
@@ -11,11 +11,13 @@ from __future__ import annotations
 import attrs
 import numpy as np
 
-from river_core.config import RiverSpec
+from river_models import QuantWeight
+
+BLOCKS = (256, 128, 64, 32, 16)   # MatMulNBits takes powers of two from 16
 
 
 @attrs.frozen
-class QuantWeight:
+class NBits:
     packed: np.ndarray   # uint8 [rows, blocks, block * bits / 8]
     scales: np.ndarray   # float32 [rows * blocks]
     zeros: np.ndarray    # uint8 [rows * blocks] (8 bits) or packed nibbles (4 bits)
@@ -23,36 +25,30 @@ class QuantWeight:
     columns: int
     bits: int
     block: int
-    error: float         # ||Q(W) - W|| / ||W||
+
+    @property
+    def nbytes(self) -> int:
+        return self.packed.nbytes + self.scales.nbytes + self.zeros.nbytes
 
 
 def _pack_nibbles(q: np.ndarray) -> np.ndarray:
     return (q[..., 0::2] | (q[..., 1::2] << 4)).astype(np.uint8)
 
 
-def quantize(w: np.ndarray, spec: RiverSpec) -> QuantWeight:
-    """w: float [rows, columns] (y = x w^T)."""
-    rows, columns = w.shape
-    block, top = spec.group_size, 2 ** spec.bits - 1
-    blocks = -(-columns // block)
-    padded = np.zeros((rows, blocks * block), dtype=np.float32)
-    padded[:, :columns] = w
-    wb = padded.reshape(rows, blocks, block)
-    # zero points are integers in [0, top], so every block's range must include 0
-    lo = np.minimum(wb.min(-1, keepdims=True), 0)
-    hi = np.maximum(wb.max(-1, keepdims=True), 0)
-    scale = np.maximum((hi - lo) / top, 1e-12).astype(np.float32)
-    zero = np.clip(np.round(-lo / scale), 0, top)
-    q = np.clip(np.round(wb / scale) + zero, 0, top).astype(np.uint8)
-    deq = ((q.astype(np.float32) - zero) * scale).reshape(rows, -1)[:, :columns]
-    error = float(np.linalg.norm(deq - w) / max(np.linalg.norm(w), 1e-30))
-    zero = zero.reshape(rows, blocks).astype(np.uint8)
-    if spec.bits == 4:
-        packed = _pack_nibbles(q)
+def nbits(q: QuantWeight) -> NBits:
+    rows, columns = q.shape
+    block = q.group if q.group in BLOCKS else next(b for b in BLOCKS if columns % b == 0)
+    per_group = q.group // block   # blocks per stored scale (1, or a row's worth at 8 bits)
+    blocks = columns // block
+    scales = np.repeat(q.scale, per_group, axis=1)
+    zeros = np.repeat(q.zero, per_group, axis=1)
+    codes = q.codes.reshape(rows, blocks, block)
+    if q.bits == 4:
+        packed = _pack_nibbles(codes)
         if blocks % 2:
-            zero = np.concatenate([zero, np.zeros((rows, 1), np.uint8)], axis=1)
-        zero = _pack_nibbles(zero)
+            zeros = np.concatenate([zeros, np.zeros((rows, 1), np.uint8)], axis=1)
+        zeros = _pack_nibbles(zeros)
     else:
-        packed = q
-    return QuantWeight(packed, scale.reshape(-1), zero.reshape(-1), rows, columns, spec.bits,
-                       block, error)
+        packed = codes
+    return NBits(np.ascontiguousarray(packed), np.ascontiguousarray(scales, np.float32).reshape(-1),
+                 np.ascontiguousarray(zeros).reshape(-1), rows, columns, q.bits, block)

@@ -1,8 +1,10 @@
 """Exit-policy plugins that ship with River, registered like any third-party plugin."""
 
-from river_core.config import ExitConfig
+import attrs
+
 from river_core.errors import ConfigError
 from river_core.hookspecs import hookimpl
+from river_core.options import option, takes
 
 
 class FixedDepth:
@@ -17,12 +19,19 @@ class FixedDepth:
         return layer == self.layer
 
 
-def fixed(config: ExitConfig, num_layers: int) -> FixedDepth:
-    """Exit every token after layer `layer` (--layer; -1: the whole model quantized)."""
-    if config.layer is None or not -1 <= config.layer < num_layers:
+@attrs.frozen
+class FixedOptions:
+    layer: int | None = option(None, "the exit layer; -1: before the first layer (the whole "
+                               "model quantized)")
+
+
+@takes(FixedOptions)
+def fixed(options: FixedOptions, num_layers: int) -> FixedDepth:
+    """Exit every token after layer `layer` (-o layer=K; -1: the whole model quantized)."""
+    if not isinstance(options.layer, int) or not -1 <= options.layer < num_layers:
         raise ConfigError(f"the fixed policy needs a layer in [-1, {num_layers - 1}], "
-                          f"got {config.layer}")
-    return FixedDepth(config.layer)
+                          f"got {options.layer}")
+    return FixedDepth(options.layer)
 
 
 @hookimpl

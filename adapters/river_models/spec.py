@@ -1,0 +1,112 @@
+"""What every engine needs to know about a model, read once: `ModelSpec` and its weights.
+
+`ModelSpec` is plain numbers and names (JSON-serialisable, hashable): the shapes, the per-layer
+attention windows and rotary tables, and the family's quirks. `Weights` holds the float32
+arrays, named by role rather than by any framework's parameter names. A backend is built from a
+`Checkpoint` (spec, weights, tokenizer) and needs nothing else from the model's files.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import attrs
+import numpy as np
+
+PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")
+ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
+
+
+@attrs.frozen
+class Rotary:
+    """One rotary table: cos/sin(position * inv_freq) * scaling, halves concatenated."""
+
+    inv_freq: tuple[float, ...]
+    scaling: float = 1.0
+
+    def angles(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """positions [...] -> (cos, sin) [..., head_dim] float32."""
+        freqs = positions.astype(np.float32)[..., None] * np.asarray(self.inv_freq, np.float32)
+        emb = np.concatenate([freqs, freqs], axis=-1)
+        return np.cos(emb) * np.float32(self.scaling), np.sin(emb) * np.float32(self.scaling)
+
+
+@attrs.frozen
+class ModelSpec:
+    family: str                        # the Hugging Face model_type
+    num_layers: int
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    max_positions: int
+    eos_ids: tuple[int, ...]
+    windows: tuple[int | None, ...]    # per layer: sliding-window length, None = full attention
+    rope_keys: tuple[str, ...]         # per layer: which rotary table ("" when there is one)
+    rotary: Mapping[str, Rotary] = attrs.field(converter=lambda d: dict(sorted(d.items())),
+                                               eq=False)
+    activation: str = "silu"
+    norm_eps: float = 1e-6
+    norm_offset: bool = False          # Gemma: x * (1 + w), computed in float32
+    sandwich: bool = False             # Gemma: norms after attention and after the MLP too
+    qk_norm: bool = False              # Qwen3, Gemma 3: per-head norm of q and k
+    attn_scale: float = 0.0            # softmax scale of q.k
+    embed_scale: float = 1.0           # Gemma multiplies embeddings by sqrt(hidden)
+    final_softcap: float | None = None
+
+    @property
+    def group(self) -> int:
+        """Query heads per K/V head."""
+        return self.heads // self.kv_heads
+
+    def to_json(self) -> dict:
+        d = attrs.asdict(self, recurse=False)
+        d["rotary"] = {k: attrs.asdict(r) for k, r in self.rotary.items()}
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict) -> "ModelSpec":
+        d = dict(d)
+        d["rotary"] = {k: Rotary(tuple(r["inv_freq"]), r["scaling"]) for k, r in d["rotary"].items()}
+        for name in ("eos_ids", "windows", "rope_keys"):
+            d[name] = tuple(d[name])
+        return cls(**d)
+
+
+@attrs.frozen(eq=False)
+class LayerWeights:
+    """One decoder block. Projections are [out, in] (y = x W^T + b). Norm weights are raw:
+    with `norm_offset` the effective scale is 1 + w."""
+
+    input_norm: np.ndarray
+    pre_mlp_norm: np.ndarray
+    projections: Mapping[str, np.ndarray]          # PROJECTIONS
+    biases: Mapping[str, np.ndarray] = {}          # Qwen2: q, k, v
+    post_attn_norm: np.ndarray | None = None       # sandwich
+    post_mlp_norm: np.ndarray | None = None
+    q_norm: np.ndarray | None = None               # qk_norm
+    k_norm: np.ndarray | None = None
+
+    def projection_bytes(self, names: Sequence[str] = PROJECTIONS) -> int:
+        return sum(self.projections[n].nbytes for n in names)
+
+
+@attrs.frozen(eq=False)
+class Weights:
+    embed: np.ndarray                  # [vocab, hidden]
+    final_norm: np.ndarray
+    head: np.ndarray                   # [vocab, hidden]; the embedding itself when tied
+    layers: tuple[LayerWeights, ...]
+
+
+@attrs.frozen(eq=False)
+class Checkpoint:
+    """A model ready for any engine. `key` identifies its files, for caches derived from it."""
+
+    name: str
+    key: str
+    spec: ModelSpec
+    weights: Weights
+    tokenizer: object                  # river_models.tokenizer.Tokenizer

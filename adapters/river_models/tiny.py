@@ -1,0 +1,65 @@
+"""Tiny random decoder-only models built in code, one per supported family. No downloads.
+
+`model()` is the transformers model (the reference for parity tests), `checkpoint()` the same
+model as River reads it, ready for any backend.
+"""
+
+from __future__ import annotations
+
+import functools
+
+VOCAB = 96
+LAYERS = 6
+COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=LAYERS,
+              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+              bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False)
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma3")
+
+
+def _config(family: str):
+    import transformers as t
+
+    return {
+        "llama": lambda: t.LlamaConfig(**COMMON),
+        "mistral": lambda: t.MistralConfig(**COMMON, sliding_window=8),
+        "qwen2": lambda: t.Qwen2Config(**COMMON),
+        "qwen3": lambda: t.Qwen3Config(**COMMON, head_dim=16),
+        "gemma3": lambda: t.Gemma3TextConfig(
+            **COMMON, head_dim=16, sliding_window=6,
+            layer_types=["sliding_attention", "full_attention"] * 3),
+    }[family]()
+
+
+@functools.cache
+def tokenizer():
+    """A character-level tokenizer over printable ASCII, ids 3..VOCAB-1."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    chars = [chr(c) for c in range(32, 32 + VOCAB - 3)]
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, **{c: i + 3 for i, c in enumerate(chars)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
+                                   pad_token="<pad>")
+
+
+@functools.cache
+def model(family: str, seed: int = 0, dtype: str = "float32"):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    config = _config(family)
+    config.initializer_range = 0.2   # larger weights: sharper, less tie-prone logits
+    m = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype)).eval()
+    m.generation_config.pad_token_id = 0
+    return m
+
+
+@functools.cache
+def checkpoint(family: str, seed: int = 0, dtype: str = "float32"):
+    from .source import checkpoint_of
+
+    return checkpoint_of(model(family, seed, dtype), tokenizer(), f"tiny-{family}",
+                         f"seed{seed}-{dtype}")

@@ -1,0 +1,81 @@
+"""Where a batch's tokens sit in the cache, computed once for every engine (numpy).
+
+Prompts of different lengths are left-padded to one width, so position p of the cache holds
+token p - pad[r] of row r. Padding is never attended. A layer may also hold *holes*: entries a
+skipped layer left out on purpose (the `mask` strategy), never attended either. Engines convert
+the boolean masks below into their own form (a torch bool mask, an additive float mask).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+
+class Layout:
+    def __init__(self, lengths: Sequence[int], capacity: int, num_layers: int) -> None:
+        self.width = max(lengths)
+        self.capacity = capacity
+        self.pad = np.array([self.width - n for n in lengths], dtype=np.int64)
+        self.valid = np.arange(capacity)[None, :] >= self.pad[:, None]   # [batch, capacity]
+        self.padded = bool(self.pad.any())
+        self._num_layers = num_layers
+        self.holes: np.ndarray | None = None   # [layers, batch, capacity], made on first skip
+
+    @property
+    def batch(self) -> int:
+        return len(self.pad)
+
+    def ids(self, prompts: Sequence[Sequence[int]]) -> np.ndarray:
+        """[batch, width] int64: the prompts left-padded with 0."""
+        out = np.zeros((self.batch, self.width), dtype=np.int64)
+        for r, p in enumerate(prompts):
+            out[r, self.width - len(p):] = p
+        return out
+
+    def positions(self, start: int, end: int) -> np.ndarray:
+        """[batch, end - start] rotary positions of cache slots start..end-1."""
+        return np.maximum(np.arange(start, end)[None, :] - self.pad[:, None], 0)
+
+    def prompt_mean(self, values: np.ndarray) -> np.ndarray:
+        """[batch, width] per-token values -> [batch] mean over each prompt's real tokens."""
+        valid = self.valid[:, :self.width]
+        return (values * valid).sum(1) / valid.sum(1)
+
+    def skip(self, layer: int, rows: Sequence[int] | None, position: int) -> None:
+        """Layer `layer` keeps no entry for `rows` at `position`."""
+        if self.holes is None:
+            self.holes = np.zeros((self._num_layers, self.batch, self.capacity), dtype=bool)
+        self.holes[layer, slice(None) if rows is None else list(rows), position] = True
+
+    def first_key(self, start: int, end: int, window: int | None) -> int:
+        """The first slot a step of queries start..end-1 can attend: a single decoding query
+        of a sliding-window layer reads only the last `window` slots."""
+        return max(0, end - window) if window is not None and end - start == 1 else 0
+
+    def _holes(self, layer: int, lo: int, end: int) -> np.ndarray | None:
+        holes = None if self.holes is None else self.holes[layer, :, lo:end]
+        return holes if holes is not None and holes.any() else None
+
+    def plain(self, start: int, end: int, window: int | None, layer: int) -> bool:
+        """True when `mask` is all-causal attention with the queries starting at slot 0, or
+        every key for a single query: an engine may then skip the mask."""
+        lo = self.first_key(start, end, window)
+        return not self.padded and self._holes(layer, lo, end) is None and \
+            (end - start == 1 or (start == 0 and (window is None or end <= window)))
+
+    def mask(self, start: int, end: int, window: int | None, layer: int) -> np.ndarray:
+        """[batch, queries, keys] True where query slot start..end-1 attends key slot
+        first_key..end-1 of layer `layer`."""
+        lo = self.first_key(start, end, window)
+        q = np.arange(start, end)[:, None]
+        k = np.arange(lo, end)[None, :]
+        m = k <= q
+        if window is not None:
+            m = m & (k > q - window)
+        m = m[None] & self.valid[:, None, lo:end]
+        holes = self._holes(layer, lo, end)
+        if holes is not None:
+            m = m & ~holes[:, None]
+        return m | (k == q)[None]   # a padded query attends to itself, so no row is empty

@@ -1,0 +1,92 @@
+"""Plugin options. Each policy, predictor and KV strategy declares its own as an attrs class
+(defaults, ranges, a one-line doc per field) and receives an instance of it:
+
+    @attrs.frozen
+    class Options:
+        threshold: float = option(0.15, "largest predicted error to exit with", at_least(0.0))
+
+    @takes(Options)
+    def my_policy(options, num_layers): ...
+
+Users set them by name: `river generate -o threshold=0.2` or `options={"threshold": 0.2}`; each
+name goes to every chosen plugin that declares it, and a name none declares is an error.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Callable, Mapping, Sequence
+
+import attrs
+
+from .errors import ConfigError
+
+
+@attrs.frozen
+class NoOptions:
+    """What a plugin that declares no options receives."""
+
+
+def option(default: Any, doc: str, *validators: Callable) -> Any:
+    return attrs.field(default=default, validator=list(validators), metadata={"doc": doc})
+
+
+def _check(test: Callable[[Any], bool], expected: str) -> Callable:
+    def validate(instance, attribute, value) -> None:
+        if value is not None and not test(value):
+            raise ConfigError(f"{attribute.name} must be {expected}, got {value!r}")
+    return validate
+
+
+def between(lo: float, hi: float) -> Callable:
+    return _check(lambda v: isinstance(v, (int, float)) and lo <= v <= hi, f"in [{lo}, {hi}]")
+
+
+def at_least(lo: int) -> Callable:
+    return _check(lambda v: isinstance(v, int) and v >= lo, f"an integer >= {lo}")
+
+
+def takes(options_class: type) -> Callable:
+    """Declare the options class of a factory function."""
+    def mark(factory):
+        factory.Options = options_class
+        return factory
+    return mark
+
+
+def options_class(factory) -> type:
+    return getattr(factory, "Options", NoOptions)
+
+
+def describe(factory) -> list[tuple[str, Any, str]]:
+    """(name, default, doc) of each option a factory takes."""
+    return [(f.name, f.default, f.metadata.get("doc", ""))
+            for f in attrs.fields(options_class(factory))]
+
+
+def parse(pairs: Sequence[str]) -> dict[str, Any]:
+    """`key=value` strings as a dict; values are read as JSON where they parse (0.2, 3, null,
+    true, [1, 2]), else kept as text."""
+    out = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"options are key=value, got {pair!r}")
+        try:
+            out[key.strip()] = json.loads(text)
+        except json.JSONDecodeError:
+            out[key.strip()] = text
+    return out
+
+
+def bind(values: Mapping[str, Any], factories: Mapping[str, Callable]) -> dict[str, Any]:
+    """One options instance per role (policy, predictor, ...) from user values."""
+    declared = {role: {f.name for f in attrs.fields(options_class(f))}
+                for role, f in factories.items()}
+    for key in values:
+        if not any(key in names for names in declared.values()):
+            known = sorted(set().union(*declared.values()))
+            raise ConfigError(f"unknown option {key!r}; the chosen plugins take: "
+                              f"{', '.join(known) or 'none'}")
+    return {role: options_class(f)(**{k: v for k, v in values.items() if k in declared[role]})
+            for role, f in factories.items()}

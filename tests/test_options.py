@@ -1,0 +1,79 @@
+"""Plugin options: each plugin declares its own; users set them by name, from the CLI or the API."""
+
+import pytest
+
+from river_core import ConfigError, ExitConfig, RiverModel
+from river_core.cli import main
+from river_core.model import bound_options
+from river_core.options import parse
+from river_core.plugins import default_registry
+from river_hf.plugin import tiny_backend
+
+
+@pytest.fixture(scope="module")
+def model():
+    return RiverModel(tiny_backend("llama", 0, 8))
+
+
+def test_values_are_read_as_json_where_they_parse():
+    assert parse(["threshold=0.2", "layer=-1", "min_layer=null", "name=abc"]) == \
+        {"threshold": 0.2, "layer": -1, "min_layer": None, "name": "abc"}
+
+
+def test_each_option_goes_to_the_plugin_that_declares_it():
+    config = ExitConfig(policy="similarity", options={"threshold": 0.3, "momentum": 0.5})
+    bound = bound_options(default_registry(), config)
+    assert bound["policy"].threshold == 0.3 and bound["predictor"].momentum == 0.5
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"layer": 2}, "unknown option 'layer'; the chosen plugins take: min_layer, momentum, "
+                   "threshold"),
+    ({"threshold": 11}, "threshold must be in [0.0, 10.0]"),
+    ({"min_layer": -2}, "min_layer must be an integer >= 0"),
+    ({"momentum": "high"}, "momentum must be in [0.0, 1.0]"),
+])
+def test_bad_options_fail_before_any_model_is_needed(options, message):
+    with pytest.raises(ConfigError) as e:
+        bound_options(default_registry(), ExitConfig(options=options))
+    assert str(e.value).startswith(message)
+
+
+def test_similarity_policy_options_change_where_tokens_exit(model):
+    late = model.generate("abc", chat=False, max_new_tokens=6, threshold=0.0, min_layer=3)
+    early = model.generate("abc", chat=False, options={"threshold": 10.0, "min_layer": 1},
+                           max_new_tokens=6)
+    assert set(early.stats.exit_layers[0]) == {1}
+    assert min(late.stats.exit_layers[0]) >= 3
+
+
+def test_fixed_policy_takes_its_layer(model):
+    out = model.generate("abc", chat=False, policy="fixed", layer=2, max_new_tokens=4)
+    assert set(out.stats.exit_layers[0]) == {2}
+
+
+def test_predictor_momentum_is_passed_to_the_predictor(model):
+    made = []
+    registry = model.registry
+    config = ExitConfig(options={"momentum": 0.25})
+    from river_core.model import plan
+    predictor = plan(registry, config, model.backend).make_predictor([0.1] * 6, [0.9] * 6)
+    made.append(predictor.momentum)
+    assert made == [0.25]
+
+
+def test_cli_sets_options_of_every_kind(tiny_folder, capsys):
+    folder = tiny_folder("llama")
+    args = ["generate", "abc", "--model", folder, "--no-chat", "--max-new-tokens", "3"]
+    assert main(args + ["--policy", "fixed", "-o", "layer=1", "-o", "momentum=0.5"]) == 0
+    assert "  2 | " in capsys.readouterr().err   # every token ran 2 backbone layers
+    assert main(args + ["-o", "threshold=10", "-o", "min_layer=0"]) == 0
+    assert "  1 | " in capsys.readouterr().err
+
+
+def test_plugins_lists_each_plugins_options(capsys):
+    assert main(["plugins"]) == 0
+    out = capsys.readouterr().out
+    for line in ("-o threshold=0.15:", "-o min_layer=null:", "-o layer=null:",
+                 "-o momentum=0.9:"):
+        assert line in out
