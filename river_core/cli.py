@@ -41,8 +41,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="an option of the chosen policy, predictor or KV strategy, e.g. "
                    "-o threshold=0.2 (repeatable; river plugins lists them)")
     g.add_argument("--bits", type=int, default=_default(QuantSpec, "bits"),
-                   help="stand-in weight precision: 8 or 4")
+                   help="stand-in weight precision: 4 (default) or 8")
     g.add_argument("--group-size", type=int, default=_default(QuantSpec, "group_size"))
+    g.add_argument("--quantizer", default=_default(QuantSpec, "method"),
+                   help="4-bit stand-in quantizer: hqq (default, as the paper) or rtn")
     g.add_argument("--max-new-tokens", type=int,
                    default=_default(GenerationConfig, "max_new_tokens"))
     g.add_argument("--temperature", type=float, default=_default(GenerationConfig, "temperature"))
@@ -73,7 +75,7 @@ def _report(stats: DecodeResult) -> str:
 
 def _generate(args) -> None:
     # every setting is checked first: bad input fails before the model loads
-    quant = QuantSpec(bits=args.bits, group_size=args.group_size)
+    quant = QuantSpec(bits=args.bits, group_size=args.group_size, method=args.quantizer)
     exit_config = ExitConfig(policy=args.policy, kv=args.kv, predictor=args.predictor,
                              options=parse(args.option))
     gen = GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature,

@@ -18,21 +18,26 @@ def _check(cond: bool, message: str) -> None:
 class QuantSpec:
     """How the stand-in layers' weights are quantized (weights only; no training, no data).
 
-    bits=8: symmetric, one scale per output row. bits=4: asymmetric, one scale and zero point
-    per `group_size` input columns (or the largest supported group dividing a layer's width).
+    bits=4 (default, as the paper): asymmetric, one scale and zero point per `group_size` input
+    columns (or the largest supported group dividing a layer's width), by `method`: "hqq"
+    (Half-Quadratic Quantization, the paper's default) or "rtn" (round to nearest).
+    bits=8: symmetric, one scale per output row (`group_size` and `method` do not apply).
     """
 
-    bits: int = 8
-    group_size: int = 128
+    bits: int = 4
+    group_size: int = 64
+    method: str = "hqq"
 
     def __attrs_post_init__(self) -> None:
         _check(self.bits in (4, 8), f"stand-in precision must be 4 or 8 bits, got {self.bits}")
         _check(self.group_size in (32, 64, 128, 256),
                f"group size must be 32, 64, 128 or 256, got {self.group_size}")
+        _check(self.method in ("hqq", "rtn"),
+               f"quantizer must be hqq or rtn, got {self.method!r}")
 
     @property
     def label(self) -> str:
-        return "int8" if self.bits == 8 else f"int{self.bits} g{self.group_size}"
+        return "int8" if self.bits == 8 else f"int{self.bits} g{self.group_size} {self.method}"
 
 
 @attrs.frozen

@@ -30,7 +30,7 @@ def test_onnx_exports_once_and_generates(folder, cache, capsys):
     assert main(args + ["--kv", "propagate"]) == 0
     assert [p.name for p in (cache / "onnx").iterdir()] == [export.name]
     assert (export / "manifest.json").stat().st_mtime_ns == stamp   # not exported again
-    assert main(args + ["--bits", "4"]) == 0                  # other settings: new export
+    assert main(args + ["--bits", "8"]) == 0                  # other settings: new export
     assert len(list((cache / "onnx").iterdir())) == 2
     assert not [p for p in (cache / "onnx").iterdir() if p.name.startswith(".partial")]
 

@@ -132,6 +132,10 @@ class Graph:
             y = self.op("MatMulNBits", x, self.const(w.packed), self.const(w.scales),
                         self.const(w.zeros), domain="com.microsoft", K=w.columns, N=w.rows,
                         bits=w.bits, block_size=w.block, accuracy_level=ACCURACY_LEVEL)
+            if w.correction is not None:   # the zero points' fractional parts (quant.py)
+                sums = self.op("ReduceSum", self.op("Reshape", x, self.shape(0, 0, -1, w.group)),
+                               self.shape(-1), keepdims=0)
+                y = self.op("Sub", y, self.op("MatMul", sums, self.const(w.correction)))
         else:
             y = self.op("MatMul", x, self.const(w.T.astype(np.float32)))
         return y if lin.bias is None else self.op("Add", y, self.const(lin.bias))

@@ -1,0 +1,123 @@
+"""The stand-ins' quantizer: one engine-neutral form, HQQ as published, exact in every engine."""
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, strategies as st
+
+from river_core import ConfigError, QuantSpec
+from river_models import stand_ins, tiny
+from river_models.quant import HQQ, hqq_zero, quantize
+
+shapes = st.tuples(st.integers(1, 8), st.sampled_from([64, 128, 192]))
+
+
+def heavy_tailed(shape, seed):
+    return np.random.default_rng(seed).standard_t(4, size=shape).astype(np.float32) * 0.02
+
+
+@given(shape=shapes, seed=st.integers(0, 99), bits=st.sampled_from([4, 8]),
+       method=st.sampled_from(["hqq", "rtn"]))
+def test_codes_fit_the_bits_and_dequantize_close(shape, seed, bits, method):
+    w = heavy_tailed(shape, seed)
+    q = quantize(w, QuantSpec(bits=bits, group_size=64, method=method))
+    assert q.codes.max() < 2 ** bits and q.codes.shape == w.shape
+    step = np.repeat(q.scale, q.group, axis=1)
+    assert (np.abs(q.dequantize() - w) <= step * (0.51 if method == "rtn" or bits == 8 else 16)
+            ).all()
+
+
+def test_hqq_beats_round_to_nearest_on_heavy_tailed_weights():
+    w = heavy_tailed((256, 512), 0)
+    err = {m: np.linalg.norm(quantize(w, QuantSpec(bits=4, group_size=64, method=m))
+                             .dequantize() - w) for m in ("hqq", "rtn")}
+    assert err["hqq"] < 0.98 * err["rtn"]   # measured 0.96 here; 0.92 on SmolLM2
+
+
+def _hqq_package():
+    spec = importlib.util.find_spec("hqq")
+    if spec is None:
+        pytest.skip("the hqq package is not installed (its install builds CUDA kernels; "
+                    "DISABLE_CUDA=1 pip install --no-deps hqq to run this)")
+    path = Path(spec.submodule_search_locations[0]) / "core" / "optimize.py"
+    module_spec = importlib.util.spec_from_file_location("hqq_optimize", path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module
+
+
+@given(seed=st.integers(0, 99))
+def test_hqq_zero_points_match_the_hqq_package(seed):
+    import torch
+
+    optimize = _hqq_package()
+    w = heavy_tailed((16, 4, 64), seed)
+    lo, hi = w.min(-1), w.max(-1)
+    inverse = (15 / (hi - lo)).astype(np.float32)
+    zero = -lo * inverse
+    ours = hqq_zero(w, inverse, zero, 15)
+    _, _, theirs = optimize.optimize_weights_proximal_legacy(
+        torch.from_numpy(w.reshape(-1, 64)), torch.from_numpy(inverse.reshape(-1, 1)),
+        torch.from_numpy(zero.reshape(-1, 1)), [0, 15], axis=1,
+        opt_params={**HQQ, "kappa": 1.01})
+    np.testing.assert_allclose(ours.reshape(-1), theirs.numpy().reshape(-1), rtol=1e-4,
+                               atol=1e-4)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_onnx_runs_exactly_the_dequantized_weights(bits, monkeypatch, tmp_path):
+    """Float zero points: integer part in MatMulNBits, the rest as an exact correction."""
+    import onnx
+
+    from river_onnx import graphs
+    from river_onnx.backend import sessions_for
+    from river_onnx.quant import nbits
+
+    w = heavy_tailed((96, 128), 1)
+    q = quantize(w, QuantSpec(bits=bits, group_size=32))
+    monkeypatch.setattr(graphs, "ACCURACY_LEVEL", 0)   # float activations: weights alone
+    g = graphs.Graph()
+    g.output(g.linear(g.input("x", [1, 1, 128]), graphs.Linear(nbits(q))), "y")
+    onnx.save_model(g.model(), tmp_path / "linear.onnx")
+    session = sessions_for("cpu")(tmp_path / "linear.onnx")
+    x = heavy_tailed((1, 1, 128), 2) * 50
+    y = session.run(None, {"x": x})[0]
+    want = x @ q.dequantize().T
+    assert np.abs(y - want).max() <= 1e-5 * np.abs(want).max()
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_hf_packed_kernels_run_the_dequantized_weights(bits):
+    import torch
+
+    from river_hf.blocks import packed
+
+    w = heavy_tailed((96, 128), 1)
+    q = quantize(w, QuantSpec(bits=bits, group_size=32))
+    x = heavy_tailed((1, 1, 128), 2) * 50
+    y = packed(q, None, torch.float32, torch.device("cpu"))(torch.from_numpy(x)).numpy()
+    want = x @ q.dequantize().T
+    assert np.abs(y - want).max() <= 2e-2 * np.abs(want).max()   # bfloat16 activations
+
+
+def test_stand_ins_are_quantized_once_and_cached(scratch_cache):
+    checkpoint = tiny.checkpoint("llama", 3)
+    spec = QuantSpec(bits=4, group_size=32)
+    first = stand_ins(checkpoint, spec)
+    files = list((scratch_cache / "stand-ins").iterdir())
+    again = stand_ins(checkpoint, spec)
+    assert list((scratch_cache / "stand-ins").iterdir()) == files
+    assert first.errors == again.errors
+    for a, b in zip(first.layers, again.layers):
+        for name in a:
+            assert np.array_equal(a[name].codes, b[name].codes)
+            assert np.array_equal(a[name].zero, b[name].zero)
+
+
+def test_bad_settings_are_refused():
+    with pytest.raises(ConfigError, match="quantizer must be hqq or rtn"):
+        QuantSpec(method="gptq")
+    with pytest.raises(ConfigError, match="4 or 8 bits"):
+        QuantSpec(bits=3)
