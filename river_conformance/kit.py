@@ -254,6 +254,42 @@ def test_stand_in_kv_agrees_with_the_reference_backend(conformance_backend, bits
                     CROSS_ENGINE_STAND_IN_RTOL * (j - k)
 
 
+@given(prompt=prompts, cont=continuations, data=st.data())
+def test_sub_block_similarities_match_the_reference_backend(conformance_backend, prompt, cont,
+                                                            data):
+    """What the paper's exit rule reads: the attention and MLP sub-blocks' input/output
+    cosines of the last token, after each backbone layer."""
+    family = conformance_backend.family(data)
+    b, ref = conformance_backend.backend(family), _reference(family)
+    _needs(b, "sub_blocks")
+    got, want = [], []
+    for backend, out in ((b, got), (ref, want)):
+        backend.prefill([prompt + cont], len(prompt) + len(cont) + 1)
+        h = backend.embed([cont[-1]])
+        for i in range(backend.num_layers):
+            h = backend.layer(i, h, None)
+            out.append(backend.sub_block_similarity(None)[0])
+    assert np.allclose(got, want, atol=1e-4)
+    assert all(-1 - 1e-6 <= c <= 1 + 1e-6 for pair in got for c in pair)
+
+
+def test_the_settled_policy_exits_where_both_sub_blocks_settle(conformance_backend):
+    b = conformance_backend.backend()
+    _needs(b, "exits")
+    _needs(b, "stand_in")
+    model = RiverModel(b)
+    if not b.capabilities.sub_blocks:
+        with pytest.raises(CapabilityError, match="sub-block"):
+            model.generate_ids([[1, 20, 21]], ExitConfig(policy="settled"),
+                               GenerationConfig(max_new_tokens=2))
+        return
+    run = lambda tau: model.generate_ids([[1, 20, 21, 22]], ExitConfig(
+        policy="settled", options={"tau": tau, "min_layer": 2}), GenerationConfig(
+        max_new_tokens=4)).exit_layers[0]
+    assert set(run(-1.0)) == {2}                      # every cosine exceeds -1
+    assert set(run(1.0)) == {b.num_layers - 1}        # no cosine exceeds 1: full depth
+
+
 @given(prompt=prompts, cont=continuations, exits=exit_layers, data=st.data())
 def test_monotonic_exits_never_rise_and_read_only_written_entries(conformance_backend, prompt,
                                                                   cont, exits, data):
@@ -323,3 +359,23 @@ def test_bad_input_gets_a_clear_error(conformance_backend):
                            GenerationConfig(max_new_tokens=1))
     with pytest.raises(ConfigError):
         GenerationConfig(max_new_tokens=0)
+
+
+@given(prompt=prompts, cont=continuations, data=st.data())
+def test_prefill_exit_runs_the_prompts_deep_layers_as_stand_ins(conformance_backend, prompt,
+                                                                cont, data):
+    """A prompt that exits after layer k leaves the backbone's K/V in layers 0..k (bit-identical
+    to full depth) and stand-in K/V, within the bound, past k."""
+    b = conformance_backend.backend(conformance_backend.family(data))
+    _needs(b, "exits")
+    _needs(b, "stand_in")
+    k = data.draw(st.integers(-1, b.num_layers - 1), label="prefill_exit")
+    b.prefill([prompt], len(prompt))
+    full = [b.kv(i) for i in range(b.num_layers)]
+    b.prefill([prompt], len(prompt), exit_after=k)
+    for i in range(b.num_layers):
+        for got, want in zip(b.kv(i), full[i]):
+            if i <= k:
+                assert np.array_equal(got, want)
+            else:
+                assert relative_error(got, want) <= STAND_IN_BOUND_C * b.stand_in_error[i] * (i - k)

@@ -50,6 +50,7 @@ class Capabilities:
     propagate: bool = True    # has `project_kv`
     mask: bool = False        # has `skip`: absent entries, masked from later reads
     recompute: bool = False   # has `layer_span`: late K/V for earlier tokens, batch 1
+    sub_blocks: bool = False  # has `sub_block_similarity`
     batch: bool = True        # accepts more than one sequence
     devices: tuple[str, ...] = ("cpu",)
 
@@ -123,8 +124,11 @@ class Backend(Protocol, Generic[H]):
     def offset(self) -> int:
         """Positions written so far (the same in every layer)."""
 
-    def prefill(self, prompts: Sequence[Sequence[int]], capacity: int) -> Prefill:
-        """Reset the cache to room for `capacity` positions and run `prompts` at full depth.
+    def prefill(self, prompts: Sequence[Sequence[int]], capacity: int,
+                exit_after: int | None = None) -> Prefill:
+        """Reset the cache to room for `capacity` positions and run `prompts` through every
+        layer: the backbone's up to `exit_after` (None: all), the stand-ins' past it (the
+        sequence-level exit of prefill; only with `Capabilities.stand_in`).
 
         Shorter prompts are left-padded; padding is masked from attention everywhere."""
 
@@ -144,6 +148,11 @@ class Backend(Protocol, Generic[H]):
 
     def similarity(self, before: H, after: H, rows: Rows) -> list[float]:
         """Cosine of each selected row's state before and after a layer."""
+
+    def sub_block_similarity(self, rows: Rows) -> list[tuple[float, float]]:
+        """For the latest `layer` call: per selected row, the cosine between the last token's
+        state before and after the attention sub-block, and before and after the MLP
+        sub-block (only with `Capabilities.sub_blocks`)."""
 
     def logits(self, h: H) -> np.ndarray:
         """Final norm and LM head: [batch, vocab] float32."""

@@ -12,7 +12,7 @@ from .errors import ConfigError
 from .hookspecs import hookimpl
 from .kv import Full, Mask, Monotonic, Propagate, Recompute, River
 from .options import between, option, takes
-from .policy import SimilarityOptions, SimilarityPolicy
+from .policy import SettledOptions, SettledPolicy, SimilarityOptions, SimilarityPolicy
 from .predictor import TransitionPredictor
 
 
@@ -24,6 +24,15 @@ def similarity_policy(options: SimilarityOptions, num_layers: int) -> Similarity
         raise ConfigError(f"min_layer {min_layer} is past the model's last layer "
                           f"({num_layers - 1})")
     return SimilarityPolicy(options.threshold, min_layer)
+
+
+@takes(SettledOptions)
+def settled_policy(options: SettledOptions, num_layers: int) -> SettledPolicy:
+    """The paper's rule: exit once attention and MLP both have cos(input, output) > tau."""
+    if options.min_layer >= num_layers:
+        raise ConfigError(f"min_layer {options.min_layer} is past the model's last layer "
+                          f"({num_layers - 1})")
+    return SettledPolicy(options.tau, options.min_layer)
 
 
 @attrs.frozen
@@ -41,7 +50,7 @@ def transition_predictor(options: TransitionOptions, stand_in_error,
 
 @hookimpl
 def river_exit_policies():
-    return {"similarity": similarity_policy}
+    return {"similarity": similarity_policy, "settled": settled_policy}
 
 
 @hookimpl

@@ -37,6 +37,8 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--predictor", default=_default(ExitConfig, "predictor"))
     g.add_argument("--kv", default=_default(ExitConfig, "kv"),
                    help="KV strategy: river, propagate, mask, monotonic, recompute, full")
+    g.add_argument("--prefill-exit", type=int, metavar="K",
+                   help="run the prompt's layers past K as stand-ins (sequence-level exit)")
     g.add_argument("-o", "--option", action="append", default=[], metavar="KEY=VALUE",
                    help="an option of the chosen policy, predictor or KV strategy, e.g. "
                    "-o threshold=0.2 (repeatable; river plugins lists them)")
@@ -77,7 +79,7 @@ def _generate(args) -> None:
     # every setting is checked first: bad input fails before the model loads
     quant = QuantSpec(bits=args.bits, group_size=args.group_size, method=args.quantizer)
     exit_config = ExitConfig(policy=args.policy, kv=args.kv, predictor=args.predictor,
-                             options=parse(args.option))
+                             options=parse(args.option), prefill_exit=args.prefill_exit)
     gen = GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                            top_p=args.top_p, stop=args.stop, seed=args.seed)
     if not args.prompt.strip():

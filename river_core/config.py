@@ -49,6 +49,13 @@ class ExitConfig:
     kv: str = "river"
     predictor: str = "transition"
     options: Mapping[str, Any] = attrs.field(factory=dict, converter=dict)
+    prefill_exit: int | None = None
+    """Sequence-level exit of the prompt (as the paper): its layers past this one run their
+    stand-ins; None runs the prompt at full depth. Only with the `river` strategy."""
+
+    def __attrs_post_init__(self) -> None:
+        _check(self.prefill_exit is None or self.prefill_exit >= -1,
+               f"prefill_exit must be >= -1, got {self.prefill_exit}")
 
 
 @attrs.frozen

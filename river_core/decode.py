@@ -79,6 +79,7 @@ def decode_step(backend: Backend, tokens: Sequence[int], strategy: KVStrategy,
     exits = [n - 1] * batch
     deep, gone = list(range(batch)), []
     watch = strategy.allows_exit and policy.uses_similarity
+    sub_blocks = watch and getattr(policy, "sub_blocks", False)
     h = backend.embed(tokens)
     # i = -1: a policy may exit a token before the first layer, so it runs stand-ins only
     # (the whole model quantized: the baseline River is measured against)
@@ -87,9 +88,14 @@ def decode_step(backend: Backend, tokens: Sequence[int], strategy: KVStrategy,
             before = h
             if deep:
                 h = strategy.deep_layer(backend, i, h, _rows(deep, batch))
+                if sub_blocks:   # the rule reads the backbone's sub-blocks, deep rows only
+                    pairs = backend.sub_block_similarity(_rows(deep, batch))
+                    for r, (attention, mlp) in zip(deep, pairs):
+                        predictors[r].observe(i, min(attention, mlp))
             if gone:
                 h = strategy.skipped_layer(backend, i, h, gone)
-            seen = sorted(deep + gone if strategy.moves_state else deep) if watch else []
+            seen = sorted(deep + gone if strategy.moves_state else deep) \
+                if watch and not sub_blocks else []
             if seen:   # with propagate, rows that left no longer move the state
                 for r, s in zip(seen, backend.similarity(before, h, _rows(seen, batch))):
                     predictors[r].observe(i, s)
@@ -117,9 +123,10 @@ def _stopped(text: str, stop: Sequence[str]) -> bool:
 
 
 def generate_ids(backend: Backend, prompts: Sequence[Sequence[int]], gen: GenerationConfig,
-                 strategy: KVStrategy, policy: ExitPolicy,
-                 make_predictor: PredictorFactory) -> DecodeResult:
-    """Generate up to gen.max_new_tokens per prompt; each sequence stops on EOS or a stop string."""
+                 strategy: KVStrategy, policy: ExitPolicy, make_predictor: PredictorFactory,
+                 prefill_exit: int | None = None) -> DecodeResult:
+    """Generate up to gen.max_new_tokens per prompt; each sequence stops on EOS or a stop
+    string. The prompt runs the backbone up to `prefill_exit` (None: all of it)."""
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ConfigError("empty prompt: give at least one token")
     if len(prompts) > 1 and not backend.capabilities.batch:
@@ -135,7 +142,7 @@ def generate_ids(backend: Backend, prompts: Sequence[Sequence[int]], gen: Genera
     eos = backend.tokenizer.eos_ids
 
     start = time.perf_counter()
-    pre = backend.prefill(prompts, capacity)
+    pre = backend.prefill(prompts, capacity, prefill_exit)
     prefill_seconds = time.perf_counter() - start
     predictors = [make_predictor(backend.stand_in_error, row) for row in pre.similarity]
 
@@ -183,10 +190,10 @@ class Forced:
 
 
 def teacher_force(backend: Backend, prompt: Sequence[int], continuation: Sequence[int],
-                  strategy: KVStrategy, policy: ExitPolicy,
-                  make_predictor: PredictorFactory) -> Forced:
+                  strategy: KVStrategy, policy: ExitPolicy, make_predictor: PredictorFactory,
+                  prefill_exit: int | None = None) -> Forced:
     """Prefill `prompt`, then feed `continuation` a token a step, exiting as `policy` says."""
-    pre = backend.prefill([prompt], len(prompt) + len(continuation))
+    pre = backend.prefill([prompt], len(prompt) + len(continuation), prefill_exit)
     predictors = [make_predictor(backend.stand_in_error, pre.similarity[0])]
     logits, exits = [pre.logits[0]], []
     for step, token in enumerate(continuation):

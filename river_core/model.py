@@ -37,6 +37,7 @@ class Plan:
     strategy: KVStrategy
     policy: ExitPolicy
     make_predictor: PredictorFactory
+    prefill_exit: int | None
 
 
 def bound_options(registry: Registry, config: ExitConfig) -> dict[str, Any]:
@@ -59,8 +60,18 @@ def plan(registry: Registry, config: ExitConfig, backend: Backend) -> Plan:
         raise CapabilityError(f"backend {backend.name!r} does not support the "
                               f"{config.kv!r} kv strategy")
     policy = registry.policy(config.policy)(options["policy"], backend.num_layers)
+    if getattr(policy, "sub_blocks", False) and not caps.sub_blocks:
+        raise CapabilityError(f"the {config.policy!r} policy reads sub-block similarities, "
+                              f"which backend {backend.name!r} does not report")
     predictor = functools.partial(registry.predictor(config.predictor), options["predictor"])
-    return Plan(strategy, policy, predictor)
+    if config.prefill_exit is not None:
+        if strategy.skipped_reads != "stand_in":
+            raise ConfigError(f"prefill_exit runs the prompt's deep layers as stand-ins; the "
+                              f"{config.kv!r} kv strategy has none")
+        if config.prefill_exit >= backend.num_layers:
+            raise ConfigError(f"prefill_exit {config.prefill_exit} is past the model's last "
+                              f"layer ({backend.num_layers - 1})")
+    return Plan(strategy, policy, predictor, config.prefill_exit)
 
 
 def split_settings(settings: Mapping[str, Any], exit_config: ExitConfig | None,
@@ -128,7 +139,7 @@ class RiverModel:
                      generation_config: GenerationConfig) -> DecodeResult:
         p = plan(self.registry, exit_config, self.backend)
         return generate_ids(self.backend, prompts, generation_config, p.strategy, p.policy,
-                            p.make_predictor)
+                            p.make_predictor, p.prefill_exit)
 
     def teacher_force(self, prompt: Sequence[int], continuation: Sequence[int],
                       exit_config: ExitConfig) -> Forced:
@@ -136,7 +147,7 @@ class RiverModel:
         strategy: logits at every position (for NLL) and where each token left."""
         p = plan(self.registry, exit_config, self.backend)
         return teacher_force(self.backend, prompt, continuation, p.strategy, p.policy,
-                             p.make_predictor)
+                             p.make_predictor, p.prefill_exit)
 
 
 def _cut(text: str, stop: Sequence[str]) -> str:

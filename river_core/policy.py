@@ -13,6 +13,10 @@ from .predictor import SimilarityPredictor
 class ExitPolicy(Protocol):
     uses_similarity: bool
     """True when `should_exit` reads the predictor (the core then measures transitions)."""
+    sub_blocks: bool
+    """True when the predictor should observe, per backbone layer, the smaller of its attention
+    and MLP sub-blocks' input/output cosines instead of the whole block's (the backend must
+    declare `Capabilities.sub_blocks`)."""
 
     def should_exit(self, layer: int, step: int, predictor: SimilarityPredictor) -> bool:
         """After backbone layer `layer` of the `step`-th generated token: exit now?"""
@@ -29,7 +33,7 @@ class SimilarityOptions:
 class SimilarityPolicy:
     """River's policy: leave at the first layer >= min_layer whose predicted error fits."""
 
-    uses_similarity = True
+    uses_similarity, sub_blocks = True, False
 
     def __init__(self, threshold: float, min_layer: int) -> None:
         self.threshold = threshold
@@ -37,3 +41,24 @@ class SimilarityPolicy:
 
     def should_exit(self, layer: int, step: int, predictor: SimilarityPredictor) -> bool:
         return layer >= self.min_layer and predictor.predicted_error(layer) <= self.threshold
+
+
+@attrs.frozen
+class SettledOptions:
+    tau: float = option(0.9, "exit once both sub-blocks' input/output cosine exceed this",
+                        between(-1.0, 1.0))
+    min_layer: int = option(1, "earliest layer a token may exit after", at_least(0))
+
+
+class SettledPolicy:
+    """The paper's rule: leave after the first layer >= min_layer whose attention and MLP
+    sub-blocks both keep the state's direction, cos(input, output) > tau."""
+
+    uses_similarity, sub_blocks = True, True
+
+    def __init__(self, tau: float, min_layer: int) -> None:
+        self.tau = tau
+        self.min_layer = min_layer
+
+    def should_exit(self, layer: int, step: int, predictor: SimilarityPredictor) -> bool:
+        return layer >= self.min_layer and predictor.last > self.tau

@@ -38,6 +38,9 @@ def transition(similarity: float) -> float:
 class SimilarityPredictor(Protocol):
     """Per sequence: watches a token's transitions and predicts the error of exiting now."""
 
+    last: float
+    """The similarity observed most recently (for rules on the current layer alone)."""
+
     def observe(self, layer: int, similarity: float) -> None:
         """The current token's block `layer` ran with this input/output cosine."""
 
@@ -59,6 +62,7 @@ class TransitionPredictor:
         self.tau = [transition(float(s)) for s in prompt_similarity]
         self.momentum = momentum
         self._seen: dict[int, float] = {}
+        self.last = 1.0
         self._refresh()
 
     def _refresh(self) -> None:
@@ -74,6 +78,7 @@ class TransitionPredictor:
         self._moved = self._typical = 0.0
 
     def observe(self, layer: int, similarity: float) -> None:
+        self.last = similarity
         t = transition(similarity)
         self._seen[layer] = t
         self._moved += t

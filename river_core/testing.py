@@ -15,7 +15,7 @@ from .predictor import TransitionPredictor
 class ScriptedPolicy:
     """Exits step s after layer `exits[s]` (None or >= the last layer: full depth)."""
 
-    uses_similarity = False
+    uses_similarity, sub_blocks = False, False
 
     def __init__(self, exits: Sequence[int | None]) -> None:
         self.exits = list(exits)

@@ -122,7 +122,8 @@ class NumpyBackend:
 
     # -- the contract -----------------------------------------------------------------------
 
-    def prefill(self, prompts: Sequence[Sequence[int]], capacity: int) -> Prefill:
+    def prefill(self, prompts: Sequence[Sequence[int]], capacity: int,
+                exit_after: int | None = None) -> Prefill:
         self.calls["prefill"] += 1
         self.layout = Layout([len(p) for p in prompts], capacity, self.num_layers)
         shape = (self.layout.batch, self.spec.kv_heads, capacity, self.spec.head_dim)
@@ -132,7 +133,9 @@ class NumpyBackend:
         h = self._begin(self.layout.ids(prompts))
         similarity = np.zeros((self.layout.batch, self.num_layers))
         for i in range(self.num_layers):
-            out = self._block(i, h, None, self.w.layers[i].projections)
+            deep = exit_after is None or i <= exit_after
+            weights = self.w.layers[i].projections if deep else self.stand_in_weights[i]
+            out = self._block(i, h, None, weights)
             similarity[:, i] = self.layout.prompt_mean(cosine(h, out))
             h = out
         self._offset = self.layout.width

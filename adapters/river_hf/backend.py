@@ -39,7 +39,8 @@ class HFBackend:
                           for k, r in spec.rotary.items()}
         self.num_layers = spec.num_layers
         self.max_positions = spec.max_positions
-        self.capabilities = Capabilities(mask=True, recompute=True, devices=("cpu", "cuda"))
+        self.capabilities = Capabilities(mask=True, recompute=True, sub_blocks=True,
+                                         devices=("cpu", "cuda"))
         self.runs_on = (str(self.device),)
         self.tokenizer = checkpoint.tokenizer
         self._cache: KVCache | None = None
@@ -52,13 +53,15 @@ class HFBackend:
         return self._offset
 
     @torch.inference_mode()
-    def prefill(self, prompts, capacity: int) -> Prefill:
+    def prefill(self, prompts, capacity: int, exit_after: int | None = None) -> Prefill:
         self._layout = layout = Layout([len(p) for p in prompts], capacity, self.num_layers)
         self._cache = KVCache(self.spec, layout.batch, capacity, self.dtype, self.device)
         self._offset = 0
         h = self._begin(torch.from_numpy(layout.ids(prompts)).to(self.device))
         similarity = []
         for i, block in enumerate(self.blocks):
+            if exit_after is not None and i > exit_after:
+                block = self.stand_ins[i]
             out = forward(block, i, h, self._step, self._cache.k[i], self._cache.v[i], None)
             similarity.append(F.cosine_similarity(h.float(), out.float(), dim=-1).cpu().numpy())
             h = out
@@ -80,18 +83,22 @@ class HFBackend:
     def embed(self, tokens: Sequence[int]) -> torch.Tensor:
         return self._begin(torch.tensor(tokens, device=self.device)[:, None])
 
-    def _run(self, block: Block, i: int, h: torch.Tensor, rows) -> torch.Tensor:
+    def _run(self, block: Block, i: int, h: torch.Tensor, rows, mids=None) -> torch.Tensor:
         k, v = self._cache.k[i], self._cache.v[i]
         if rows is None:
-            return forward(block, i, h, self._step, k, v, None)
+            return forward(block, i, h, self._step, k, v, None, mids)
         idx = torch.tensor(rows, device=self.device)
         out = h.clone()
-        out[idx] = forward(block, i, h[idx], self._step, k, v, idx)
+        out[idx] = forward(block, i, h[idx], self._step, k, v, idx, mids)
         return out
 
     @torch.inference_mode()
     def layer(self, i: int, h, rows):
-        return self._run(self.blocks[i], i, h, rows)
+        mids: list = []
+        out = self._run(self.blocks[i], i, h, rows, mids)
+        # kept by reference; sub_block_similarity computes cosines only when a policy asks
+        self._sub_blocks = (h, mids[0], out, rows)
+        return out
 
     @torch.inference_mode()
     def stand_in_layer(self, i: int, h, rows):
@@ -125,6 +132,17 @@ class HFBackend:
             idx = torch.tensor(rows, device=self.device)
             a, b = a[idx], b[idx]
         return F.cosine_similarity(a.float(), b.float(), dim=-1).tolist()
+
+    @torch.inference_mode()
+    def sub_block_similarity(self, rows) -> list[tuple[float, float]]:
+        before, mid, after, ran = self._sub_blocks
+        ran = list(range(before.shape[0])) if ran is None else list(ran)
+        wanted = ran if rows is None else list(rows)
+        index = torch.tensor(wanted, device=self.device)
+        m = mid[torch.tensor([ran.index(r) for r in wanted], device=self.device), -1].float()
+        attention = F.cosine_similarity(before[index, -1].float(), m, dim=-1)
+        mlp = F.cosine_similarity(m, after[index, -1].float(), dim=-1)
+        return list(zip(attention.tolist(), mlp.tolist()))
 
     @torch.inference_mode()
     def logits(self, h):

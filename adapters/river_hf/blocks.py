@@ -129,9 +129,9 @@ def project_kv(b: Block, x: torch.Tensor, cos, sin):
 
 
 def forward(b: Block, i: int, x: torch.Tensor, step, cache_k: torch.Tensor,
-            cache_v: torch.Tensor, rows) -> torch.Tensor:
+            cache_v: torch.Tensor, rows, mids: list | None = None) -> torch.Tensor:
     """Layer i on x: [batch, tokens, hidden] for `rows` of the batch (None: all). Writes the
-    cache."""
+    cache. `mids`, when given, receives the state between the attention and MLP sub-blocks."""
     cos, sin = step.rope(b.rope_key, rows)
     q, k, v = project_kv(b, b.input_norm(x), cos, sin)
     step.write(cache_k, cache_v, k, v, rows)
@@ -144,6 +144,8 @@ def forward(b: Block, i: int, x: torch.Tensor, step, cache_k: torch.Tensor,
     if b.post_attn_norm is not None:
         a = b.post_attn_norm(a)
     x = x + a
+    if mids is not None:
+        mids.append(x)
     h = b.pre_mlp_norm(x)
     m = b.proj["down"](b.act(b.proj["gate"](h)) * b.proj["up"](h))
     if b.post_mlp_norm is not None:

@@ -78,7 +78,9 @@ class LlamaCppBackend:
         logits = llama_cpp.llama_get_logits_ith(self._llm.ctx, -1)
         return np.ctypeslib.as_array(logits, shape=(1, self._llm.n_vocab())).copy()
 
-    def prefill(self, prompts, capacity: int) -> Prefill:
+    def prefill(self, prompts, capacity: int, exit_after: int | None = None) -> Prefill:
+        if exit_after is not None:
+            raise CapabilityError(UNSUPPORTED)
         (prompt,) = prompts   # batch=False: the core never sends more than one
         self._llm.reset()
         logits = self._eval(prompt)

@@ -108,7 +108,8 @@ class OnnxBackend:
         self.runs_on = tuple(self._head.get_providers())
         self.num_layers, self.max_positions = spec.num_layers, spec.max_positions
         self.stand_in_error = list(manifest.stand_in_error)
-        self.capabilities = Capabilities(mask=True, recompute=True, devices=("cpu", "cuda"))
+        self.capabilities = Capabilities(mask=True, recompute=True, sub_blocks=True,
+                                         devices=("cpu", "cuda"))
         self.tokenizer = tokenizer
         self._k: list[np.ndarray] = []
         self._v: list[np.ndarray] = []
@@ -120,7 +121,8 @@ class OnnxBackend:
     def offset(self) -> int:
         return self._offset
 
-    def prefill(self, prompts: Sequence[Sequence[int]], capacity: int) -> Prefill:
+    def prefill(self, prompts: Sequence[Sequence[int]], capacity: int,
+                exit_after: int | None = None) -> Prefill:
         self._layout = layout = Layout([len(p) for p in prompts], capacity, self.num_layers)
         shape = (layout.batch, self.spec.kv_heads, capacity, self.spec.head_dim)
         self._k = [np.zeros(shape, np.float32) for _ in range(self.num_layers)]
@@ -129,7 +131,8 @@ class OnnxBackend:
         h = self._begin(layout.ids(prompts))
         similarity = np.zeros((layout.batch, self.num_layers))
         for i in range(self.num_layers):
-            out = self.layer(i, h, None)
+            deep = exit_after is None or i <= exit_after
+            out = self.layer(i, h, None) if deep else self.stand_in_layer(i, h, None)
             similarity[:, i] = layout.prompt_mean(_cosine(h, out))
             h = out
         self._offset = layout.width
@@ -159,8 +162,9 @@ class OnnxBackend:
     def _run(self, sess, i: int, h: np.ndarray, rows, step: _Step | None = None) -> np.ndarray:
         step = step or self._step
         idx = None if rows is None else np.asarray(rows)
-        out, k, v = sess.run(None, self._feeds(step, i, h, idx))
+        out, k, v, mid = sess.run(None, self._feeds(step, i, h, idx))
         self._write(step, i, k, v, idx)
+        self._sub_blocks = (h, mid, out, rows)
         if idx is None:
             return out
         full = h.copy()
@@ -169,6 +173,15 @@ class OnnxBackend:
 
     def layer(self, i: int, h, rows):
         return self._run(self._layers[i], i, h, rows)
+
+    def sub_block_similarity(self, rows) -> list[tuple[float, float]]:
+        before, mid, after, ran = self._sub_blocks   # mid and after: the rows the layer ran
+        ran = list(range(before.shape[0])) if ran is None else list(ran)
+        wanted = ran if rows is None else list(rows)
+        at = [ran.index(r) for r in wanted]
+        m = mid[at, -1:]
+        attention = _cosine(before[wanted, -1:], m)[:, 0]
+        return list(zip(attention.tolist(), _cosine(m, after[at, -1:])[:, 0].tolist()))
 
     def stand_in_layer(self, i: int, h, rows):
         return self._run(self._stand_ins[i], i, h, rows)

@@ -198,10 +198,11 @@ def _rope_inputs(g: Graph) -> tuple[str, str]:
 
 
 def block(b: BlockWeights) -> onnx.ModelProto:
-    """(h, past_k, past_v, past_mask, self_mask, cos, sin) -> (h, k, v).
+    """(h, past_k, past_v, past_mask, self_mask, cos, sin) -> (h, k, v, mid).
 
     past_*: the layer's whole cache [B, Hkv, capacity, hd]; past_mask [B, 1, G*T, capacity]
-    and self_mask [B, 1, G*T, T] are additive (0 or -inf), rows repeated over the G groups."""
+    and self_mask [B, 1, G*T, T] are additive (0 or -inf), rows repeated over the G groups.
+    mid [B, 1, D]: the last token's state between the attention and MLP sub-blocks."""
     g = Graph()
     h = g.input("h", ["batch", "tokens", "hidden"])
     cache = ["batch", b.kv_heads, "capacity", b.head_dim]
@@ -220,6 +221,9 @@ def block(b: BlockWeights) -> onnx.ModelProto:
     g.output(g.op("Add", h, m), "h_out")
     g.output(k, "k")
     g.output(v, "v")
+    last = g.const(np.array([-1], dtype=np.int64))
+    g.output(g.op("Slice", h, last, g.const(np.array([np.iinfo(np.int64).max], np.int64)),
+                  g.shape(1)), "mid")
     return g.model()
 
 

@@ -10,7 +10,7 @@ from river_core.options import option, takes
 class FixedDepth:
     """Every token leaves after the same layer (a static depth baseline; handy for tests)."""
 
-    uses_similarity = False
+    uses_similarity, sub_blocks = False, False
 
     def __init__(self, layer: int) -> None:
         self.layer = layer
