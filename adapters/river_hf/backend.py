@@ -157,9 +157,9 @@ class HFBackend:
 
     def footprint(self) -> Footprint:
         element = torch.empty(0, dtype=self.dtype).element_size()
-        return Footprint(tuple(b.nbytes() for b in self.blocks),
-                         tuple(b.nbytes() for b in self.stand_ins),
-                         tuple(b.nbytes(("k", "v")) for b in self.blocks),
+        return Footprint(tuple(b.weight_bytes() for b in self.blocks),
+                         tuple(b.weight_bytes() for b in self.stand_ins),
+                         tuple(b.weight_bytes(("k", "v")) for b in self.blocks),
                          self._head.numel() * element,
                          2 * self.spec.kv_heads * self.spec.head_dim * element)
 

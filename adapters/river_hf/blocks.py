@@ -14,7 +14,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from river_models import PROJECTIONS, LayerWeights, ModelSpec, QuantWeight
+from river_models import FUSED, PROJECTIONS, LayerWeights, ModelSpec, QuantWeight
 
 
 @attrs.frozen(eq=False)
@@ -79,6 +79,14 @@ def packed(q: QuantWeight, bias: np.ndarray | None, dtype, device) -> Callable:
     return linear
 
 
+def _fused(layer: LayerWeights, names, dtype, device, quantized=None) -> Callable:
+    """One matmul for the projections `names` of the same input, outputs concatenated."""
+    weight, bias = layer.fused(names)
+    if quantized is None:
+        return dense(weight, bias, dtype, device)
+    return packed(QuantWeight.stack([quantized[n] for n in names]), bias, dtype, device)
+
+
 @attrs.frozen(eq=False)
 class Block:
     input_norm: Norm
@@ -87,7 +95,9 @@ class Block:
     post_mlp_norm: Norm | None
     q_norm: Norm | None           # Qwen3, Gemma 3
     k_norm: Norm | None
-    proj: dict                    # PROJECTIONS -> callable
+    proj: dict                    # FUSED -> callable (q, k and v in one matmul; gate and up)
+    splits: tuple[int, int, int]  # widths of q, k, v in the fused output
+    nbytes: dict                  # PROJECTIONS -> weight bytes as stored
     act: Callable
     head_dim: int
     scaling: float
@@ -99,16 +109,19 @@ class Block:
               quantized: dict[str, QuantWeight] | None = None) -> "Block":
         """Layer i of the backbone, or its stand-in when `quantized` projections are given."""
         norm = lambda w: Norm.of(w, spec, dtype, device)
-        proj = {n: dense(layer.projections[n], layer.biases.get(n), dtype, device)
-                if quantized is None else packed(quantized[n], layer.biases.get(n), dtype, device)
-                for n in PROJECTIONS}
+        proj = {f: _fused(layer, names, dtype, device, quantized) for f, names in FUSED.items()}
+        per_weight = {n: proj[f].nbytes * len(layer.projections[n]) //
+                      sum(len(layer.projections[m]) for m in names)
+                      for f, names in FUSED.items() for n in names}
         act = F.silu if spec.activation == "silu" else lambda x: F.gelu(x, approximate="tanh")
+        splits = tuple(len(layer.projections[n]) for n in FUSED["qkv"])
         return cls(norm(layer.input_norm), norm(layer.pre_mlp_norm), norm(layer.post_attn_norm),
-                   norm(layer.post_mlp_norm), norm(layer.q_norm), norm(layer.k_norm), proj, act,
-                   spec.head_dim, spec.attn_scale, spec.windows[i], spec.rope_keys[i])
+                   norm(layer.post_mlp_norm), norm(layer.q_norm), norm(layer.k_norm), proj,
+                   splits, per_weight, act, spec.head_dim, spec.attn_scale, spec.windows[i],
+                   spec.rope_keys[i])
 
-    def nbytes(self, names=PROJECTIONS) -> int:
-        return sum(self.proj[n].nbytes for n in names)
+    def weight_bytes(self, names=PROJECTIONS) -> int:
+        return sum(self.nbytes[n] for n in names)
 
 
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -120,9 +133,7 @@ def project_kv(b: Block, x: torch.Tensor, cos, sin):
     """Normalised input -> (q, k, v) as [batch, heads, tokens, head_dim], rotary applied."""
     batch, tokens, _ = x.shape
     shape = (batch, tokens, -1, b.head_dim)
-    q = b.proj["q"](x).view(shape).transpose(1, 2)
-    k = b.proj["k"](x).view(shape).transpose(1, 2)
-    v = b.proj["v"](x).view(shape).transpose(1, 2)
+    q, k, v = (t.reshape(shape).transpose(1, 2) for t in b.proj["qkv"](x).split(b.splits, -1))
     if b.q_norm is not None:
         q, k = b.q_norm(q), b.k_norm(k)
     return rope(q, cos, sin), rope(k, cos, sin), v
@@ -147,7 +158,8 @@ def forward(b: Block, i: int, x: torch.Tensor, step, cache_k: torch.Tensor,
     if mids is not None:
         mids.append(x)
     h = b.pre_mlp_norm(x)
-    m = b.proj["down"](b.act(b.proj["gate"](h)) * b.proj["up"](h))
+    gate, up = b.proj["gate_up"](h).chunk(2, dim=-1)
+    m = b.proj["down"](b.act(gate) * up)
     if b.post_mlp_norm is not None:
         m = b.post_mlp_norm(m)
     return x + m

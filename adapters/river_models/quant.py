@@ -52,6 +52,13 @@ class QuantWeight:
         """Input columns per scale."""
         return self.codes.shape[1] // self.scale.shape[1]
 
+    @classmethod
+    def stack(cls, parts: "list[QuantWeight]") -> "QuantWeight":
+        """The weights of several projections of the same input, as one (rows concatenated):
+        what a fused Q/K/V or gate/up matmul runs."""
+        return cls(*(np.concatenate([getattr(p, f) for p in parts])
+                     for f in ("codes", "scale", "zero")), parts[0].bits)
+
     def dequantize(self) -> np.ndarray:
         rows, columns = self.shape
         codes = self.codes.reshape(rows, -1, self.group).astype(np.float32)

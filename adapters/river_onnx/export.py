@@ -22,7 +22,7 @@ from river_models.source import locate, open_model
 
 from . import graphs
 
-FORMAT = 4   # bump when the graphs change: old exports are then ignored
+FORMAT = 5   # bump when the graphs change: old exports are then ignored
 
 
 @attrs.frozen

@@ -16,7 +16,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from river_models import PROJECTIONS, LayerWeights, ModelSpec, QuantWeight
+from river_models import FUSED, LayerWeights, ModelSpec, QuantWeight
 
 from .quant import NBits, nbits
 
@@ -53,7 +53,7 @@ class BlockWeights:
     post_mlp_norm: Norm | None
     q_norm: Norm | None
     k_norm: Norm | None
-    proj: dict   # PROJECTIONS -> Linear
+    proj: dict   # FUSED -> Linear (q, k and v as one; gate and up as one)
     heads: int
     kv_heads: int
     head_dim: int
@@ -65,8 +65,12 @@ class BlockWeights:
            quantized: dict[str, QuantWeight] | None = None) -> "BlockWeights":
         """A backbone block, or its stand-in when `quantized` projections are given."""
         norm = lambda w: Norm.of(w, spec)
-        proj = {n: Linear(layer.projections[n] if quantized is None else nbits(quantized[n]),
-                          layer.biases.get(n)) for n in PROJECTIONS}
+        proj = {}
+        for fused, names in FUSED.items():
+            weight, bias = layer.fused(names)
+            if quantized is not None:
+                weight = nbits(QuantWeight.stack([quantized[n] for n in names]))
+            proj[fused] = Linear(weight, bias)
         return cls(norm(layer.input_norm), norm(layer.pre_mlp_norm), norm(layer.post_attn_norm),
                    norm(layer.post_mlp_norm), norm(layer.q_norm), norm(layer.k_norm), proj,
                    spec.heads, spec.kv_heads, spec.head_dim, spec.attn_scale, spec.activation)
@@ -152,18 +156,19 @@ class Graph:
             x = self.rms_norm(x, norm)
         return self.op("Transpose", x, perm=[0, 2, 1, 3])
 
-    def project_kv(self, x: str, b: BlockWeights, cos: str, sin: str) -> tuple[str, str]:
-        k = self.heads(self.linear(x, b.proj["k"]), b.kv_heads, b.head_dim, b.k_norm)
-        k = self.rope(k, cos, sin)
-        v = self.heads(self.linear(x, b.proj["v"]), b.kv_heads, b.head_dim, None)
-        return k, v
+    def project_qkv(self, x: str, b: BlockWeights, cos: str, sin: str) -> tuple[str, str, str]:
+        """q, k, v as [B, heads, T, hd], rotary applied, from one fused matmul."""
+        widths = np.array([b.heads, b.kv_heads, b.kv_heads], dtype=np.int64) * b.head_dim
+        q, k, v = self.ops("Split", 3, self.linear(x, b.proj["qkv"]), self.const(widths),
+                           axis=-1)
+        q = self.rope(self.heads(q, b.heads, b.head_dim, b.q_norm), cos, sin)
+        k = self.rope(self.heads(k, b.kv_heads, b.head_dim, b.k_norm), cos, sin)
+        return q, k, self.heads(v, b.kv_heads, b.head_dim, None)
 
     def attention(self, x: str, b: BlockWeights, cos: str, sin: str, past_k: str, past_v: str,
                   past_mask: str, self_mask: str) -> tuple[str, str, str]:
         """Returns (attention output [B, T, D], new K, new V)."""
-        q = self.heads(self.linear(x, b.proj["q"]), b.heads, b.head_dim, b.q_norm)
-        q = self.rope(q, cos, sin)
-        k, v = self.project_kv(x, b, cos, sin)
+        q, k, v = self.project_qkv(x, b, cos, sin)
         q = self.op("Mul", q, self.const(np.float32(b.scaling)))
         # [B, H, T, hd] -> [B, Hkv, G*T, hd]: each K/V head meets its G query heads at once
         q = self.op("Reshape", q, self.shape(0, b.kv_heads, -1, b.head_dim))
@@ -184,12 +189,13 @@ class Graph:
         return self.linear(out, b.proj["o"]), k, v
 
     def mlp(self, x: str, b: BlockWeights) -> str:
-        gate = self.linear(x, b.proj["gate"])
+        gate, up = self.ops("Split", 2, self.linear(x, b.proj["gate_up"]), axis=-1,
+                            num_outputs=2)
         if b.activation == "silu":
             gate = self.op("Mul", gate, self.op("Sigmoid", gate))
         else:
             gate = self.op("Gelu", gate, approximate="tanh")
-        return self.linear(self.op("Mul", gate, self.linear(x, b.proj["up"])), b.proj["down"])
+        return self.linear(self.op("Mul", gate, up), b.proj["down"])
 
 
 def _rope_inputs(g: Graph) -> tuple[str, str]:
@@ -232,7 +238,7 @@ def kv_projection(b: BlockWeights) -> onnx.ModelProto:
     g = Graph()
     h = g.input("h", ["batch", "tokens", "hidden"])
     cos, sin = _rope_inputs(g)
-    k, v = g.project_kv(g.rms_norm(h, b.input_norm), b, cos, sin)
+    _, k, v = g.project_qkv(g.rms_norm(h, b.input_norm), b, cos, sin)
     g.output(k, "k")
     g.output(v, "v")
     return g.model()
