@@ -41,27 +41,40 @@ from river_core.plugins import default_registry
 RUNS = Path(__file__).resolve().parent / "runs"
 
 
+MAIN_OPTION = {"similarity": "threshold", "settled": "tau", "fixed": "layer"}
+
+
 @attrs.frozen
 class Config:
+    """`KV[/POLICY]:VALUE[@int8|@int4]`: a KV strategy, its exit policy (similarity by default)
+    at the value of the policy's main option (MAIN_OPTION), stand-ins at 4 bits (HQQ) unless
+    @int8; `full`; `quantized[@BITS]` (every layer a stand-in); `llamacpp`."""
+
     label: str
     kv: str
-    threshold: float | None
+    policy: str | None
+    value: float | None
     bits: int
     backend: str | None = None   # None: the run's --backend
 
     @classmethod
     def parse(cls, text: str) -> "Config":
         if text == "llamacpp":
-            return cls(text, "full", None, 8, "llamacpp")
+            return cls(text, "full", None, None, 4, "llamacpp")
         body, _, bits = text.partition("@")
-        kv, _, threshold = body.partition(":")
+        head, _, value = body.partition(":")
+        kv, _, policy = head.partition("/")
         if bits not in ("", "int8", "int4"):
-            raise ConfigError(f"{text}: river precision is @int8 or @int4")
-        if kv in ("full", "quantized") and threshold:
-            raise ConfigError(f"{text}: {kv} takes no threshold")
-        if kv not in ("full", "quantized") and not threshold:
-            raise ConfigError(f"{text}: give a threshold, e.g. {kv}:0.15")
-        return cls(text, kv, float(threshold) if threshold else None, int(bits[3:] or 8))
+            raise ConfigError(f"{text}: stand-in precision is @int8 or @int4")
+        if kv in ("full", "quantized") and (value or policy):
+            raise ConfigError(f"{text}: {kv} takes no policy or value")
+        if kv not in ("full", "quantized"):
+            policy = policy or "similarity"
+            if policy not in MAIN_OPTION or not value:
+                raise ConfigError(f"{text}: give a policy ({', '.join(MAIN_OPTION)}) and its "
+                                  f"value, e.g. {kv}/settled:0.95")
+        return cls(text, kv, policy or None, float(value) if value else None,
+                   int(bits[3:] or 4))
 
     def model_key(self, backend: str) -> tuple[str, int]:
         return self.backend or backend, self.bits
@@ -71,7 +84,9 @@ class Config:
             return ExitConfig(kv="full")
         if self.kv == "quantized":
             return ExitConfig(kv="river", policy="fixed", options={"layer": -1})
-        return ExitConfig(kv=self.kv, options={"threshold": self.threshold})
+        value = int(self.value) if self.policy == "fixed" else self.value
+        return ExitConfig(kv=self.kv, policy=self.policy,
+                          options={MAIN_OPTION[self.policy]: value})
 
 
 class Run:
@@ -188,6 +203,26 @@ def summarize(models, configs: list[Config], run: Run, backend_name: str,
     return rows
 
 
+def paper_summary(rows: dict) -> dict | None:
+    """The paper's three figures for the best River config of a run: its speedup over the
+    backbone, its speed relative to the whole quantized model, and the share of the quantized
+    model's NLL gap it recovers. Best: the fastest River config recovering at least half of
+    the gap, else the one recovering most. None without `full`, `quantized` and NLL."""
+    quant = next((r for label, r in rows.items() if label.startswith("quantized")), None)
+    rivers = {label: r for label, r in rows.items()
+              if label.startswith("river") and r["nll_delta"] is not None}
+    if quant is None or not rivers or not quant["nll_delta"]:
+        return None
+    recovered = {label: (quant["nll_delta"] - r["nll_delta"]) / quant["nll_delta"]
+                 for label, r in rivers.items()}
+    half = [label for label in rivers if recovered[label] >= 0.5]
+    best = max(half, key=lambda l: rivers[l]["speedup"]) if half else \
+        max(recovered, key=recovered.get)
+    return {"river_config": best, "river_speedup_vs_backbone": rivers[best]["speedup"],
+            "river_speed_vs_full_quant": rivers[best]["speedup"] / quant["speedup"],
+            "nll_gap_recovered": recovered[best]}
+
+
 def plots(name: str, rows: dict, num_layers: int) -> list[str]:
     import matplotlib
 
@@ -300,9 +335,15 @@ def main() -> None:
                      f"({100 * r['limit_ms_per_token'] / r['ms_per_token']:.0f}% reached) | "
                      f"{r['speedup']:.2f}x | {r['ideal_speedup_from_bytes']:.2f}x | "
                      f"{r['mean_layers_run']:.1f} |")
+    summary = paper_summary(rows)
+    if summary:
+        lines += ["", f"Best River config ({summary['river_config']}): "
+                  f"{summary['river_speedup_vs_backbone']:.2f}x the backbone's speed, "
+                  f"{summary['river_speed_vs_full_quant']:.2f}x the whole quantized model's, "
+                  f"recovering {100 * summary['nll_gap_recovered']:.0f}% of its NLL gap."]
     lines += ["", *[f"![{i}]({i})" for i in images]]
     write(args.name, {"machine": info, "command": command, "args": vars(args),
-                      "results": rows}, "\n".join(lines) + "\n")
+                      "summary": summary, "results": rows}, "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

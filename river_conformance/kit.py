@@ -379,3 +379,25 @@ def test_prefill_exit_runs_the_prompts_deep_layers_as_stand_ins(conformance_back
                 assert np.array_equal(got, want)
             else:
                 assert relative_error(got, want) <= STAND_IN_BOUND_C * b.stand_in_error[i] * (i - k)
+
+
+@given(prompt=prompts, data=st.data())
+def test_a_fused_stand_in_tail_equals_its_layers_one_by_one(conformance_backend, prompt, data):
+    b = conformance_backend.backend(conformance_backend.family(data))
+    _needs(b, "stand_in_tail")
+    start = data.draw(st.integers(0, b.num_layers - 1), label="start")
+    results = []
+    for fused in (True, False):
+        b.prefill([prompt], len(prompt) + 1)
+        h = b.embed([7])
+        if fused:
+            h = b.stand_in_tail(start, h, None)
+        else:
+            for i in range(start, b.num_layers):
+                h = b.stand_in_layer(i, h, None)
+        b.commit()
+        results.append((b.logits(h), [b.kv(i) for i in range(b.num_layers)]))
+    (fused_logits, fused_kv), (logits, kv) = results
+    assert relative_error(fused_logits, logits) <= FULL_DEPTH_RTOL
+    for (fk, fv), (k, v) in zip(fused_kv, kv):
+        assert relative_error(fk, k) <= FULL_DEPTH_RTOL and relative_error(fv, v) <= FULL_DEPTH_RTOL

@@ -51,6 +51,7 @@ class Capabilities:
     mask: bool = False        # has `skip`: absent entries, masked from later reads
     recompute: bool = False   # has `layer_span`: late K/V for earlier tokens, batch 1
     sub_blocks: bool = False  # has `sub_block_similarity`
+    stand_in_tail: bool = False   # has `stand_in_tail`: a token's whole exit river in one call
     batch: bool = True        # accepts more than one sequence
     devices: tuple[str, ...] = ("cpu",)
 
@@ -137,6 +138,10 @@ class Backend(Protocol, Generic[H]):
     def layer(self, i: int, h: H, rows: Rows) -> H: ...
 
     def stand_in_layer(self, i: int, h: H, rows: Rows) -> H: ...
+
+    def stand_in_tail(self, start: int, h: H, rows: Rows) -> H:
+        """The stand-ins of layers start..L-1 in turn, as one call where the engine can fuse
+        them (the same result as `stand_in_layer` for each; any start must work)."""
 
     def project_kv(self, i: int, h: H, rows: Rows) -> None: ...
 

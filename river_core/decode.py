@@ -80,6 +80,8 @@ def decode_step(backend: Backend, tokens: Sequence[int], strategy: KVStrategy,
     deep, gone = list(range(batch)), []
     watch = strategy.allows_exit and policy.uses_similarity
     sub_blocks = watch and getattr(policy, "sub_blocks", False)
+    # once every row has left, the rest is one call unless the predictor watches exited rows
+    watch_exited = watch and strategy.moves_state and not sub_blocks
     h = backend.embed(tokens)
     # i = -1: a policy may exit a token before the first layer, so it runs stand-ins only
     # (the whole model quantized: the baseline River is measured against)
@@ -106,6 +108,9 @@ def decode_step(backend: Backend, tokens: Sequence[int], strategy: KVStrategy,
                 exits[r] = i
                 deep.remove(r)
             gone = sorted(gone + leaving)
+            if not deep and not watch_exited:
+                h = strategy.skipped_tail(backend, i + 1, h, _rows(gone, batch))
+                break
     if watch:
         for p in predictors:
             p.end_token()

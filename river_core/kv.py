@@ -32,6 +32,9 @@ class KVStrategy(Protocol):
 
     def skipped_layer(self, backend: Backend, i: int, h, rows: Rows): ...
 
+    def skipped_tail(self, backend: Backend, start: int, h, rows: Rows):
+        """Layers start..L-1 for `rows`, once every row has left and nothing watches them."""
+
     def ceiling(self, row: int) -> int | None:
         """The deepest backbone layer `row` may run this step (None: any)."""
 
@@ -53,6 +56,11 @@ class Strategy:
     def deep_layer(self, backend: Backend, i: int, h, rows: Rows):
         return backend.layer(i, h, rows)
 
+    def skipped_tail(self, backend: Backend, start: int, h, rows: Rows):
+        for i in range(start, backend.num_layers):
+            h = self.skipped_layer(backend, i, h, rows)
+        return h
+
     def ceiling(self, row: int) -> int | None:
         return None
 
@@ -68,6 +76,11 @@ class River(Strategy):
 
     def skipped_layer(self, backend: Backend, i: int, h, rows: Rows):
         return backend.stand_in_layer(i, h, rows)
+
+    def skipped_tail(self, backend: Backend, start: int, h, rows: Rows):
+        if backend.capabilities.stand_in_tail:
+            return backend.stand_in_tail(start, h, rows)
+        return super().skipped_tail(backend, start, h, rows)
 
 
 class Propagate(Strategy):

@@ -53,15 +53,33 @@ def test_humaneval_sandbox_contains_runaway_programs(source, reason, monkeypatch
     assert not passed and reason in why
 
 
-def test_task_configs_name_a_strategy_threshold_and_precision():
+def test_task_configs_name_a_strategy_policy_value_and_precision():
     import tasks
-    from river_core import ConfigError
+    from river_core import ConfigError, ExitConfig
 
-    river = tasks.Config.parse("river:0.2@int4")
-    assert (river.kv, river.threshold, river.bits, river.model_key("onnx")) == \
-        ("river", 0.2, 4, ("onnx", 4))
-    assert tasks.Config.parse("llamacpp").model_key("hf") == ("llamacpp", 8)
+    river = tasks.Config.parse("river:0.2@int8")
+    assert (river.kv, river.policy, river.value, river.bits, river.model_key("onnx")) == \
+        ("river", "similarity", 0.2, 8, ("onnx", 8))
+    assert tasks.Config.parse("river/settled:0.95").exit_config() == \
+        ExitConfig(kv="river", policy="settled", options={"tau": 0.95})
+    assert tasks.Config.parse("mask/fixed:3").exit_config().options == {"layer": 3}
+    assert tasks.Config.parse("llamacpp").model_key("hf") == ("llamacpp", 4)
     assert tasks.Config.parse("quantized@int8").exit_config().options == {"layer": -1}
-    for bad in ("river", "full:0.2", "river:0.2@int2"):
+    for bad in ("river", "full:0.2", "river:0.2@int2", "river/teleport:1"):
         with pytest.raises(ConfigError):
             tasks.Config.parse(bad)
+
+
+def test_paper_summary_picks_the_fastest_river_that_recovers_half_the_gap():
+    import tasks
+
+    rows = {"full": {"speedup": 1.0, "nll_delta": 0.0},
+            "quantized": {"speedup": 2.0, "nll_delta": 0.2},
+            "river/settled:0.9": {"speedup": 1.9, "nll_delta": 0.15},    # recovers 25%
+            "river/settled:0.95": {"speedup": 1.8, "nll_delta": 0.08},   # 60%
+            "river/settled:0.97": {"speedup": 1.5, "nll_delta": 0.02}}   # 90%
+    s = tasks.paper_summary(rows)
+    assert s["river_config"] == "river/settled:0.95"
+    assert abs(s["river_speed_vs_full_quant"] - 0.9) < 1e-9
+    assert abs(s["nll_gap_recovered"] - 0.6) < 1e-9
+    assert tasks.paper_summary({"full": rows["full"]}) is None

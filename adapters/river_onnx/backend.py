@@ -105,11 +105,12 @@ class OnnxBackend:
         self._layers = [make(folder / f"layer_{i}.onnx") for i in layers]
         self._stand_ins = [make(folder / f"stand_in_{i}.onnx") for i in layers]
         self._kv_proj = [make(folder / f"kv_{i}.onnx") for i in layers]
+        self._tails = {s: make(folder / f"tail_{s}.onnx") for s in manifest.tails}
         self.runs_on = tuple(self._head.get_providers())
         self.num_layers, self.max_positions = spec.num_layers, spec.max_positions
         self.stand_in_error = list(manifest.stand_in_error)
         self.capabilities = Capabilities(mask=True, recompute=True, sub_blocks=True,
-                                         devices=("cpu", "cuda"))
+                                         stand_in_tail=True, devices=("cpu", "cuda"))
         self.tokenizer = tokenizer
         self._k: list[np.ndarray] = []
         self._v: list[np.ndarray] = []
@@ -190,6 +191,30 @@ class OnnxBackend:
         span = _Step(self, start, self._step.end)
         out = self._run(self._layers[i], i, np.concatenate(states, axis=1), None, span)
         return np.split(out, out.shape[1], axis=1)
+
+    def stand_in_tail(self, start: int, h, rows):
+        if start not in self._tails:
+            for i in range(start, self.num_layers):
+                h = self.stand_in_layer(i, h, rows)
+            return h
+        s, idx = self._step, None if rows is None else np.asarray(rows)
+        feeds = {"h": h}
+        for j, i in enumerate(range(start, self.num_layers)):
+            layer = self._feeds(s, i, h, None)
+            key = self.spec.rope_keys[i]
+            feeds.update({f"cos{key}": layer["cos"], f"sin{key}": layer["sin"],
+                          **{f"{name}_{j}": layer[name] for name in
+                             ("past_k", "past_v", "past_mask", "self_mask")}})
+        if idx is not None:
+            feeds = {name: value[idx] for name, value in feeds.items()}
+        *kv, out = self._tails[start].run(None, feeds)
+        for j, i in enumerate(range(start, self.num_layers)):
+            self._write(s, i, kv[2 * j], kv[2 * j + 1], idx)
+        if idx is None:
+            return out
+        full = h.copy()
+        full[idx] = out
+        return full
 
     def project_kv(self, i: int, h, rows) -> None:
         idx = None if rows is None else np.asarray(rows)

@@ -3,7 +3,11 @@
 One folder per (model files, stand-in quantization, export format), under the user cache's
 `onnx/`: `embed`, `head`, and per layer `layer_i` (the block), `stand_in_i` (its quantized copy)
 and `kv_i` (its K/V projection, for `propagate`), each an .onnx file with its weights beside
-it, plus `manifest.json` (the ModelSpec and the stand-ins' weight errors) and the tokenizer.
+it; `tail_s` for the first few layers s: the stand-ins of s..L-1 as one graph, so a token that
+exits early runs its exit river in one session run (measured about 20% faster than one run
+per layer; only early starts, since each tail holds its own copy of the stand-in weights);
+plus `manifest.json` (the ModelSpec, the stand-ins' weight errors, the tail starts) and the
+tokenizer.
 """
 
 from __future__ import annotations
@@ -22,22 +26,30 @@ from river_models.source import locate, open_model
 
 from . import graphs
 
-FORMAT = 5   # bump when the graphs change: old exports are then ignored
+FORMAT = 6   # bump when the graphs change: old exports are then ignored
+
+
+def tail_starts(num_layers: int) -> tuple[int, ...]:
+    """Where tails begin: before the first layer (the whole model quantized) and after each
+    of the first sixth of the layers, where the paper's rule sends most tokens."""
+    return tuple(range(0, max(2, -(-num_layers // 6)) + 1))
 
 
 @attrs.frozen
 class Manifest:
     spec: ModelSpec
     stand_in_error: tuple[float, ...]
+    tails: tuple[int, ...]
 
     def save(self, folder: Path) -> None:
         (folder / "manifest.json").write_text(json.dumps(
-            {"spec": self.spec.to_json(), "stand_in_error": list(self.stand_in_error)}))
+            {"spec": self.spec.to_json(), "stand_in_error": list(self.stand_in_error),
+             "tails": list(self.tails)}))
 
     @classmethod
     def read(cls, folder: Path) -> "Manifest":
         d = json.loads((folder / "manifest.json").read_text())
-        return cls(ModelSpec.from_json(d["spec"]), tuple(d["stand_in_error"]))
+        return cls(ModelSpec.from_json(d["spec"]), tuple(d["stand_in_error"]), tuple(d["tails"]))
 
 
 def _save(model: onnx.ModelProto, folder: Path, name: str) -> None:
@@ -51,17 +63,23 @@ def export_model(checkpoint: Checkpoint, stand_ins: StandIns, folder: Path,
     spec, w = checkpoint.spec, checkpoint.weights
     layers = tqdm(list(enumerate(w.layers)), desc="exporting layers to ONNX",
                   disable=not progress, unit="layer")
+    quantized = []
     for i, layer in layers:
         full = graphs.BlockWeights.of(layer, spec)
+        quantized.append(graphs.BlockWeights.of(layer, spec, stand_ins.layers[i]))
         _save(graphs.block(full), folder, f"layer_{i}")
-        _save(graphs.block(graphs.BlockWeights.of(layer, spec, stand_ins.layers[i])), folder,
-              f"stand_in_{i}")
+        _save(graphs.block(quantized[i]), folder, f"stand_in_{i}")
         _save(graphs.kv_projection(full), folder, f"kv_{i}")
+    tails = tail_starts(spec.num_layers)
+    for start in tails:
+        _save(graphs.tail(quantized[start:], list(spec.rope_keys[start:])), folder,
+              f"tail_{start}")
     _save(graphs.embedding(w.embed, spec.embed_scale), folder, "embed")
     _save(graphs.head(graphs.Norm.of(w.final_norm, spec), w.head, spec.final_softcap), folder,
           "head")
-    checkpoint.tokenizer.hf.save_pretrained(folder / "tokenizer")
-    manifest = Manifest(spec, stand_ins.errors)
+    if hasattr(checkpoint.tokenizer, "hf"):   # a model for speed only may have no text
+        checkpoint.tokenizer.hf.save_pretrained(folder / "tokenizer")
+    manifest = Manifest(spec, stand_ins.errors, tails)
     manifest.save(folder)
     return manifest
 

@@ -203,6 +203,27 @@ def _rope_inputs(g: Graph) -> tuple[str, str]:
         g.input("sin", ["batch", 1, "tokens", "head_dim"])
 
 
+def _layer_inputs(g: Graph, b: BlockWeights, suffix: str = "") -> tuple[str, ...]:
+    cache = ["batch", b.kv_heads, "capacity", b.head_dim]
+    return (g.input(f"past_k{suffix}", cache), g.input(f"past_v{suffix}", cache),
+            g.input(f"past_mask{suffix}", ["batch", 1, "rows", "capacity"]),
+            g.input(f"self_mask{suffix}", ["batch", 1, "rows", "tokens"]))
+
+
+def _decoder_block(g: Graph, b: BlockWeights, h: str, cos: str, sin: str, past_k: str,
+                   past_v: str, past_mask: str, self_mask: str) -> tuple[str, str, str, str]:
+    """(h_out, mid, k, v): mid is the state between the attention and MLP sub-blocks."""
+    a, k, v = g.attention(g.rms_norm(h, b.input_norm), b, cos, sin, past_k, past_v, past_mask,
+                          self_mask)
+    if b.post_attn_norm is not None:
+        a = g.rms_norm(a, b.post_attn_norm)
+    mid = g.op("Add", h, a)
+    m = g.mlp(g.rms_norm(mid, b.pre_mlp_norm), b)
+    if b.post_mlp_norm is not None:
+        m = g.rms_norm(m, b.post_mlp_norm)
+    return g.op("Add", mid, m), mid, k, v
+
+
 def block(b: BlockWeights) -> onnx.ModelProto:
     """(h, past_k, past_v, past_mask, self_mask, cos, sin) -> (h, k, v, mid).
 
@@ -211,25 +232,32 @@ def block(b: BlockWeights) -> onnx.ModelProto:
     mid [B, 1, D]: the last token's state between the attention and MLP sub-blocks."""
     g = Graph()
     h = g.input("h", ["batch", "tokens", "hidden"])
-    cache = ["batch", b.kv_heads, "capacity", b.head_dim]
-    past_k, past_v = g.input("past_k", cache), g.input("past_v", cache)
-    past_mask = g.input("past_mask", ["batch", 1, "rows", "capacity"])
-    self_mask = g.input("self_mask", ["batch", 1, "rows", "tokens"])
-    cos, sin = _rope_inputs(g)
-    a, k, v = g.attention(g.rms_norm(h, b.input_norm), b, cos, sin, past_k, past_v, past_mask,
-                          self_mask)
-    if b.post_attn_norm is not None:
-        a = g.rms_norm(a, b.post_attn_norm)
-    h = g.op("Add", h, a)
-    m = g.mlp(g.rms_norm(h, b.pre_mlp_norm), b)
-    if b.post_mlp_norm is not None:
-        m = g.rms_norm(m, b.post_mlp_norm)
-    g.output(g.op("Add", h, m), "h_out")
+    layer = _layer_inputs(g, b)
+    h, mid, k, v = _decoder_block(g, b, h, *_rope_inputs(g), *layer)
+    g.output(h, "h_out")
     g.output(k, "k")
     g.output(v, "v")
     last = g.const(np.array([-1], dtype=np.int64))
-    g.output(g.op("Slice", h, last, g.const(np.array([np.iinfo(np.int64).max], np.int64)),
+    g.output(g.op("Slice", mid, last, g.const(np.array([np.iinfo(np.int64).max], np.int64)),
                   g.shape(1)), "mid")
+    return g.model()
+
+
+def tail(blocks: list[BlockWeights], rope_keys: list[str]) -> onnx.ModelProto:
+    """Several blocks in a row as one graph (the stand-ins of layers start..L-1, one session
+    run for a token's whole exit river): h, then per block j (inputs and outputs suffixed _j)
+    past_k, past_v, past_mask, self_mask -> k, v; one cos/sin pair per rotary table, named
+    cos<key>, sin<key>."""
+    g = Graph()
+    h = g.input("h", ["batch", "tokens", "hidden"])
+    ropes = {key: (g.input(f"cos{key}", ["batch", 1, "tokens", "head_dim"]),
+                   g.input(f"sin{key}", ["batch", 1, "tokens", "head_dim"]))
+             for key in dict.fromkeys(rope_keys)}
+    for j, (b, key) in enumerate(zip(blocks, rope_keys)):
+        h, _, k, v = _decoder_block(g, b, h, *ropes[key], *_layer_inputs(g, b, f"_{j}"))
+        g.output(k, f"k_{j}")
+        g.output(v, f"v_{j}")
+    g.output(h, "h_out")
     return g.model()
 
 
