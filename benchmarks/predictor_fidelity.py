@@ -1,11 +1,14 @@
-"""How well the predicted cumulative KV error E(k) tracks the real one, on the embedded model.
+"""How well exit scores track the real stand-in K/V error of exiting, on the embedded model.
 
-    python benchmarks/predictor_fidelity.py --prompts 4 --tokens 24
+    python -m benchmarks predictor_fidelity --prompts 4 --tokens 24
 
-For each decoded token (greedy, full depth) and each candidate exit layer k, the token's river
-is run from h_k and the real cumulative error sum_{j>k} rel_err(K/V_j river, K/V_j full) is
-measured in the cache slot; then the full-depth K/V is put back. Reports Pearson and Spearman
-correlation of predicted against measured, over all (token, k), and within tokens.
+For each decoded token (greedy, full depth) and each candidate exit layer k, the token's exit
+river is run from h_k and the real cumulative error sum_{j>k} rel_err(K/V_j river, K/V_j full)
+is measured in the cache slot; then the full-depth K/V is put back. Two scores are compared
+with it: the `transition` predictor's E(k) (the `similarity` policy), and the paper's rule's
+1 - min(attention, MLP sub-block cosine) at layer k (the `settled` policy; it exits when that
+falls below 1 - tau). Reports Pearson and Spearman correlation over all (token, k), within
+tokens, and across tokens at a fixed k (what tells tokens apart).
 """
 
 from __future__ import annotations
@@ -40,12 +43,12 @@ def main() -> None:
     ap.add_argument("--data", type=Path, default=GSM8K_TRAIN)
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--tokens", type=int, default=24)
-    ap.add_argument("--bits", type=int, default=8)
+    ap.add_argument("--bits", type=int, default=4)
     args = ap.parse_args()
     model = RiverModel.from_pretrained(quant=QuantSpec(bits=args.bits), progress=True)
     b = model.backend
     n = b.num_layers
-    predicted, measured, token_corr = [], [], []
+    predicted, measured, token_corr, settled = [], [], [], []
     for q in tqdm(gsm8k_questions(args.data, args.prompts), desc="prompts", file=sys.stderr):
         ids = b.tokenizer.chat(q)
         pre = b.prefill([ids], len(ids) + args.tokens + 1)
@@ -55,9 +58,10 @@ def main() -> None:
             for _ in range(args.tokens):
                 pos = b.offset
                 h = b.embed([token])
-                states, pred = [], []
+                states, pred, moved = [], [], []
                 for i in range(n):
                     out = b.layer(i, h, None)
+                    moved.append(1 - min(b.sub_block_similarity(None)[0]))
                     p.observe(i, b.similarity(h, out, None)[0])
                     pred.append(p.predicted_error(i))
                     h = out
@@ -78,6 +82,7 @@ def main() -> None:
                 token = int(b.logits(h)[0].argmax())
                 b.commit()
                 predicted += pred[:-1]
+                settled += moved[:-1]
                 measured += real
                 token_corr.append(spearman(pred[:-1], real))
     info = machine()
@@ -86,6 +91,14 @@ def main() -> None:
               "mean_across_token_spearman_at_fixed_k": across_tokens(predicted, measured, n - 1),
               "median_measured_over_predicted": float(np.median(np.array(measured)
                                                                  / np.array(predicted))),
+              "settled_score_across_token_spearman_at_fixed_k":
+                  across_tokens(settled, measured, n - 1),
+              "settled_score_across_token_spearman_k_1_to_4":
+                  across_tokens(np.array(settled).reshape(-1, n - 1)[:, 1:5].ravel(),
+                                np.array(measured).reshape(-1, n - 1)[:, 1:5].ravel(), 4),
+              "predictor_across_token_spearman_k_1_to_4":
+                  across_tokens(np.array(predicted).reshape(-1, n - 1)[:, 1:5].ravel(),
+                                np.array(measured).reshape(-1, n - 1)[:, 1:5].ravel(), 4),
               "samples": len(predicted)}
     try:
         import matplotlib
@@ -93,17 +106,18 @@ def main() -> None:
         import matplotlib.pyplot as plt
         fig, ax = plt.subplots(figsize=(5, 4))
         ax.scatter(measured, predicted, s=4, alpha=0.4)
-        ax.set_xlabel("measured cumulative river K/V error")
+        ax.set_xlabel("measured cumulative stand-in K/V error")
         ax.set_ylabel("predicted E(k)")
-        ax.set_title(f"int{args.bits} river, SmolLM2-135M, Spearman "
+        ax.set_title(f"int{args.bits} stand-ins, SmolLM2-135M, Spearman "
                      f"{result['spearman']:.2f}")
         fig.tight_layout()
         fig.savefig(RESULTS / "predictor-fidelity.png", dpi=110)
         plot = "\n![predicted vs measured](predictor-fidelity.png)\n"
     except ImportError:
         plot = "\n(install the `bench` extra for the plot)\n"
-    md = (f"# Predictor fidelity, int{args.bits} river, embedded SmolLM2-135M-Instruct\n\n"
-          f"Command: `python benchmarks/predictor_fidelity.py --prompts {args.prompts} --tokens "
+    md = (f"# Exit scores against the real K/V error, int{args.bits} stand-ins, embedded "
+          f"SmolLM2-135M-Instruct\n\n"
+          f"Command: `python -m benchmarks predictor_fidelity --prompts {args.prompts} --tokens "
           f"{args.tokens} --bits {args.bits}`. Machine: {info['cpu']}, "
           f"{info['cores']} cores.\n\n| measure | value |\n|---|---|\n"
           f"| Pearson, all (token, k) | {result['pearson']:.3f} |\n"
@@ -113,6 +127,12 @@ def main() -> None:
           f"| Spearman across tokens at a fixed k, mean over k | "
           f"{result['mean_across_token_spearman_at_fixed_k']:.3f} |\n"
           f"| median measured / predicted | {result['median_measured_over_predicted']:.2f} |\n"
+          f"| E(k), Spearman across tokens at k = 1..4 | "
+          f"{result['predictor_across_token_spearman_k_1_to_4']:.3f} |\n"
+          f"| paper's score 1 - min sub-block cos, across tokens at a fixed k, mean over k | "
+          f"{result['settled_score_across_token_spearman_at_fixed_k']:.3f} |\n"
+          f"| paper's score, across tokens at k = 1..4 | "
+          f"{result['settled_score_across_token_spearman_k_1_to_4']:.3f} |\n"
           f"| samples | {result['samples']} |\n" + plot)
     write("predictor-fidelity", {"machine": info, "args": vars(args) | {"data": str(args.data)},
                                   "result": result}, md)

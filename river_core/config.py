@@ -45,7 +45,7 @@ class ExitConfig:
     """Which exit policy, predictor and KV strategy run, and their options by name (each
     plugin declares its own: `river plugins` lists them)."""
 
-    policy: str = "similarity"
+    policy: str = "settled"
     kv: str = "river"
     predictor: str = "transition"
     options: Mapping[str, Any] = attrs.field(factory=dict, converter=dict)

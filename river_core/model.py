@@ -60,7 +60,7 @@ def plan(registry: Registry, config: ExitConfig, backend: Backend) -> Plan:
         raise CapabilityError(f"backend {backend.name!r} does not support the "
                               f"{config.kv!r} kv strategy")
     policy = registry.policy(config.policy)(options["policy"], backend.num_layers)
-    if getattr(policy, "sub_blocks", False) and not caps.sub_blocks:
+    if strategy.allows_exit and getattr(policy, "sub_blocks", False) and not caps.sub_blocks:
         raise CapabilityError(f"the {config.policy!r} policy reads sub-block similarities, "
                               f"which backend {backend.name!r} does not report")
     predictor = functools.partial(registry.predictor(config.predictor), options["predictor"])

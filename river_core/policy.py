@@ -45,7 +45,7 @@ class SimilarityPolicy:
 
 @attrs.frozen
 class SettledOptions:
-    tau: float = option(0.9, "exit once both sub-blocks' input/output cosine exceed this",
+    tau: float = option(0.97, "exit once both sub-blocks' input/output cosine exceed this",
                         between(-1.0, 1.0))
     min_layer: int = option(1, "earliest layer a token may exit after", at_least(0))
 

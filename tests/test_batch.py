@@ -63,7 +63,8 @@ def test_similarity_policy_runs_once_every_row_has_left(kv):
     from river_core import ExitConfig, RiverModel
 
     model = RiverModel(tiny_backend("llama", 0, 8))
-    config = ExitConfig(kv=kv, options={"threshold": 10.0, "min_layer": 0})
+    config = ExitConfig(kv=kv, policy="similarity",
+                        options={"threshold": 10.0, "min_layer": 0})
     out = model.generate_ids([[1, 20, 21]], config,
                              GenerationConfig(max_new_tokens=4))
     assert set(out.exit_layers[0]) == {0}

@@ -29,20 +29,22 @@ def test_each_option_goes_to_the_plugin_that_declares_it():
 @pytest.mark.parametrize("options, message", [
     ({"layer": 2}, "unknown option 'layer'; the chosen plugins take: min_layer, momentum, "
                    "threshold"),
+    ({"tau": 2}, "unknown option 'tau'"),
     ({"threshold": 11}, "threshold must be in [0.0, 10.0]"),
     ({"min_layer": -2}, "min_layer must be an integer >= 0"),
     ({"momentum": "high"}, "momentum must be in [0.0, 1.0]"),
 ])
 def test_bad_options_fail_before_any_model_is_needed(options, message):
     with pytest.raises(ConfigError) as e:
-        bound_options(default_registry(), ExitConfig(options=options))
+        bound_options(default_registry(), ExitConfig(policy="similarity", options=options))
     assert str(e.value).startswith(message)
 
 
 def test_similarity_policy_options_change_where_tokens_exit(model):
-    late = model.generate("abc", chat=False, max_new_tokens=6, threshold=0.0, min_layer=3)
+    late = model.generate("abc", chat=False, max_new_tokens=6, policy="similarity",
+                          threshold=0.0, min_layer=3)
     early = model.generate("abc", chat=False, options={"threshold": 10.0, "min_layer": 1},
-                           max_new_tokens=6)
+                           policy="similarity", max_new_tokens=6)
     assert set(early.stats.exit_layers[0]) == {1}
     assert min(late.stats.exit_layers[0]) >= 3
 
@@ -67,13 +69,15 @@ def test_cli_sets_options_of_every_kind(tiny_folder, capsys):
     args = ["generate", "abc", "--model", folder, "--no-chat", "--max-new-tokens", "3"]
     assert main(args + ["--policy", "fixed", "-o", "layer=1", "-o", "momentum=0.5"]) == 0
     assert "  2 | " in capsys.readouterr().err   # every token ran 2 backbone layers
-    assert main(args + ["-o", "threshold=10", "-o", "min_layer=0"]) == 0
+    assert main(args + ["--policy", "similarity", "-o", "threshold=10", "-o", "min_layer=0"]) == 0
+    assert "  1 | " in capsys.readouterr().err
+    assert main(args + ["-o", "tau=-1", "-o", "min_layer=0"]) == 0   # the default: settled
     assert "  1 | " in capsys.readouterr().err
 
 
 def test_plugins_lists_each_plugins_options(capsys):
     assert main(["plugins"]) == 0
     out = capsys.readouterr().out
-    for line in ("-o threshold=0.15:", "-o min_layer=null:", "-o layer=null:",
+    for line in ("-o threshold=0.15:", "-o min_layer=null:", "-o layer=null:", "-o tau=0.97:",
                  "-o momentum=0.9:"):
         assert line in out
