@@ -218,9 +218,10 @@ def paper_summary(rows: dict) -> dict | None:
     half = [label for label in rivers if recovered[label] >= 0.5]
     best = max(half, key=lambda l: rivers[l]["speedup"]) if half else \
         max(recovered, key=recovered.get)
-    return {"river_config": best, "river_speedup_vs_backbone": rivers[best]["speedup"],
-            "river_speed_vs_full_quant": rivers[best]["speedup"] / quant["speedup"],
-            "nll_gap_recovered": recovered[best]}
+    figures = {label: {"river_speedup_vs_backbone": r["speedup"],
+                       "river_speed_vs_full_quant": r["speedup"] / quant["speedup"],
+                       "nll_gap_recovered": recovered[label]} for label, r in rivers.items()}
+    return {"river_config": best, **figures[best], "every_river_config": figures}
 
 
 def plots(name: str, rows: dict, num_layers: int) -> list[str]:

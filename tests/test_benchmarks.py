@@ -82,4 +82,5 @@ def test_paper_summary_picks_the_fastest_river_that_recovers_half_the_gap():
     assert s["river_config"] == "river/settled:0.95"
     assert abs(s["river_speed_vs_full_quant"] - 0.9) < 1e-9
     assert abs(s["nll_gap_recovered"] - 0.6) < 1e-9
+    assert abs(s["every_river_config"]["river/settled:0.9"]["nll_gap_recovered"] - 0.25) < 1e-9
     assert tasks.paper_summary({"full": rows["full"]}) is None
