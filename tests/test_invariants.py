@@ -1,7 +1,7 @@
 """What only the reference backend checks: parity with transformers' own generate().
 
 The KV-sharing invariants every backend must keep are in the conformance kit
-(river_core/conformance.py, run by test_conformance.py)."""
+(river_conformance/kit.py, run by test_conformance.py)."""
 
 import numpy as np
 import pytest
