@@ -48,7 +48,7 @@ def main() -> None:
     model = RiverModel.from_pretrained(quant=QuantSpec(bits=args.bits), progress=True)
     b = model.backend
     n = b.num_layers
-    predicted, measured, token_corr, settled = [], [], [], []
+    predicted, measured, token_corr, settled, cosines = [], [], [], [], []
     for q in tqdm(gsm8k_questions(args.data, args.prompts), desc="prompts", file=sys.stderr):
         ids = b.tokenizer.chat(q)
         pre = b.prefill([ids], len(ids) + args.tokens + 1)
@@ -83,6 +83,7 @@ def main() -> None:
                 b.commit()
                 predicted += pred[:-1]
                 settled += moved[:-1]
+                cosines.append([1 - m for m in moved])
                 measured += real
                 token_corr.append(spearman(pred[:-1], real))
     info = machine()
@@ -99,6 +100,8 @@ def main() -> None:
               "predictor_across_token_spearman_k_1_to_4":
                   across_tokens(np.array(predicted).reshape(-1, n - 1)[:, 1:5].ravel(),
                                 np.array(measured).reshape(-1, n - 1)[:, 1:5].ravel(), 4),
+              "median_min_sub_block_cosine_per_layer":
+                  [round(float(c), 3) for c in np.median(cosines, axis=0)],
               "samples": len(predicted)}
     try:
         import matplotlib
@@ -133,7 +136,10 @@ def main() -> None:
           f"{result['settled_score_across_token_spearman_at_fixed_k']:.3f} |\n"
           f"| paper's score, across tokens at k = 1..4 | "
           f"{result['settled_score_across_token_spearman_k_1_to_4']:.3f} |\n"
-          f"| samples | {result['samples']} |\n" + plot)
+          f"| samples | {result['samples']} |\n\n"
+          f"Median over tokens of min(attention, MLP sub-block cosine), layer 0 to "
+          f"{n - 1}: {', '.join(map(str, result['median_min_sub_block_cosine_per_layer']))}.\n"
+          + plot)
     write("predictor-fidelity", {"machine": info, "args": vars(args) | {"data": str(args.data)},
                                   "result": result}, md)
 
