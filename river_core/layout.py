@@ -58,6 +58,11 @@ class Layout:
         holes = None if self.holes is None else self.holes[layer, :, lo:end]
         return holes if holes is not None and holes.any() else None
 
+    def mask_key(self, window: int | None, layer: int) -> tuple:
+        """What a step's mask depends on besides its slots: the window, and the layer once
+        any layer has holes (engines cache converted masks under it)."""
+        return window, layer if self.holes is not None else None
+
     def plain(self, start: int, end: int, window: int | None, layer: int) -> bool:
         """True when `mask` is all-causal attention with the queries starting at slot 0, or
         every key for a single query: an engine may then skip the mask."""

@@ -20,11 +20,10 @@ from typing import Sequence
 import numpy as np
 
 from river_core.backend import Capabilities, Footprint, Prefill
-from river_core.config import QuantSpec
 from river_core.errors import CapabilityError
 from river_core.hookspecs import hookimpl
 from river_core.layout import Layout
-from river_models import PROJECTIONS, Checkpoint, StandIns, stand_ins, tiny
+from river_models import Checkpoint, StandIns, tiny
 
 
 def rms_norm(x, w, eps):
@@ -195,8 +194,7 @@ class NumpyBackend:
 def make(family: str, seed: int, bits: int) -> NumpyBackend:
     """The example backend over a tiny random model."""
     checkpoint = tiny.checkpoint(family, seed)
-    return NumpyBackend(checkpoint, stand_ins(checkpoint, QuantSpec(bits=bits, group_size=32),
-                                              cache=False))
+    return NumpyBackend(checkpoint, tiny.stand_ins(checkpoint, bits))
 
 
 @hookimpl

@@ -69,7 +69,7 @@ class Step:
 
     def mask(self, window: int | None, layer: int, rows):
         """Boolean [batch, 1, tokens, keys] (True = attend), or None for plain causal."""
-        key = (window, layer if self.layout.holes is not None else None)
+        key = self.layout.mask_key(window, layer)
         if key not in self._masks:
             plain = self.layout.plain(self.start, self.end, window, layer)
             self._masks[key] = None if plain else torch.from_numpy(

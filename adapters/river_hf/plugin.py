@@ -40,13 +40,12 @@ def tiny_backend(family: str, seed: int, bits: int, dtype: str = "float32"):
     """The hf backend over a tiny random model: the conformance kit's reference."""
     import torch
 
-    from river_models import stand_ins, tiny
+    from river_models import tiny
 
     from .backend import HFBackend
 
     checkpoint = tiny.checkpoint(family, seed, dtype)
-    quant = QuantSpec(bits=bits, group_size=32)
-    return HFBackend(checkpoint, stand_ins(checkpoint, quant, cache=False), getattr(torch, dtype))
+    return HFBackend(checkpoint, tiny.stand_ins(checkpoint, bits), getattr(torch, dtype))
 
 
 @hookimpl

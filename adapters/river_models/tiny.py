@@ -63,3 +63,14 @@ def checkpoint(family: str, seed: int = 0, dtype: str = "float32"):
 
     return checkpoint_of(model(family, seed, dtype), tokenizer(), f"tiny-{family}",
                          f"seed{seed}-{dtype}")
+
+
+def stand_ins(checkpoint, bits: int):
+    """The stand-ins every backend's conformance factory uses for a tiny model: one setting
+    for all, so their cross-engine comparison compares the same weights (groups of 32: the
+    tiny widths are 64 and 128); not cached, they take milliseconds."""
+    from river_core.config import QuantSpec
+
+    from .quant import stand_ins as quantized
+
+    return quantized(checkpoint, QuantSpec(bits=bits, group_size=32), cache=False)

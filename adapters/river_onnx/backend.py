@@ -76,7 +76,7 @@ class _Step:
     def masks(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
         """(past [B, 1, G*T, capacity], new [B, 1, G*T, T]) additive masks of `layer`."""
         layout, window = self._b._layout, self._b.spec.windows[layer]
-        key = (window, layer if layout.holes is not None else None)
+        key = layout.mask_key(window, layer)
         if key not in self._masks:
             lo = layout.first_key(self.start, self.end, window)
             attend = np.zeros((layout.batch, self.end - self.start, layout.capacity), bool)

@@ -33,17 +33,15 @@ def tiny_backend(family: str, seed: int, bits: int):
     import tempfile
     from pathlib import Path
 
-    from river_models import stand_ins, tiny
+    from river_models import tiny
 
     from .backend import OnnxBackend
     from .export import export_model
 
     checkpoint = tiny.checkpoint(family, seed)
-    quant = QuantSpec(bits=bits, group_size=32)
     # sessions read every weight when they are made, so the export folder can go right after
     with tempfile.TemporaryDirectory(prefix=f"river-onnx-{family}-") as folder:
-        manifest = export_model(checkpoint, stand_ins(checkpoint, quant, cache=False),
-                                Path(folder))
+        manifest = export_model(checkpoint, tiny.stand_ins(checkpoint, bits), Path(folder))
         return OnnxBackend(Path(folder), manifest, checkpoint.tokenizer)
 
 
