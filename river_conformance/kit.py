@@ -37,6 +37,7 @@ from river_core.kv import Full, Mask, Monotonic, Propagate, Recompute, River
 from river_core.model import RiverModel
 from river_core.plugins import default_registry
 from river_core.predictor import TransitionPredictor
+from river_core.speculative import DraftLength, rounds, speculative_ids
 from river_core.testing import ScriptedPolicy, relative_error, teacher_force
 from river_models import tiny
 
@@ -54,6 +55,9 @@ LAYERS = tiny.LAYERS
 prompts = st.lists(st.integers(3, tiny.VOCAB - 1), min_size=1, max_size=24).map(lambda p: [1] + p)
 continuations = st.lists(st.integers(3, tiny.VOCAB - 1), min_size=1, max_size=10)
 exit_layers = st.lists(st.one_of(st.none(), st.integers(0, LAYERS - 1)), min_size=10, max_size=10)
+# per draft step; -1: the draft runs stand-ins only (the whole model quantized)
+draft_exits = st.lists(st.one_of(st.none(), st.integers(-1, LAYERS - 1)), min_size=40,
+                       max_size=40)
 
 
 @functools.cache
@@ -401,3 +405,65 @@ def test_a_fused_stand_in_tail_equals_its_layers_one_by_one(conformance_backend,
     assert relative_error(fused_logits, logits) <= FULL_DEPTH_RTOL
     for (fk, fv), (k, v) in zip(fused_kv, kv):
         assert relative_error(fk, k) <= FULL_DEPTH_RTOL and relative_error(fv, v) <= FULL_DEPTH_RTOL
+
+
+def _drafting(b, data):
+    _needs(b, "verify")
+    strategies = [s for s in (River(), Propagate(), Full())
+                  if s.requires is None or getattr(b.capabilities, s.requires)]
+    return data.draw(st.sampled_from(strategies), label="draft strategy")
+
+
+@given(prompt=prompts, n=st.integers(1, 16), gamma=st.integers(1, 5), exits=draft_exits,
+       adaptive=st.booleans(), data=st.data())
+def test_speculative_greedy_output_is_full_depths_token_for_token(
+        conformance_backend, prompt, n, gamma, exits, adaptive, data):
+    b = conformance_backend.backend(conformance_backend.family(data))
+    strategy = _drafting(b, data)
+    want = _greedy(b, prompt, n).tokens
+    got = speculative_ids(b, [prompt], GenerationConfig(max_new_tokens=n), strategy,
+                          ScriptedPolicy(exits), TransitionPredictor, DraftLength(gamma, adaptive))
+    assert got.tokens == want
+    assert sum(got.accepted) + len(got.accepted) >= len(want[0]) - 1   # every round yields
+
+
+@given(prompt=prompts, n=st.integers(2, 16), gamma=st.integers(1, 5), exits=draft_exits,
+       data=st.data())
+def test_no_river_kv_survives_verification(conformance_backend, prompt, n, gamma, exits, data):
+    """After every round, every layer's K/V of every position the output stands on is full
+    depth's, within the full-depth tolerance: drafts' K/V never outlive their round."""
+    b = conformance_backend.backend(conformance_backend.family(data))
+    strategy = _drafting(b, data)
+    tokens = _greedy(b, prompt, n).tokens[0]
+    want = _kv_after(b, prompt, tokens[:-1], Full()) if len(tokens) > 1 else None
+    out: list[int] = []
+    for r in rounds(b, prompt, GenerationConfig(max_new_tokens=n), strategy,
+                    ScriptedPolicy(exits), TransitionPredictor, DraftLength(gamma, False)):
+        out += r.tokens
+        stands = len(prompt) + len(out) - 1   # the newest token is not in the cache yet
+        if want is None or stands <= len(prompt):
+            continue
+        for i in range(b.num_layers):
+            for got, full in zip(b.kv(i), want[i]):
+                assert relative_error(got[:, :, :stands], full[:, :, :stands]) <= FULL_DEPTH_RTOL
+    assert out == tokens
+
+
+def test_speculative_mode_refuses_what_would_break_it(conformance_backend):
+    b = conformance_backend.backend()
+    model = RiverModel(b)
+    ids, gen = [1, 20, 21, 22], GenerationConfig(max_new_tokens=3)
+    config = lambda **kw: ExitConfig(mode="speculative", policy="fixed", options={"layer": 1},
+                                     **kw)
+    if not b.capabilities.verify:
+        with pytest.raises(CapabilityError, match="verify"):
+            model.generate_ids([ids], config(kv="full"), gen)
+        return
+    for kv in ("mask", "monotonic", "recompute"):
+        with pytest.raises(ConfigError, match="cannot draft"):
+            model.generate_ids([ids], config(kv=kv), gen)
+    with pytest.raises(ConfigError, match="one sequence"):
+        model.generate_ids([ids, ids], config(kv="full"), gen)
+    if b.capabilities.stand_in:
+        with pytest.raises(ConfigError, match="prefill_exit"):
+            model.generate_ids([ids], config(prefill_exit=0), gen)

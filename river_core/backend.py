@@ -20,6 +20,13 @@ core calls, for every layer i in order, exactly one of:
   left unwritten, then this step's token (only for the `recompute` strategy, which guarantees
   that no read of those slots happens before).
 
+Outside that per-token protocol, for speculative decoding (one sequence only):
+
+- `extend(tokens)`: the backbone over the next len(tokens) positions at once, causally, at full
+  depth: writes every layer's slots offset..offset+m-1, advances `offset` by m and returns the
+  logits of every position;
+- `rewind(offset)`: forgets every position from `offset` on; the next write lands there.
+
 So after any sequence of exits every layer holds the same number of positions (some of them
 marked absent under `mask`, some not yet written under `recompute`).
 
@@ -52,6 +59,8 @@ class Capabilities:
     recompute: bool = False   # has `layer_span`: late K/V for earlier tokens, batch 1
     sub_blocks: bool = False  # has `sub_block_similarity`
     stand_in_tail: bool = False   # has `stand_in_tail`: a token's whole exit river in one call
+    verify: bool = False      # has `extend` and `rewind`: speculative decoding, batch 1
+    stand_in_head: bool = False   # has `stand_in_logits`: the LM head at stand-in precision
     batch: bool = True        # accepts more than one sequence
     devices: tuple[str, ...] = ("cpu",)
 
@@ -83,6 +92,7 @@ class Footprint:
     kv_projection_bytes: tuple[int, ...]  # per layer: its K and V projections alone
     head_bytes: int                       # final norm and LM head
     kv_bytes_per_position: int            # K and V of one position in one layer, as stored
+    stand_in_head_bytes: int = 0          # the head's stand-in (0: none)
 
     def bytes_per_token(self, exit_layer: int, positions: float,
                         skipped_reads: Reads = "stand_in") -> float:
@@ -145,6 +155,14 @@ class Backend(Protocol, Generic[H]):
 
     def project_kv(self, i: int, h: H, rows: Rows) -> None: ...
 
+    def extend(self, tokens: Sequence[int]) -> np.ndarray:
+        """Run `tokens` through the whole backbone at positions offset.. of the one sequence,
+        write their slots in every layer and commit them: [len(tokens), vocab] float32 logits,
+        row t predicting the token after tokens[t] (only with `Capabilities.verify`)."""
+
+    def rewind(self, offset: int) -> None:
+        """Forget positions offset.. (offset <= `offset` now): later steps overwrite them."""
+
     def skip(self, i: int, rows: Rows) -> None: ...
 
     def layer_span(self, i: int, states: Sequence[H], start: int) -> list[H]:
@@ -161,6 +179,10 @@ class Backend(Protocol, Generic[H]):
 
     def logits(self, h: H) -> np.ndarray:
         """Final norm and LM head: [batch, vocab] float32."""
+
+    def stand_in_logits(self, h: H) -> np.ndarray:
+        """`logits` with the head's stand-in (its weight-quantized copy): for drafts, whose
+        logits only pick a token the backbone then checks (`Capabilities.stand_in_head`)."""
 
     def commit(self) -> None:
         """Advance `offset` past the position this step wrote."""

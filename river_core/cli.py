@@ -9,7 +9,7 @@ import sys
 import attrs
 import numpy as np
 
-from .config import ExitConfig, GenerationConfig, QuantSpec
+from .config import MODES, ExitConfig, GenerationConfig, QuantSpec
 from .decode import DecodeResult
 from .errors import RiverError
 from .model import RiverModel, bound_options
@@ -39,6 +39,13 @@ def _parser() -> argparse.ArgumentParser:
                    help="KV strategy: river, propagate, mask, monotonic, recompute, full")
     g.add_argument("--prefill-exit", type=int, metavar="K",
                    help="run the prompt's layers past K as stand-ins (sequence-level exit)")
+    g.add_argument("--mode", default=_default(ExitConfig, "mode"), choices=MODES,
+                   help="exit: exited tokens are final (the paper, lossy); speculative: they "
+                   "are drafts the backbone verifies (lossless)")
+    g.add_argument("--draft-tokens", type=int, default=_default(ExitConfig, "draft_tokens"),
+                   help="speculative mode: the most tokens drafted per verification")
+    g.add_argument("--fixed-draft", action="store_true",
+                   help="speculative mode: always draft --draft-tokens (no adaptation)")
     g.add_argument("-o", "--option", action="append", default=[], metavar="KEY=VALUE",
                    help="an option of the chosen policy, predictor or KV strategy, e.g. "
                    "-o threshold=0.2 (repeatable; river plugins lists them)")
@@ -61,13 +68,21 @@ def _parser() -> argparse.ArgumentParser:
 
 def _report(stats: DecodeResult) -> str:
     n = sum(len(t) for t in stats.tokens)
-    lines = [f"{n} tokens | {stats.ms_per_token:.1f} ms/token (median decode step) | "
-             f"{stats.tokens_per_second:.1f} tokens/s | mean exit layer "
-             f"{stats.mean_exit_layer:.1f}/{stats.num_layers} | "
-             f"{100 * stats.skipped_share:.1f}% of layers skipped"]
+    if stats.speculative:
+        lines = [f"{n} tokens | {stats.ms_per_token:.1f} ms/token (mean) | "
+                 f"{stats.tokens_per_second:.1f} tokens/s | speculative: "
+                 f"{100 * stats.acceptance_rate:.1f}% of {sum(stats.drafted)} drafts kept, "
+                 f"{stats.tokens_per_round:.2f} tokens per verification | drafts' mean exit "
+                 f"layer {stats.mean_exit_layer:.1f}/{stats.num_layers}"]
+    else:
+        lines = [f"{n} tokens | {stats.ms_per_token:.1f} ms/token (median decode step) | "
+                 f"{stats.tokens_per_second:.1f} tokens/s | mean exit layer "
+                 f"{stats.mean_exit_layer:.1f}/{stats.num_layers} | "
+                 f"{100 * stats.skipped_share:.1f}% of layers skipped"]
     hist = stats.histogram()
     if hist.sum():
-        lines.append("histogram of backbone layers run per token:")
+        what = "draft step" if stats.speculative else "token"
+        lines.append(f"histogram of backbone layers run per {what}:")
         scale = 40 / hist.max()
         for layer in np.nonzero(hist)[0]:
             lines.append(f"  {layer:3d} | {'#' * max(1, round(hist[layer] * scale))} "
@@ -79,7 +94,9 @@ def _generate(args) -> None:
     # every setting is checked first: bad input fails before the model loads
     quant = QuantSpec(bits=args.bits, group_size=args.group_size, method=args.quantizer)
     exit_config = ExitConfig(policy=args.policy, kv=args.kv, predictor=args.predictor,
-                             options=parse(args.option), prefill_exit=args.prefill_exit)
+                             options=parse(args.option), prefill_exit=args.prefill_exit,
+                             mode=args.mode, draft_tokens=args.draft_tokens,
+                             adaptive=not args.fixed_draft)
     gen = GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                            top_p=args.top_p, stop=args.stop, seed=args.seed)
     if not args.prompt.strip():

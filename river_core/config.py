@@ -40,6 +40,9 @@ class QuantSpec:
         return "int8" if self.bits == 8 else f"int{self.bits} g{self.group_size} {self.method}"
 
 
+MODES = ("exit", "speculative")
+
+
 @attrs.frozen
 class ExitConfig:
     """Which exit policy, predictor and KV strategy run, and their options by name (each
@@ -52,10 +55,20 @@ class ExitConfig:
     prefill_exit: int | None = None
     """Sequence-level exit of the prompt (as the paper): its layers past this one run their
     stand-ins; None runs the prompt at full depth. Only with the `river` strategy."""
+    mode: str = "exit"
+    """"exit": a token that exits is final (the paper; fast, lossy). "speculative": exited
+    tokens are drafts the backbone verifies, several at once (lossless: the backbone's output)."""
+    draft_tokens: int = 4
+    """Speculative mode: the most tokens drafted per verification."""
+    adaptive: bool = True
+    """Speculative mode: draft fewer tokens when the running acceptance rate and the measured
+    draft and verification times say more would not pay."""
 
     def __attrs_post_init__(self) -> None:
         _check(self.prefill_exit is None or self.prefill_exit >= -1,
                f"prefill_exit must be >= -1, got {self.prefill_exit}")
+        _check(self.mode in MODES, f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        _check(self.draft_tokens >= 1, f"draft_tokens must be >= 1, got {self.draft_tokens}")
 
 
 @attrs.frozen

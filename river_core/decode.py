@@ -31,12 +31,41 @@ class DecodeResult:
                                    # (-1: none, the token ran stand-ins only)
     num_layers: int
     prefill_seconds: float
-    step_seconds: list[float]      # wall time of each decode step (the whole batch)
+    step_seconds: list[float]      # wall time of each decode step (the whole batch); in
+                                   # speculative mode, of each draft-and-verify round
+    drafted: list[int] = attrs.field(factory=list)    # speculative mode, per round
+    accepted: list[int] = attrs.field(factory=list)   # drafts the backbone kept, per round
+
+    @property
+    def speculative(self) -> bool:
+        return bool(self.drafted)
 
     @property
     def ms_per_token(self) -> float:
-        """Median decode-step time in milliseconds (batch 1: per token)."""
-        return float(np.median(self.step_seconds)) * 1e3 if self.step_seconds else float("nan")
+        """Decode time per token in milliseconds (batch 1): the median step, or in speculative
+        mode, whose rounds yield several tokens, the mean over all rounds."""
+        if not self.step_seconds:
+            return float("nan")
+        if self.speculative:
+            return self.mean_ms_per_token
+        return float(np.median(self.step_seconds)) * 1e3
+
+    @property
+    def mean_ms_per_token(self) -> float:
+        """All decode time over the tokens decoding produced (the first comes from prefill)."""
+        n = sum(len(t) for t in self.tokens) - len(self.tokens)
+        return sum(self.step_seconds) * 1e3 / n if n > 0 else float("nan")
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Speculative mode: the share of drafted tokens the backbone kept."""
+        return sum(self.accepted) / sum(self.drafted) if self.speculative else float("nan")
+
+    @property
+    def tokens_per_round(self) -> float:
+        """Speculative mode: tokens each verification yields (kept drafts plus its own)."""
+        return (sum(self.accepted) + len(self.accepted)) / len(self.accepted) \
+            if self.speculative else float("nan")
 
     @property
     def tokens_per_second(self) -> float:
@@ -73,8 +102,9 @@ def _rows(rows: list[int], batch: int) -> Rows:
 
 def decode_step(backend: Backend, tokens: Sequence[int], strategy: KVStrategy,
                 policy: ExitPolicy, predictors: Sequence[SimilarityPredictor],
-                step: int) -> tuple[np.ndarray, list[int]]:
-    """Run one token per sequence through the layers; return logits and each exit layer."""
+                step: int, draft: bool = False) -> tuple[np.ndarray, list[int]]:
+    """Run one token per sequence through the layers; return logits and each exit layer.
+    A `draft` step's logits come from the head's stand-in where the backend has one."""
     n, batch = backend.num_layers, len(tokens)
     exits = [n - 1] * batch
     deep, gone = list(range(batch)), []
@@ -116,6 +146,8 @@ def decode_step(backend: Backend, tokens: Sequence[int], strategy: KVStrategy,
             p.end_token()
     for r, k in enumerate(exits):
         strategy.exited(r, k)
+    if draft and backend.capabilities.stand_in_head:
+        return backend.stand_in_logits(h), exits
     return backend.logits(h), exits
 
 
@@ -123,8 +155,19 @@ def _capped(ceiling: int | None, layer: int) -> bool:
     return ceiling is not None and layer >= ceiling
 
 
-def _stopped(text: str, stop: Sequence[str]) -> bool:
+def stopped(text: str, stop: Sequence[str]) -> bool:
     return any(s in text for s in stop)
+
+
+def check_capacity(backend: Backend, prompts: Sequence[Sequence[int]], new_tokens: int) -> int:
+    """The cache positions a generation needs; refuses empty prompts and context overflow."""
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ConfigError("empty prompt: give at least one token")
+    longest = max(len(p) for p in prompts)
+    if longest + new_tokens > backend.max_positions:
+        raise ConfigError(f"prompt ({longest} tokens) plus max_new_tokens ({new_tokens}) "
+                          f"exceeds the model's context of {backend.max_positions} positions")
+    return longest + new_tokens
 
 
 def generate_ids(backend: Backend, prompts: Sequence[Sequence[int]], gen: GenerationConfig,
@@ -132,17 +175,11 @@ def generate_ids(backend: Backend, prompts: Sequence[Sequence[int]], gen: Genera
                  prefill_exit: int | None = None) -> DecodeResult:
     """Generate up to gen.max_new_tokens per prompt; each sequence stops on EOS or a stop
     string. The prompt runs the backbone up to `prefill_exit` (None: all of it)."""
-    if not prompts or any(len(p) == 0 for p in prompts):
-        raise ConfigError("empty prompt: give at least one token")
+    capacity = check_capacity(backend, prompts, gen.max_new_tokens)
     if len(prompts) > 1 and not backend.capabilities.batch:
         raise ConfigError(f"backend {backend.name!r} runs one sequence at a time")
     if len(prompts) > 1 and not strategy.batch:
         raise ConfigError(f"kv strategy {strategy.name!r} runs one sequence at a time")
-    capacity = max(len(p) for p in prompts) + gen.max_new_tokens
-    if capacity > backend.max_positions:
-        raise ConfigError(f"prompt ({max(len(p) for p in prompts)} tokens) plus max_new_tokens "
-                          f"({gen.max_new_tokens}) exceeds the model's context of "
-                          f"{backend.max_positions} positions")
     sample = make_sampler(gen.temperature, gen.top_p, gen.seed)
     eos = backend.tokenizer.eos_ids
 
@@ -163,7 +200,7 @@ def generate_ids(backend: Backend, prompts: Sequence[Sequence[int]], gen: Genera
                 continue
             tokens[r].append(t)
             done[r] = t in eos or (bool(gen.stop) and
-                                   _stopped(backend.tokenizer.decode(tokens[r]), gen.stop))
+                                   stopped(backend.tokenizer.decode(tokens[r]), gen.stop))
         if all(done) or step == gen.max_new_tokens - 1:
             break
         start = time.perf_counter()

@@ -26,6 +26,8 @@ class KVStrategy(Protocol):
     requires: str | None   # the Capabilities flag the backend must set
     batch: bool            # False: one sequence at a time
     skipped_reads: Reads   # the weights a skipped layer reads (for bytes-per-token figures)
+    drafts: bool           # can draft for speculative mode: every step writes every slot it
+                           # passes and nothing carries over from step to step
 
     def deep_layer(self, backend: Backend, i: int, h, rows: Rows):
         """Backbone layer i for `rows`, the tokens still in the backbone."""
@@ -48,6 +50,7 @@ class Strategy:
     A strategy is made afresh for every generation, from its options."""
 
     batch = True
+    drafts = False
     Options = NoOptions
 
     def __init__(self, options=NoOptions()) -> None:
@@ -72,7 +75,7 @@ class River(Strategy):
     """River: stand-in j reads and writes layer j's own cache; its output feeds the head."""
 
     name, allows_exit, moves_state, requires = "river", True, True, "stand_in"
-    skipped_reads = "stand_in"
+    skipped_reads, drafts = "stand_in", True
 
     def skipped_layer(self, backend: Backend, i: int, h, rows: Rows):
         return backend.stand_in_layer(i, h, rows)
@@ -87,7 +90,7 @@ class Propagate(Strategy):
     """CALM: the exit state h_k feeds every skipped layer's K/V projection and the head."""
 
     name, allows_exit, moves_state, requires = "propagate", True, False, "propagate"
-    skipped_reads = "kv_projection"
+    skipped_reads, drafts = "kv_projection", True
 
     def skipped_layer(self, backend: Backend, i: int, h, rows: Rows):
         backend.project_kv(i, h, rows)
@@ -110,6 +113,7 @@ class Full(Strategy):
     """No exit: every token runs the whole backbone. The baseline."""
 
     name, allows_exit, moves_state, requires, skipped_reads = "full", False, False, None, "nothing"
+    drafts = True
 
     def skipped_layer(self, backend: Backend, i: int, h, rows: Rows):
         raise AssertionError("the full strategy never skips a layer")

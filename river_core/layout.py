@@ -49,6 +49,11 @@ class Layout:
             self.holes = np.zeros((self._num_layers, self.batch, self.capacity), dtype=bool)
         self.holes[layer, slice(None) if rows is None else list(rows), position] = True
 
+    def rewind(self, position: int) -> None:
+        """Slots from `position` on hold nothing any more: they lose their holes too."""
+        if self.holes is not None:
+            self.holes[:, :, position:] = False
+
     def first_key(self, start: int, end: int, window: int | None) -> int:
         """The first slot a step of queries start..end-1 can attend: a single decoding query
         of a sliding-window layer reads only the last `window` slots."""

@@ -15,6 +15,7 @@ from .kv import KVStrategy
 from .options import bind
 from .plugins import Registry, default_registry
 from .policy import ExitPolicy
+from .speculative import DraftLength, check as check_speculative, speculative_ids
 
 _EXIT_FIELDS = {f.name for f in attrs.fields(ExitConfig)} - {"options"}
 _GEN_FIELDS = {f.name for f in attrs.fields(GenerationConfig)}
@@ -38,6 +39,7 @@ class Plan:
     policy: ExitPolicy
     make_predictor: PredictorFactory
     prefill_exit: int | None
+    draft_length: DraftLength | None   # speculative mode only
 
 
 def bound_options(registry: Registry, config: ExitConfig) -> dict[str, Any]:
@@ -71,7 +73,14 @@ def plan(registry: Registry, config: ExitConfig, backend: Backend) -> Plan:
         if config.prefill_exit >= backend.num_layers:
             raise ConfigError(f"prefill_exit {config.prefill_exit} is past the model's last "
                               f"layer ({backend.num_layers - 1})")
-    return Plan(strategy, policy, predictor, config.prefill_exit)
+    length = None
+    if config.mode == "speculative":
+        check_speculative(backend, strategy, 1)
+        if config.prefill_exit is not None:
+            raise ConfigError("speculative mode is lossless, but prefill_exit would leave "
+                              "stand-in K/V in the prompt's slots; drop one of them")
+        length = DraftLength(config.draft_tokens, config.adaptive)
+    return Plan(strategy, policy, predictor, config.prefill_exit, length)
 
 
 def split_settings(settings: Mapping[str, Any], exit_config: ExitConfig | None,
@@ -138,6 +147,9 @@ class RiverModel:
     def generate_ids(self, prompts: Sequence[Sequence[int]], exit_config: ExitConfig,
                      generation_config: GenerationConfig) -> DecodeResult:
         p = plan(self.registry, exit_config, self.backend)
+        if p.draft_length is not None:
+            return speculative_ids(self.backend, prompts, generation_config, p.strategy,
+                                   p.policy, p.make_predictor, p.draft_length)
         return generate_ids(self.backend, prompts, generation_config, p.strategy, p.policy,
                             p.make_predictor, p.prefill_exit)
 
@@ -145,6 +157,9 @@ class RiverModel:
                       exit_config: ExitConfig) -> Forced:
         """Feed `continuation` after `prompt` token by token under `exit_config`'s policy and
         strategy: logits at every position (for NLL) and where each token left."""
+        if exit_config.mode == "speculative":
+            raise ConfigError("speculative mode scores exactly as full depth: teacher-force "
+                              "with kv='full'")
         p = plan(self.registry, exit_config, self.backend)
         return teacher_force(self.backend, prompt, continuation, p.strategy, p.policy,
                              p.make_predictor, p.prefill_exit)

@@ -1,4 +1,5 @@
-"""Samplers: factories returning a callable from [batch, vocab] logits to one token per row."""
+"""Token choice: samplers (factories returning a callable from [batch, vocab] logits to one
+token per row), the distribution they draw from, and the speculative-sampling rule."""
 
 from __future__ import annotations
 
@@ -13,20 +14,43 @@ def greedy(logits: np.ndarray) -> list[int]:
     return logits.argmax(axis=-1).tolist()
 
 
+def probabilities(logits: np.ndarray, temperature: float, top_p: float = 1.0) -> np.ndarray:
+    """The distribution a sampler draws one row's token from: softmax(logits / temperature)
+    cut to the nucleus (the smallest most-likely set with mass >= top_p), renormalised."""
+    z = logits.astype(np.float64) / temperature
+    p = np.exp(z - z.max())
+    p /= p.sum()
+    if top_p < 1.0:
+        order = np.argsort(-p)
+        cut = np.zeros_like(p)
+        keep = order[: int(np.searchsorted(np.cumsum(p[order]), top_p)) + 1]
+        cut[keep] = p[keep]
+        p = cut / cut.sum()
+    return p
+
+
 def make_sampler(temperature: float = 0.0, top_p: float = 1.0, seed: int = 0) -> Sampler:
     if temperature == 0.0:
         return greedy
     rng = np.random.default_rng(seed)
 
     def sample(logits: np.ndarray) -> list[int]:
-        out = []
-        for row in logits.astype(np.float64) / temperature:
-            p = np.exp(row - row.max())
-            p /= p.sum()
-            order = np.argsort(-p)
-            # nucleus: the smallest prefix of the sorted distribution with mass >= top_p
-            keep = order[: int(np.searchsorted(np.cumsum(p[order]), top_p)) + 1]
-            out.append(int(rng.choice(keep, p=p[keep] / p[keep].sum())))
-        return out
+        return [draw(probabilities(row, temperature, top_p), rng) for row in logits]
 
     return sample
+
+
+def draw(p: np.ndarray, rng: np.random.Generator) -> int:
+    return int(rng.choice(p.size, p=p))
+
+
+def verify_draft(target: np.ndarray, draft: np.ndarray, token: int,
+                 rng: np.random.Generator) -> int | None:
+    """Speculative sampling (Leviathan et al. 2023; Chen et al. 2023): keep `token`, drawn from
+    `draft`, with probability min(1, target/draft) at it (None: kept); otherwise return a
+    token drawn from the normalised excess max(0, target - draft). Either way the token that
+    stands follows `target` exactly."""
+    if rng.random() * draft[token] <= target[token]:
+        return None
+    excess = np.maximum(target - draft, 0.0)
+    return draw(excess / excess.sum(), rng)

@@ -51,8 +51,10 @@ class NumpyBackend:
         self.stand_in_weights = [{n: q.dequantize() for n, q in layer.items()}
                                  for layer in quantized.layers]
         self.stand_in_error = list(quantized.errors)
+        self.stand_in_head = quantized.head.dequantize()
         self.num_layers, self.max_positions = spec.num_layers, spec.max_positions
-        self.capabilities = Capabilities(mask=True, recompute=True, devices=("cpu",))
+        self.capabilities = Capabilities(mask=True, recompute=True, verify=True, stand_in_head=True,
+                                         devices=("cpu",))
         self.runs_on = ("cpu",)
         self.tokenizer = checkpoint.tokenizer
         self.calls: Counter = Counter()   # which primitives the core called, for the tests
@@ -168,13 +170,37 @@ class NumpyBackend:
                           start)
         return np.split(out, out.shape[1], axis=1)
 
+    def extend(self, tokens) -> np.ndarray:
+        self.calls["extend"] += 1
+        h = self._begin(np.asarray([list(tokens)]))
+        for i in range(self.num_layers):
+            h = self._block(i, h, None, self.w.layers[i].projections)
+        self._offset += len(tokens)
+        return self._head(h[0])
+
+    def rewind(self, offset: int) -> None:
+        self.calls["rewind"] += 1
+        self.layout.rewind(offset)
+        for k, v in zip(self.k, self.v):   # forgotten slots are NaN again, as never written
+            k[:, :, offset:self._offset] = np.nan
+            v[:, :, offset:self._offset] = np.nan
+        self._offset = offset
+
     def similarity(self, before, after, rows) -> list[float]:
         cos = cosine(before[:, -1], after[:, -1])
         return (cos if rows is None else cos[list(rows)]).tolist()
 
     def logits(self, h) -> np.ndarray:
         self.calls["logits"] += 1
-        return rms_norm(h[:, -1], self.w.final_norm, self.spec.norm_eps) @ self.w.head.T
+        return self._head(h[:, -1])
+
+    def stand_in_logits(self, h) -> np.ndarray:
+        self.calls["stand_in_logits"] += 1
+        return self._head(h[:, -1], self.stand_in_head)
+
+    def _head(self, x, weight=None):
+        weight = self.w.head if weight is None else weight
+        return rms_norm(x, self.w.final_norm, self.spec.norm_eps) @ weight.T
 
     def commit(self) -> None:
         self.calls["commit"] += 1
@@ -185,7 +211,7 @@ class NumpyBackend:
         return Footprint(tuple(l.projection_bytes() for l in layers),
                          tuple(sum(w.nbytes for w in s.values()) for s in self.stand_in_weights),
                          tuple(l.projection_bytes(("k", "v")) for l in layers), self.w.head.nbytes,
-                         2 * self.spec.kv_heads * self.spec.head_dim * 4)
+                         2 * self.spec.kv_heads * self.spec.head_dim * 4, self.stand_in_head.nbytes)
 
     def kv(self, i: int):
         return self.k[i][:, :, :self._offset].copy(), self.v[i][:, :, :self._offset].copy()

@@ -9,10 +9,11 @@ import torch
 import torch.nn.functional as F
 
 from river_core.backend import Capabilities, Footprint, Prefill
+from river_core.errors import CapabilityError
 from river_core.layout import Layout
 from river_models import Checkpoint, StandIns
 
-from .blocks import Block, Norm, forward, project_kv
+from .blocks import Block, Norm, forward, packed, project_kv
 from .cache import KVCache, Step
 
 
@@ -34,12 +35,14 @@ class HFBackend:
         self._embed = torch.from_numpy(w.embed).to(device=dev, dtype=dtype)
         self._head = self._embed if w.head is w.embed else \
             torch.from_numpy(w.head).to(device=dev, dtype=dtype)
+        self._stand_in_head = packed(stand_ins.head, None, dtype, dev)
         self._norm = Norm.of(w.final_norm, spec, dtype, dev)
         self._inv_freq = {k: torch.tensor(r.inv_freq, dtype=torch.float32, device=dev)
                           for k, r in spec.rotary.items()}
         self.num_layers = spec.num_layers
         self.max_positions = spec.max_positions
         self.capabilities = Capabilities(mask=True, recompute=True, sub_blocks=True,
+                                         verify=True, stand_in_head=True,
                                          devices=("cpu", "cuda"))
         self.runs_on = (str(self.device),)
         self.tokenizer = checkpoint.tokenizer
@@ -112,6 +115,25 @@ class HFBackend:
         return list(out.split(1, dim=1))
 
     @torch.inference_mode()
+    def extend(self, tokens):
+        if self._layout.batch != 1:
+            raise CapabilityError("extend runs one sequence; this cache holds "
+                                  f"{self._layout.batch}")
+        h = self._begin(torch.tensor([list(tokens)], device=self.device))
+        for i, block in enumerate(self.blocks):
+            h = forward(block, i, h, self._step, self._cache.k[i], self._cache.v[i], None)
+        self._offset += len(tokens)
+        return self._head_of(h[0], self._dense_head)
+
+    @torch.inference_mode()
+    def rewind(self, offset: int) -> None:
+        # the forgotten slots go back to NaN, so a read of one cannot pass unnoticed
+        self._cache.k[:, :, :, offset:self._offset] = float("nan")
+        self._cache.v[:, :, :, offset:self._offset] = float("nan")
+        self._layout.rewind(offset)
+        self._offset = offset
+
+    @torch.inference_mode()
     def project_kv(self, i: int, h, rows) -> None:
         block = self.blocks[i]
         idx = None if rows is None else torch.tensor(rows, device=self.device)
@@ -146,7 +168,18 @@ class HFBackend:
 
     @torch.inference_mode()
     def logits(self, h):
-        y = F.linear(self._norm(h[:, -1]), self._head)
+        return self._head_of(h[:, -1], self._dense_head)
+
+    @torch.inference_mode()
+    def stand_in_logits(self, h):
+        return self._head_of(h[:, -1], self._stand_in_head)
+
+    def _dense_head(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self._head)
+
+    def _head_of(self, x: torch.Tensor, head) -> np.ndarray:
+        """Final norm and `head` of states [..., hidden]."""
+        y = head(self._norm(x))
         cap = self.spec.final_softcap
         if cap is not None:
             y = torch.tanh(y / cap) * cap
@@ -161,7 +194,8 @@ class HFBackend:
                          tuple(b.weight_bytes() for b in self.stand_ins),
                          tuple(b.weight_bytes(("k", "v")) for b in self.blocks),
                          self._head.numel() * element,
-                         2 * self.spec.kv_heads * self.spec.head_dim * element)
+                         2 * self.spec.kv_heads * self.spec.head_dim * element,
+                         self._stand_in_head.nbytes)
 
     def kv(self, i: int):
         n = self._offset

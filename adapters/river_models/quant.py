@@ -31,9 +31,13 @@ from river_core.errors import ConfigError
 from .cache import cache_root, cached, digest
 from .spec import PROJECTIONS, Checkpoint, LayerWeights
 
-FORMAT = 2   # bump when the quantizers change: old cached stand-ins are then ignored
+FORMAT = 4   # bump when the quantizers change: old cached stand-ins are then ignored
 GROUPS = (256, 128, 64, 32)
 HQQ = {"lp_norm": 0.7, "beta": 10.0, "iters": 20}
+# The head's stand-in picks a draft's token among the whole vocabulary; at 4 bits it cost
+# the embedded model 8 points of draft acceptance, at 8 bits nearly none, for 0.2 ms more
+# (docs/benchmarks.md, "Lossless mode").
+HEAD = QuantSpec(bits=8)
 
 
 @attrs.frozen(eq=False)
@@ -135,9 +139,11 @@ class StandIns:
     spec: QuantSpec
     layers: tuple[Mapping[str, QuantWeight], ...]
     errors: tuple[float, ...]
+    head: QuantWeight   # the LM head's stand-in: drafts only pick a token the backbone checks
 
     def save(self, path: Path) -> None:
-        arrays = {"errors": np.asarray(self.errors)}
+        arrays = {"errors": np.asarray(self.errors), "head.codes": self.head.codes,
+                  "head.scale": self.head.scale, "head.zero": self.head.zero}
         for i, layer in enumerate(self.layers):
             for name, q in layer.items():
                 arrays.update({f"{i}.{name}.codes": q.codes, f"{i}.{name}.scale": q.scale,
@@ -151,7 +157,8 @@ class StandIns:
             layers = tuple({name: QuantWeight(f[f"{i}.{name}.codes"], f[f"{i}.{name}.scale"],
                                               f[f"{i}.{name}.zero"], spec.bits)
                             for name in PROJECTIONS} for i in range(len(errors)))
-        return cls(spec, layers, errors)
+            head = QuantWeight(f["head.codes"], f["head.scale"], f["head.zero"], HEAD.bits)
+        return cls(spec, layers, errors, head)
 
 
 def build_stand_ins(checkpoint: Checkpoint, spec: QuantSpec, progress: bool = False) -> StandIns:
@@ -161,7 +168,8 @@ def build_stand_ins(checkpoint: Checkpoint, spec: QuantSpec, progress: bool = Fa
         q = {name: quantize(layer.projections[name], spec) for name in PROJECTIONS}
         layers.append(q)
         errors.append(weight_error(layer, q))
-    return StandIns(spec, tuple(layers), tuple(errors))
+    head = quantize(checkpoint.weights.head, HEAD)
+    return StandIns(spec, tuple(layers), tuple(errors), head)
 
 
 def stand_ins(checkpoint: Checkpoint, spec: QuantSpec, progress: bool = False,

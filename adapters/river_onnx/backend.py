@@ -101,6 +101,7 @@ class OnnxBackend:
         self._folder = folder
         self._embed = make(folder / "embed.onnx")
         self._head = make(folder / "head.onnx")
+        self._stand_in_head = make(folder / "stand_in_head.onnx")
         layers = range(spec.num_layers)
         self._layers = [make(folder / f"layer_{i}.onnx") for i in layers]
         self._stand_ins = [make(folder / f"stand_in_{i}.onnx") for i in layers]
@@ -110,7 +111,8 @@ class OnnxBackend:
         self.num_layers, self.max_positions = spec.num_layers, spec.max_positions
         self.stand_in_error = list(manifest.stand_in_error)
         self.capabilities = Capabilities(mask=True, recompute=True, sub_blocks=True,
-                                         stand_in_tail=True, devices=("cpu", "cuda"))
+                                         stand_in_tail=True, verify=True, stand_in_head=True,
+                                         devices=("cpu", "cuda"))
         self.tokenizer = tokenizer
         self._k: list[np.ndarray] = []
         self._v: list[np.ndarray] = []
@@ -216,6 +218,21 @@ class OnnxBackend:
         full[idx] = out
         return full
 
+    def extend(self, tokens) -> np.ndarray:
+        if self._layout.batch != 1:
+            raise CapabilityError("extend runs one sequence; this cache holds "
+                                  f"{self._layout.batch}")
+        h = self._begin(np.asarray([list(tokens)], dtype=np.int64))
+        for i in range(self.num_layers):
+            h = self.layer(i, h, None)
+        self._offset += len(tokens)
+        return self._head.run(None, {"h": h})[0][0]
+
+    def rewind(self, offset: int) -> None:
+        # forgotten slots need no clearing: the masks never let a step read past its own end
+        self._layout.rewind(offset)
+        self._offset = offset
+
     def project_kv(self, i: int, h, rows) -> None:
         idx = None if rows is None else np.asarray(rows)
         k, v = self._kv_proj[i].run(None, self._feeds(self._step, i, h, idx, attention=False))
@@ -230,7 +247,10 @@ class OnnxBackend:
         return (cos if rows is None else cos[np.asarray(rows)]).tolist()
 
     def logits(self, h) -> np.ndarray:
-        return self._head.run(None, {"h": np.ascontiguousarray(h[:, -1])})[0]
+        return self._head.run(None, {"h": np.ascontiguousarray(h[:, -1:])})[0][:, 0]
+
+    def stand_in_logits(self, h) -> np.ndarray:
+        return self._stand_in_head.run(None, {"h": np.ascontiguousarray(h[:, -1:])})[0][:, 0]
 
     def commit(self) -> None:
         self._offset += 1
@@ -245,7 +265,7 @@ class OnnxBackend:
         return Footprint(tuple(size(f"layer_{i}") for i in layers),
                          tuple(size(f"stand_in_{i}") for i in layers),
                          tuple(size(f"kv_{i}") for i in layers), size("head"),
-                         2 * self.spec.kv_heads * self.spec.head_dim * 4)
+                         2 * self.spec.kv_heads * self.spec.head_dim * 4, size("stand_in_head"))
 
     def kv(self, i: int):
         n = self._offset

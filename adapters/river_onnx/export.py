@@ -1,7 +1,7 @@
 """Export a model package `Checkpoint` into per-layer ONNX graphs, cached on disk.
 
 One folder per (model files, stand-in quantization, export format), under the user cache's
-`onnx/`: `embed`, `head`, and per layer `layer_i` (the block), `stand_in_i` (its quantized copy)
+`onnx/`: `embed`, `head`, `stand_in_head` (its quantized copy, for drafts), and per layer `layer_i` (the block), `stand_in_i` (its quantized copy)
 and `kv_i` (its K/V projection, for `propagate`), each an .onnx file with its weights beside
 it; `tail_s` for the first few layers s: the stand-ins of s..L-1 as one graph, so a token that
 exits early runs its exit river in one session run (`python -m benchmarks levers`: 6.8 against
@@ -23,11 +23,12 @@ from tqdm import tqdm
 from river_core.config import QuantSpec
 from river_models import Checkpoint, ModelSpec, StandIns, stand_ins
 from river_models.cache import cache_root, cached, digest, files_key
+from river_models.quant import FORMAT as QUANT_FORMAT
 from river_models.source import locate, open_model
 
 from . import graphs
 
-FORMAT = 6   # bump when the graphs change: old exports are then ignored
+FORMAT = 7   # bump when the graphs change: old exports are then ignored
 
 
 def tail_starts(num_layers: int) -> tuple[int, ...]:
@@ -76,8 +77,10 @@ def export_model(checkpoint: Checkpoint, stand_ins: StandIns, folder: Path,
         _save(graphs.tail(quantized[start:], list(spec.rope_keys[start:])), folder,
               f"tail_{start}")
     _save(graphs.embedding(w.embed, spec.embed_scale), folder, "embed")
-    _save(graphs.head(graphs.Norm.of(w.final_norm, spec), w.head, spec.final_softcap), folder,
-          "head")
+    norm = graphs.Norm.of(w.final_norm, spec)
+    _save(graphs.head(norm, w.head, spec.final_softcap), folder, "head")
+    _save(graphs.head(norm, graphs.nbits(stand_ins.head), spec.final_softcap), folder,
+          "stand_in_head")
     if hasattr(checkpoint.tokenizer, "hf"):   # a model for speed only may have no text
         checkpoint.tokenizer.hf.save_pretrained(folder / "tokenizer")
     manifest = Manifest(spec, stand_ins.errors, tails)
@@ -88,8 +91,9 @@ def export_model(checkpoint: Checkpoint, stand_ins: StandIns, folder: Path,
 def exported(model: str | None, quant: QuantSpec, progress: bool) -> Path:
     """The cached export folder for `model`, exporting it on first use."""
     source = locate(model, progress)
-    target = cache_root() / "onnx" / \
-        f"{source.name}-{digest(files_key(source), FORMAT, quant.bits, quant.group_size)}"
+    key = digest(files_key(source), FORMAT, QUANT_FORMAT, quant.bits, quant.group_size,
+                 quant.method)
+    target = cache_root() / "onnx" / f"{source.name}-{key}"
 
     def build(folder: Path) -> None:
         checkpoint = open_model(str(source), progress)

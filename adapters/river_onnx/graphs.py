@@ -283,11 +283,12 @@ def embedding(table: np.ndarray, scale: float) -> onnx.ModelProto:
     return g.model()
 
 
-def head(norm: Norm, weight: np.ndarray, softcap: float | None) -> onnx.ModelProto:
-    """Final norm and LM head: h [B, D] -> logits [B, vocab]."""
+def head(norm: Norm, weight: np.ndarray | NBits, softcap: float | None) -> onnx.ModelProto:
+    """Final norm and LM head (or its stand-in: `weight` quantized): h [B, T, D] -> logits
+    [B, T, vocab]."""
     g = Graph()
-    x = g.rms_norm(g.input("h", ["batch", "hidden"]), norm)
-    y = g.op("Gemm", x, g.const(weight.astype(np.float32)), transB=1)
+    x = g.rms_norm(g.input("h", ["batch", "tokens", "hidden"]), norm)
+    y = g.linear(x, Linear(weight))
     if softcap is not None:
         cap = g.const(np.float32(softcap))
         y = g.op("Mul", g.op("Tanh", g.op("Div", y, cap)), cap)

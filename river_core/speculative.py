@@ -1,0 +1,180 @@
+"""Lossless River: the exit river drafts, the backbone verifies, over one shared cache.
+
+A round starts from the last token `x` the backbone stands behind, at position P. The river
+drafts up to gamma tokens, one ordinary decode step each (the configured exit policy and KV
+strategy; logits from the head's stand-in where the backend has one), and every step writes its K/V into the backbone's own slots P, P+1, ... as River
+always does: no second cache. Then `extend` runs `x` and the drafts through the whole backbone
+in one multi-token pass, overwriting those slots with exact values, and returns the backbone's
+logits at each. The longest prefix of drafts the backbone agrees with stands, followed by the
+backbone's own next token (greedy: its argmax; sampling: the speculative-sampling rule, so the
+output follows the backbone's distribution exactly); `rewind` forgets the slots past it. No
+river K/V survives a round, so the output is the backbone's, only faster when drafts are
+cheap and mostly right.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Iterator, Sequence
+
+import attrs
+import numpy as np
+
+from .backend import Backend
+from .config import GenerationConfig
+from .decode import DecodeResult, PredictorFactory, check_capacity, decode_step, stopped
+from .errors import CapabilityError, ConfigError
+from .kv import KVStrategy
+from .policy import ExitPolicy
+from .sampling import draw, probabilities, verify_draft
+
+
+@attrs.frozen
+class Round:
+    """One draft-and-verify round (the first, from prefill, drafts nothing)."""
+
+    tokens: list[int]       # what stands: the accepted drafts, then the backbone's token
+    drafted: int
+    accepted: int
+    exit_layers: list[int]  # per draft step, the last backbone layer it ran
+    draft_seconds: float
+    verify_seconds: float
+
+
+class DraftLength:
+    """How many tokens to draft next: the gamma in 1..most that maximises expected tokens per
+    second, E(g) / (g * draft + verify(g)), with E(g) = 1 + a + ... + a^g for the running
+    acceptance rate a and the step times measured so far. Fixed at `most` when not adaptive."""
+
+    DECAY = 0.9   # weight of the past per round: about the last ten rounds count
+
+    def __init__(self, most: int, adaptive: bool = True) -> None:
+        self.most, self.adaptive = most, adaptive
+        self._hits, self._tries = 3.0, 4.0   # a prior of 0.75 until rounds say otherwise
+        self._draft: float | None = None
+        self._verify: dict[int, float] = {}
+
+    @property
+    def acceptance(self) -> float:
+        return self._hits / self._tries
+
+    def next(self) -> int:
+        if not self.adaptive or self._draft is None:
+            return self.most
+        a = min(self.acceptance, 1 - 1e-9)
+        expected = lambda g: (1 - a ** (g + 1)) / (1 - a)
+        return max(range(1, self.most + 1),
+                   key=lambda g: expected(g) / (g * self._draft + self._verify_time(g)))
+
+    def _verify_time(self, g: int) -> float:
+        return self._verify[min(self._verify, key=lambda seen: abs(seen - g))]
+
+    def update(self, r: Round) -> None:
+        if not r.drafted:
+            return
+        rejected = r.accepted < r.drafted
+        self._hits = self.DECAY * self._hits + r.accepted
+        self._tries = self.DECAY * self._tries + r.accepted + rejected
+        d = r.draft_seconds / r.drafted
+        self._draft = d if self._draft is None else self.DECAY * self._draft + (1 - self.DECAY) * d
+        v = self._verify.get(r.drafted)
+        self._verify[r.drafted] = r.verify_seconds if v is None else \
+            self.DECAY * v + (1 - self.DECAY) * r.verify_seconds
+
+
+def check(backend: Backend, strategy: KVStrategy, batch: int) -> None:
+    if not backend.capabilities.verify:
+        raise CapabilityError(f"backend {backend.name!r} cannot verify drafts (extend, rewind); "
+                              f"speculative mode needs it")
+    if not strategy.drafts:
+        raise ConfigError(f"the {strategy.name!r} kv strategy cannot draft: speculative mode "
+                          f"needs every draft step to write its slots and no state across "
+                          f"steps (river, propagate or full)")
+    if batch != 1:
+        raise ConfigError("speculative mode runs one sequence at a time")
+
+
+def rounds(backend: Backend, prompt: Sequence[int], gen: GenerationConfig,
+           strategy: KVStrategy, policy: ExitPolicy, make_predictor: PredictorFactory,
+           length: DraftLength) -> Iterator[Round]:
+    """Prefill `prompt`, then draft-and-verify rounds until EOS, a stop string or
+    gen.max_new_tokens; each round's tokens end at whichever comes first."""
+    check(backend, strategy, 1)
+    check_capacity(backend, [prompt], gen.max_new_tokens)
+    rng = np.random.default_rng(gen.seed)
+    sampled = gen.temperature > 0
+
+    def distribution(logits: np.ndarray) -> np.ndarray:
+        return probabilities(logits, gen.temperature, gen.top_p)
+
+    def choose(logits: np.ndarray) -> int:
+        return draw(distribution(logits), rng) if sampled else int(logits.argmax())
+
+    eos, out = backend.tokenizer.eos_ids, []
+
+    def stand(new: list[int]) -> tuple[list[int], bool]:
+        """The tokens of `new` that stand, and whether generation ends with them."""
+        for n, t in enumerate(new, 1):
+            out.append(t)
+            if t in eos or len(out) == gen.max_new_tokens or \
+                    (gen.stop and stopped(backend.tokenizer.decode(out), gen.stop)):
+                return new[:n], True
+        return new, False
+
+    start = time.perf_counter()
+    pre = backend.prefill([prompt], len(prompt) + gen.max_new_tokens)
+    predictors = [make_predictor(backend.stand_in_error, pre.similarity[0])]
+    tokens, done = stand([choose(pre.logits[0])])
+    yield Round(tokens, 0, 0, [], time.perf_counter() - start, 0.0)
+    x, step = tokens[-1], 0
+    while not done:
+        # a round yields at most gamma + 1 tokens, so it never writes past the capacity
+        gamma = min(length.next(), gen.max_new_tokens - len(out) - 1)
+        position = backend.offset
+        start = time.perf_counter()
+        drafts, draft_probs, exits, token = [], [], [], x
+        for _ in range(gamma):
+            logits, layers = decode_step(backend, [token], strategy, policy, predictors, step,
+                                         draft=True)
+            backend.commit()
+            step += 1
+            exits.append(layers[0])
+            if sampled:
+                draft_probs.append(distribution(logits[0]))
+                token = draw(draft_probs[-1], rng)
+            else:
+                token = int(logits[0].argmax())
+            drafts.append(token)
+        backend.rewind(position)
+        middle = time.perf_counter()
+        target = backend.extend([x] + drafts)
+        accepted, correction = 0, None
+        for logits, d, q in zip(target, drafts, draft_probs or [None] * gamma):
+            correction = verify_draft(distribution(logits), q, d, rng) if sampled else \
+                (None if d == int(logits.argmax()) else int(logits.argmax()))
+            if correction is not None:
+                break
+            accepted += 1
+        if correction is None:   # every draft stood: the backbone's next token comes free
+            correction = choose(target[gamma])
+        backend.rewind(position + accepted + 1)
+        tokens, done = stand(drafts[:accepted] + [correction])
+        end = time.perf_counter()
+        r = Round(tokens, gamma, accepted, exits, middle - start, end - middle)
+        length.update(r)
+        yield r
+        x = tokens[-1]
+
+
+def speculative_ids(backend: Backend, prompts: Sequence[Sequence[int]], gen: GenerationConfig,
+                    strategy: KVStrategy, policy: ExitPolicy, make_predictor: PredictorFactory,
+                    length: DraftLength) -> DecodeResult:
+    """Generate like `generate_ids` at full depth, with the river drafting (batch 1)."""
+    check(backend, strategy, len(prompts))
+    first, *rest = rounds(backend, prompts[0], gen, strategy, policy, make_predictor, length)
+    return DecodeResult(
+        tokens=[first.tokens + [t for r in rest for t in r.tokens]],
+        exit_layers=[[k for r in rest for k in r.exit_layers]],
+        num_layers=backend.num_layers, prefill_seconds=first.draft_seconds,
+        step_seconds=[r.draft_seconds + r.verify_seconds for r in rest],
+        drafted=[r.drafted for r in rest], accepted=[r.accepted for r in rest])
