@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import attrs
 
-from .errors import ConfigError
 from .hookspecs import hookimpl
 from .kv import Full, Mask, Monotonic, Propagate, Recompute, River
 from .options import between, option, takes
-from .policy import SettledOptions, SettledPolicy, SimilarityOptions, SimilarityPolicy
+from .policy import (SettledOptions, SettledPolicy, SimilarityOptions, SimilarityPolicy,
+                     check_min_layer)
 from .predictor import TransitionPredictor
 
 
@@ -20,19 +20,13 @@ from .predictor import TransitionPredictor
 def similarity_policy(options: SimilarityOptions, num_layers: int) -> SimilarityPolicy:
     """Exit at the first layer whose predicted cumulative KV error is <= threshold."""
     min_layer = num_layers // 4 if options.min_layer is None else options.min_layer
-    if min_layer >= num_layers:
-        raise ConfigError(f"min_layer {min_layer} is past the model's last layer "
-                          f"({num_layers - 1})")
-    return SimilarityPolicy(options.threshold, min_layer)
+    return SimilarityPolicy(options.threshold, check_min_layer(min_layer, num_layers))
 
 
 @takes(SettledOptions)
 def settled_policy(options: SettledOptions, num_layers: int) -> SettledPolicy:
     """The paper's rule: exit once attention and MLP both have cos(input, output) > tau."""
-    if options.min_layer >= num_layers:
-        raise ConfigError(f"min_layer {options.min_layer} is past the model's last layer "
-                          f"({num_layers - 1})")
-    return SettledPolicy(options.tau, options.min_layer)
+    return SettledPolicy(options.tau, check_min_layer(options.min_layer, num_layers))
 
 
 @attrs.frozen

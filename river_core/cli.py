@@ -44,8 +44,9 @@ def _parser() -> argparse.ArgumentParser:
                    "are drafts the backbone verifies (lossless)")
     g.add_argument("--draft-tokens", type=int, default=_default(ExitConfig, "draft_tokens"),
                    help="speculative mode: the most tokens drafted per verification")
-    g.add_argument("--fixed-draft", action="store_true",
-                   help="speculative mode: always draft --draft-tokens (no adaptation)")
+    g.add_argument("--adaptive-draft", action="store_true",
+                   help="speculative mode: vary the draft length with the drafts' runs, up "
+                   "to --draft-tokens")
     g.add_argument("-o", "--option", action="append", default=[], metavar="KEY=VALUE",
                    help="an option of the chosen policy, predictor or KV strategy, e.g. "
                    "-o threshold=0.2 (repeatable; river plugins lists them)")
@@ -96,7 +97,7 @@ def _generate(args) -> None:
     exit_config = ExitConfig(policy=args.policy, kv=args.kv, predictor=args.predictor,
                              options=parse(args.option), prefill_exit=args.prefill_exit,
                              mode=args.mode, draft_tokens=args.draft_tokens,
-                             adaptive=not args.fixed_draft)
+                             adaptive=args.adaptive_draft)
     gen = GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                            top_p=args.top_p, stop=args.stop, seed=args.seed)
     if not args.prompt.strip():

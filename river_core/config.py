@@ -60,9 +60,10 @@ class ExitConfig:
     tokens are drafts the backbone verifies, several at once (lossless: the backbone's output)."""
     draft_tokens: int = 4
     """Speculative mode: the most tokens drafted per verification."""
-    adaptive: bool = True
-    """Speculative mode: draft fewer tokens when the running acceptance rate and the measured
-    draft and verification times say more would not pay."""
+    adaptive: bool = False
+    """Speculative mode: let the draft length follow the drafts' runs (one more after a round
+    kept whole, one less after a rejection). Off by default: on GSM8K train a fixed length
+    of 4 was faster (docs/benchmarks.md, "Lossless mode")."""
 
     def __attrs_post_init__(self) -> None:
         _check(self.prefill_exit is None or self.prefill_exit >= -1,

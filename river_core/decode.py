@@ -112,6 +112,8 @@ def decode_step(backend: Backend, tokens: Sequence[int], strategy: KVStrategy,
     sub_blocks = watch and getattr(policy, "sub_blocks", False)
     # once every row has left, the rest is one call unless the predictor watches exited rows
     watch_exited = watch and strategy.moves_state and not sub_blocks
+    rechecks = strategy.allows_exit and getattr(policy, "rechecks", False)
+    left: dict[int, object] = {}   # exit layer -> the state then, for a cascade's recheck
     h = backend.embed(tokens)
     # i = -1: a policy may exit a token before the first layer, so it runs stand-ins only
     # (the whole model quantized: the baseline River is measured against)
@@ -137,6 +139,8 @@ def decode_step(backend: Backend, tokens: Sequence[int], strategy: KVStrategy,
             for r in leaving:
                 exits[r] = i
                 deep.remove(r)
+            if leaving and rechecks:
+                left[i] = h
             gone = sorted(gone + leaving)
             if not deep and not watch_exited:
                 h = strategy.skipped_tail(backend, i + 1, h, _rows(gone, batch))
@@ -144,11 +148,27 @@ def decode_step(backend: Backend, tokens: Sequence[int], strategy: KVStrategy,
     if watch:
         for p in predictors:
             p.end_token()
+    logits = backend.stand_in_logits(h) if draft and backend.capabilities.stand_in_head \
+        else backend.logits(h)
+    if rechecks:
+        _recheck(backend, policy, logits, exits, left)
     for r, k in enumerate(exits):
         strategy.exited(r, k)
-    if draft and backend.capabilities.stand_in_head:
-        return backend.stand_in_logits(h), exits
-    return backend.logits(h), exits
+    return logits, exits
+
+
+def _recheck(backend: Backend, policy: ExitPolicy, logits: np.ndarray, exits: list[int],
+             left: dict) -> None:
+    """A cascade: exited rows the policy doubts run the backbone from their exit on, which
+    overwrites the river's K/V in those layers; their logits and exits become full depth's."""
+    n = backend.num_layers
+    for r, k in enumerate(exits):
+        if k < n - 1 and policy.recheck(logits[r]):
+            h = left[k]
+            for i in range(k + 1, n):
+                h = backend.layer(i, h, [r])
+            logits[r] = backend.logits(h)[r]
+            exits[r] = n - 1
 
 
 def _capped(ceiling: int | None, layer: int) -> bool:

@@ -65,6 +65,10 @@ def plan(registry: Registry, config: ExitConfig, backend: Backend) -> Plan:
     if strategy.allows_exit and getattr(policy, "sub_blocks", False) and not caps.sub_blocks:
         raise CapabilityError(f"the {config.policy!r} policy reads sub-block similarities, "
                               f"which backend {backend.name!r} does not report")
+    if strategy.allows_exit and getattr(policy, "rechecks", False) and not strategy.drafts:
+        raise ConfigError(f"the {config.policy!r} policy recomputes doubtful tokens through "
+                          f"the backbone, which the {config.kv!r} kv strategy cannot take "
+                          f"(river or propagate can)")
     predictor = functools.partial(registry.predictor(config.predictor), options["predictor"])
     if config.prefill_exit is not None:
         if strategy.skipped_reads != "stand_in":

@@ -6,8 +6,16 @@ from typing import Protocol
 
 import attrs
 
+from .errors import ConfigError
 from .options import at_least, between, option
 from .predictor import SimilarityPredictor
+
+
+def check_min_layer(min_layer: int, num_layers: int) -> int:
+    if min_layer >= num_layers:
+        raise ConfigError(f"min_layer {min_layer} is past the model's last layer "
+                          f"({num_layers - 1})")
+    return min_layer
 
 
 class ExitPolicy(Protocol):
@@ -20,6 +28,12 @@ class ExitPolicy(Protocol):
 
     def should_exit(self, layer: int, step: int, predictor: SimilarityPredictor) -> bool:
         """After backbone layer `layer` of the `step`-th generated token: exit now?"""
+
+    # Optional, for a cascade: a policy with `rechecks = True` also has
+    #     def recheck(self, logits: np.ndarray) -> bool
+    # called with an exited token's [vocab] logits from the river: True sends the token back
+    # through the backbone from its exit layer, whose K/V then overwrite the river's, and
+    # its logits become full depth's (only with strategies that can draft: river, propagate).
 
 
 @attrs.frozen

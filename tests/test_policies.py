@@ -46,3 +46,42 @@ def test_settled_refuses_a_min_layer_past_the_last_layer():
 
     with pytest.raises(ConfigError, match="past the model's last layer"):
         RiverModel(tiny_backend("llama", 0, 8)).generate("abc", policy="settled", min_layer=9)
+
+
+def _cascade(b, margin, prompt=(1, 30, 31, 32, 33), n=8):
+    return RiverModel(b).generate_ids(
+        [list(prompt)], ExitConfig(policy="cascade", options={"tau": 0.0, "min_layer": 0,
+                                                              "margin": margin}),
+        GenerationConfig(max_new_tokens=n))
+
+
+def test_a_cascade_that_doubts_everything_is_full_depth():
+    """margin 1: every exited token is recomputed from its exit, so output, exits and every
+    layer's K/V are full depth's (the river's K/V never survive the recheck)."""
+    from river_core.testing import relative_error
+
+    b = tiny_backend("llama", 0, 4)
+    full = RiverModel(b).generate_ids([[1, 30, 31, 32, 33]], ExitConfig(kv="full"),
+                                      GenerationConfig(max_new_tokens=8))
+    want = [b.kv(i) for i in range(b.num_layers)]
+    out = _cascade(b, margin=1.0)
+    assert out.tokens == full.tokens
+    assert set(out.exit_layers[0]) == {b.num_layers - 1}
+    for i in range(b.num_layers):
+        for got, exact in zip(b.kv(i), want[i]):
+            assert relative_error(got, exact) <= 1e-5
+
+
+def test_a_cascade_that_doubts_nothing_is_the_papers_rule():
+    b = tiny_backend("llama", 0, 4)
+    settled = RiverModel(b).generate_ids(
+        [[1, 30, 31, 32, 33]], ExitConfig(policy="settled", options={"tau": 0.0, "min_layer": 0}),
+        GenerationConfig(max_new_tokens=8))
+    assert _cascade(b, margin=0.0).tokens == settled.tokens
+
+
+def test_a_cascade_needs_a_strategy_that_writes_the_slots():
+    from river_core import ConfigError
+
+    with pytest.raises(ConfigError, match="recomputes doubtful tokens"):
+        RiverModel(tiny_backend("llama", 0, 8)).generate("abc", policy="cascade", kv="mask")

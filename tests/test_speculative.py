@@ -29,22 +29,25 @@ def test_a_draft_equal_to_the_target_always_stands():
     assert all(verify_draft(p, p, int(rng.choice(7, p=p)), rng) is None for _ in range(500))
 
 
-def _rounds(length, accepted, drafted, draft_ms, verify_ms, n=30):
-    for _ in range(n):
-        length.update(Round([0] * (accepted + 1), drafted, accepted, [-1] * drafted,
-                            draft_ms * drafted / 1e3, verify_ms / 1e3))
+def _round(drafted, accepted):
+    return Round([0] * (accepted + 1), drafted, accepted, [-1] * drafted, 0.01, 0.03)
 
 
-def test_the_draft_length_follows_acceptance_and_cost():
-    sure = DraftLength(6)
-    _rounds(sure, accepted=6, drafted=6, draft_ms=3, verify_ms=30)
-    assert sure.next() == 6 and sure.acceptance > 0.95
-    doubtful = DraftLength(6)
-    _rounds(doubtful, accepted=0, drafted=2, draft_ms=15, verify_ms=30)
-    assert doubtful.next() == 1 and doubtful.acceptance < 0.1
+def test_the_draft_length_grows_while_drafts_stand_and_shrinks_on_rejection():
+    length = DraftLength(6, adaptive=True)
+    assert length.next() == 6
+    for want in (5, 4, 3, 2, 1, 1):
+        length.update(_round(length.next(), 0))
+        assert length.next() == want
+    for want in (2, 3, 4, 5, 6, 6):
+        length.update(_round(length.next(), length.next()))
+        assert length.next() == want
+    length.update(_round(6, 3))
+    assert length.next() == 5
+    assert length.acceptance == (0 + 21 + 3) / (21 + 21 + 6)
     fixed = DraftLength(3, adaptive=False)
-    _rounds(fixed, accepted=0, drafted=3, draft_ms=15, verify_ms=30)
-    assert fixed.next() == 3
+    fixed.update(_round(3, 0))
+    assert fixed.next() == 3 and fixed.acceptance == 0.0
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from river_core.errors import CapabilityError
 from river_core.layout import Layout
 from river_models import Checkpoint, StandIns
 
-from .blocks import Block, Norm, forward, packed, project_kv
+from .blocks import Block, Dense, Norm, forward, packed, project_kv
 from .cache import KVCache, Step
 
 
@@ -33,8 +33,7 @@ class HFBackend:
                           for i, (layer, q) in enumerate(zip(w.layers, stand_ins.layers))]
         self.stand_in_error = list(stand_ins.errors)
         self._embed = torch.from_numpy(w.embed).to(device=dev, dtype=dtype)
-        self._head = self._embed if w.head is w.embed else \
-            torch.from_numpy(w.head).to(device=dev, dtype=dtype)
+        self._head = Dense(w.head, None, dtype, dev)
         self._stand_in_head = packed(stand_ins.head, None, dtype, dev)
         self._norm = Norm.of(w.final_norm, spec, dtype, dev)
         self._inv_freq = {k: torch.tensor(r.inv_freq, dtype=torch.float32, device=dev)
@@ -50,6 +49,7 @@ class HFBackend:
         self._layout: Layout | None = None
         self._step: Step | None = None
         self._offset = 0
+        self._packed = False   # the backbone's prepacked copy, made on the first `extend`
 
     @property
     def offset(self) -> int:
@@ -119,11 +119,16 @@ class HFBackend:
         if self._layout.batch != 1:
             raise CapabilityError("extend runs one sequence; this cache holds "
                                   f"{self._layout.batch}")
+        if not self._packed:
+            for block in self.blocks:
+                block.pack()
+            self._head.pack()
+            self._packed = True
         h = self._begin(torch.tensor([list(tokens)], device=self.device))
         for i, block in enumerate(self.blocks):
             h = forward(block, i, h, self._step, self._cache.k[i], self._cache.v[i], None)
         self._offset += len(tokens)
-        return self._head_of(h[0], self._dense_head)
+        return self._head_of(h[0], self._head)
 
     @torch.inference_mode()
     def rewind(self, offset: int) -> None:
@@ -168,14 +173,11 @@ class HFBackend:
 
     @torch.inference_mode()
     def logits(self, h):
-        return self._head_of(h[:, -1], self._dense_head)
+        return self._head_of(h[:, -1], self._head)
 
     @torch.inference_mode()
     def stand_in_logits(self, h):
         return self._head_of(h[:, -1], self._stand_in_head)
-
-    def _dense_head(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self._head)
 
     def _head_of(self, x: torch.Tensor, head) -> np.ndarray:
         """Final norm and `head` of states [..., hidden]."""
@@ -193,7 +195,7 @@ class HFBackend:
         return Footprint(tuple(b.weight_bytes() for b in self.blocks),
                          tuple(b.weight_bytes() for b in self.stand_ins),
                          tuple(b.weight_bytes(("k", "v")) for b in self.blocks),
-                         self._head.numel() * element,
+                         self._head.nbytes,
                          2 * self.spec.kv_heads * self.spec.head_dim * element,
                          self._stand_in_head.nbytes)
 
