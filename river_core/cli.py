@@ -1,4 +1,5 @@
-"""The `river` command: `river generate PROMPT` and `river plugins`."""
+"""The `river` command: `river generate PROMPT`, `river plugins`, and the commands plugins
+add (`river cache` from the model package)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ import numpy as np
 
 from .config import MODES, ExitConfig, GenerationConfig, QuantSpec
 from .decode import DecodeResult
-from .errors import RiverError
-from .model import RiverModel, bound_options
+from .errors import ConfigError, RiverError
+from .model import RiverModel, bound_options, check
 from .options import parse
 from .plugins import KINDS, default_registry
 
@@ -21,7 +22,7 @@ def _default(cls, name: str):
     return getattr(attrs.fields(cls), name).default
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(registry) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="river", description="Early-exit LLM decoding with a "
                                 "KV-shared exit river.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -62,8 +63,11 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     g.add_argument("--seed", type=int, default=_default(GenerationConfig, "seed"))
     g.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
-    sub.add_parser("plugins", help="list registered backends, policies, predictors, strategies "
-                   "and their options")
+    sub.add_parser("plugins", help="list registered backends, policies, predictors, strategies, "
+                   "commands and their options")
+    for entry in registry.entries("command").values():   # commands plugins add
+        command = sub.add_parser(entry.name, help=entry.summary, description=entry.summary)
+        command.set_defaults(run=entry.factory(command))
     return p
 
 
@@ -103,7 +107,16 @@ def _generate(args) -> None:
     if not args.prompt.strip():
         raise RiverError("empty prompt")
     registry = default_registry()
-    bound_options(registry, exit_config)
+    load = registry.backend(args.backend)
+    caps = getattr(load, "capabilities", None)   # a loader may declare them
+    if caps is not None:
+        check(registry, exit_config, caps, args.backend)
+    else:
+        bound_options(registry, exit_config)
+    context = getattr(load, "context_length", lambda model: None)(args.model)
+    if context is not None and gen.max_new_tokens >= context:
+        raise ConfigError(f"max_new_tokens ({gen.max_new_tokens}) leaves no room for a prompt "
+                          f"in the model's context of {context} positions")
     model = RiverModel.from_pretrained(args.model, backend=args.backend, device=args.device,
                                        dtype=args.dtype, quant=quant, progress=True,
                                        registry=registry)
@@ -126,9 +139,14 @@ def _plugins() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
     try:
-        _generate(args) if args.command == "generate" else _plugins()
+        args = _parser(default_registry()).parse_args(argv)
+        if args.command == "generate":
+            _generate(args)
+        elif args.command == "plugins":
+            _plugins()
+        else:
+            return args.run(args) or 0
     except RiverError as e:
         print(f"river: error: {e}", file=sys.stderr)
         return 2

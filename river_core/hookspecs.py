@@ -49,3 +49,9 @@ def river_conformance_backends() -> Mapping[str, Callable]:
     `river_models.tiny.checkpoint(family, seed)`: what the conformance kit (package
     `river_conformance`) runs. `family` is one of river_models.tiny.FAMILIES; raise
     CapabilityError for one the backend cannot run."""
+
+
+@hookspec
+def river_commands() -> Mapping[str, Callable]:
+    """name -> add(parser) for a `river NAME` subcommand: `add` declares the command's
+    arguments on its argparse parser and returns run(args) -> exit status (None: 0)."""

@@ -12,6 +12,8 @@ from typing import Sequence
 
 import numpy as np
 
+from .errors import ConfigError
+
 
 class Layout:
     def __init__(self, lengths: Sequence[int], capacity: int, num_layers: int) -> None:
@@ -35,7 +37,11 @@ class Layout:
         return out
 
     def positions(self, start: int, end: int) -> np.ndarray:
-        """[batch, end - start] rotary positions of cache slots start..end-1."""
+        """[batch, end - start] rotary positions of cache slots start..end-1 (every engine's
+        step asks, so this is where a step past the capacity is refused, never wrapped)."""
+        if end > self.capacity:
+            raise ConfigError(f"the cache is full: slots {start}..{end - 1} do not fit its "
+                              f"{self.capacity} (the capacity prefill was given)")
         return np.maximum(np.arange(start, end)[None, :] - self.pad[:, None], 0)
 
     def prompt_mean(self, values: np.ndarray) -> np.ndarray:

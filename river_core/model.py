@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import functools
+import threading
+import typing
 from typing import Any, Mapping, Sequence
 
 import attrs
 
-from .backend import Backend
+from .backend import Backend, Capabilities
 from .config import ExitConfig, GenerationConfig, QuantSpec
 from .decode import DecodeResult, Forced, PredictorFactory, generate_ids, teacher_force
 from .errors import CapabilityError, ConfigError
@@ -50,39 +52,58 @@ def bound_options(registry: Registry, config: ExitConfig) -> dict[str, Any]:
                                  "kv": registry.kv_strategy(config.kv)})
 
 
-def plan(registry: Registry, config: ExitConfig, backend: Backend) -> Plan:
-    """The plugins `config` names, made with their options and checked against the backend."""
+def check(registry: Registry, config: ExitConfig, caps: Capabilities, backend_name: str,
+          policy: ExitPolicy | None = None) -> None:
+    """Everything about `config` that needs no model, against a backend's capabilities: run
+    before the model loads (with the loader's declared capabilities; the policy's flags from
+    its factory's return annotation) and again with the made `policy`."""
     options = bound_options(registry, config)
     strategy = registry.kv_strategy(config.kv)(options["kv"])
-    caps = backend.capabilities
     if strategy.allows_exit and not caps.exits:
-        raise CapabilityError(f"backend {backend.name!r} cannot exit early; "
+        raise CapabilityError(f"backend {backend_name!r} cannot exit early; "
                               f"use kv strategy 'full'")
     if strategy.requires and not getattr(caps, strategy.requires):
-        raise CapabilityError(f"backend {backend.name!r} does not support the "
+        raise CapabilityError(f"backend {backend_name!r} does not support the "
                               f"{config.kv!r} kv strategy")
-    policy = registry.policy(config.policy)(options["policy"], backend.num_layers)
+    policy = policy if policy is not None else _returns(registry.policy(config.policy))
     if strategy.allows_exit and getattr(policy, "sub_blocks", False) and not caps.sub_blocks:
         raise CapabilityError(f"the {config.policy!r} policy reads sub-block similarities, "
-                              f"which backend {backend.name!r} does not report")
+                              f"which backend {backend_name!r} does not report")
     if strategy.allows_exit and getattr(policy, "rechecks", False) and not strategy.drafts:
         raise ConfigError(f"the {config.policy!r} policy recomputes doubtful tokens through "
                           f"the backbone, which the {config.kv!r} kv strategy cannot take "
                           f"(river or propagate can)")
-    predictor = functools.partial(registry.predictor(config.predictor), options["predictor"])
-    if config.prefill_exit is not None:
-        if strategy.skipped_reads != "stand_in":
-            raise ConfigError(f"prefill_exit runs the prompt's deep layers as stand-ins; the "
-                              f"{config.kv!r} kv strategy has none")
-        if config.prefill_exit >= backend.num_layers:
-            raise ConfigError(f"prefill_exit {config.prefill_exit} is past the model's last "
-                              f"layer ({backend.num_layers - 1})")
-    length = None
+    if config.prefill_exit is not None and strategy.skipped_reads != "stand_in":
+        raise ConfigError(f"prefill_exit runs the prompt's deep layers as stand-ins; the "
+                          f"{config.kv!r} kv strategy has none")
     if config.mode == "speculative":
-        check_speculative(backend, strategy, 1)
+        check_speculative(caps, backend_name, strategy, 1)
         if config.prefill_exit is not None:
             raise ConfigError("speculative mode is lossless, but prefill_exit would leave "
                               "stand-in K/V in the prompt's slots; drop one of them")
+
+
+def _returns(factory) -> Any:
+    """The class a plugin factory is annotated to return (None: not annotated)."""
+    try:
+        made = typing.get_type_hints(factory).get("return")
+    except Exception:   # annotations a plugin did not make resolvable
+        return None
+    return made if isinstance(made, type) else None
+
+
+def plan(registry: Registry, config: ExitConfig, backend: Backend) -> Plan:
+    """The plugins `config` names, made with their options and checked against the backend."""
+    options = bound_options(registry, config)
+    strategy = registry.kv_strategy(config.kv)(options["kv"])
+    policy = registry.policy(config.policy)(options["policy"], backend.num_layers)
+    check(registry, config, backend.capabilities, backend.name, policy)
+    predictor = functools.partial(registry.predictor(config.predictor), options["predictor"])
+    if config.prefill_exit is not None and config.prefill_exit >= backend.num_layers:
+        raise ConfigError(f"prefill_exit {config.prefill_exit} is past the model's last "
+                          f"layer ({backend.num_layers - 1})")
+    length = None
+    if config.mode == "speculative":
         length = DraftLength(config.draft_tokens, config.adaptive)
     return Plan(strategy, policy, predictor, config.prefill_exit, length)
 
@@ -113,6 +134,8 @@ class RiverModel:
     def __init__(self, backend: Backend, registry: Registry | None = None) -> None:
         self.backend = backend
         self.registry = registry or default_registry()
+        # a backend owns one KV cache: calls on one model take turns, two models run at once
+        self._lock = threading.Lock()
 
     @classmethod
     def from_pretrained(cls, model: str | None = None, *, backend: str = "hf",
@@ -151,11 +174,12 @@ class RiverModel:
     def generate_ids(self, prompts: Sequence[Sequence[int]], exit_config: ExitConfig,
                      generation_config: GenerationConfig) -> DecodeResult:
         p = plan(self.registry, exit_config, self.backend)
-        if p.draft_length is not None:
-            return speculative_ids(self.backend, prompts, generation_config, p.strategy,
-                                   p.policy, p.make_predictor, p.draft_length)
-        return generate_ids(self.backend, prompts, generation_config, p.strategy, p.policy,
-                            p.make_predictor, p.prefill_exit)
+        with self._lock:
+            if p.draft_length is not None:
+                return speculative_ids(self.backend, prompts, generation_config, p.strategy,
+                                       p.policy, p.make_predictor, p.draft_length)
+            return generate_ids(self.backend, prompts, generation_config, p.strategy,
+                                p.policy, p.make_predictor, p.prefill_exit)
 
     def teacher_force(self, prompt: Sequence[int], continuation: Sequence[int],
                       exit_config: ExitConfig) -> Forced:
@@ -165,8 +189,9 @@ class RiverModel:
             raise ConfigError("speculative mode scores exactly as full depth: teacher-force "
                               "with kv='full'")
         p = plan(self.registry, exit_config, self.backend)
-        return teacher_force(self.backend, prompt, continuation, p.strategy, p.policy,
-                             p.make_predictor, p.prefill_exit)
+        with self._lock:
+            return teacher_force(self.backend, prompt, continuation, p.strategy, p.policy,
+                                 p.make_predictor, p.prefill_exit)
 
 
 def _cut(text: str, stop: Sequence[str]) -> str:

@@ -19,6 +19,7 @@ KINDS = {
     "predictor": "river_predictors",
     "kv strategy": "river_kv_strategies",
     "conformance backend": "river_conformance_backends",
+    "command": "river_commands",
 }
 BUILTIN = "core"   # the core's own plugin, under the name of its entry point
 

@@ -20,7 +20,7 @@ from typing import Iterator, Sequence
 import attrs
 import numpy as np
 
-from .backend import Backend
+from .backend import Backend, Capabilities
 from .config import GenerationConfig
 from .decode import DecodeResult, PredictorFactory, check_capacity, decode_step, stopped
 from .errors import CapabilityError, ConfigError
@@ -72,10 +72,10 @@ class DraftLength:
             self._next = min(self.most, r.drafted + 1) if grow else max(1, r.drafted - 1)
 
 
-def check(backend: Backend, strategy: KVStrategy, batch: int) -> None:
-    if not backend.capabilities.verify:
-        raise CapabilityError(f"backend {backend.name!r} cannot verify drafts (extend, rewind); "
-                              f"speculative mode needs it")
+def check(caps: Capabilities, backend_name: str, strategy: KVStrategy, batch: int) -> None:
+    if not caps.verify:
+        raise CapabilityError(f"backend {backend_name!r} cannot verify drafts (extend, "
+                              f"rewind); speculative mode needs it")
     if not strategy.drafts:
         raise ConfigError(f"the {strategy.name!r} kv strategy cannot draft: speculative mode "
                           f"needs every draft step to write its slots and no state across "
@@ -89,7 +89,7 @@ def rounds(backend: Backend, prompt: Sequence[int], gen: GenerationConfig,
            length: DraftLength) -> Iterator[Round]:
     """Prefill `prompt`, then draft-and-verify rounds until EOS, a stop string or
     gen.max_new_tokens; each round's tokens end at whichever comes first."""
-    check(backend, strategy, 1)
+    check(backend.capabilities, backend.name, strategy, 1)
     check_capacity(backend, [prompt], gen.max_new_tokens)
     rng = np.random.default_rng(gen.seed)
     sampled = gen.temperature > 0
@@ -160,7 +160,7 @@ def speculative_ids(backend: Backend, prompts: Sequence[Sequence[int]], gen: Gen
                     strategy: KVStrategy, policy: ExitPolicy, make_predictor: PredictorFactory,
                     length: DraftLength) -> DecodeResult:
     """Generate like `generate_ids` at full depth, with the river drafting (batch 1)."""
-    check(backend, strategy, len(prompts))
+    check(backend.capabilities, backend.name, strategy, len(prompts))
     first, *rest = rounds(backend, prompts[0], gen, strategy, policy, make_predictor, length)
     return DecodeResult(
         tokens=[first.tokens + [t for r in rest for t in r.tokens]],

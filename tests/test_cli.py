@@ -79,3 +79,21 @@ def test_plugins_lists_every_kind_with_its_distribution():
     for name in ("hf", "similarity", "fixed", "transition", "river", "propagate", "full"):
         assert f"  {name} " in out.stdout
     assert "river-llm" in out.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--kv", "mask", "--mode", "speculative"], "cannot draft"),
+    (["--policy", "cascade", "--kv", "monotonic"], "recomputes doubtful tokens"),
+    (["--backend", "llamacpp"], "cannot exit early"),
+    (["--max-new-tokens", "100000"], "leaves no room for a prompt"),
+    (["-o", "tau=2"], "tau"),
+])
+def test_checks_that_need_no_model_run_before_it_loads(tiny_folder, monkeypatch, capsys, args,
+                                                       message):
+    import river_models
+
+    def loaded(*a, **k):
+        raise AssertionError("the model was loaded before the plan was checked")
+    monkeypatch.setattr(river_models, "open_model", loaded)
+    assert main(["generate", "hi", "--model", tiny_folder("llama"), *args]) == 2
+    assert message in capsys.readouterr().err

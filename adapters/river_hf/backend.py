@@ -8,13 +8,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from river_core.backend import Capabilities, Footprint, Prefill
+from river_core.backend import Footprint, Prefill
 from river_core.errors import CapabilityError
 from river_core.layout import Layout
 from river_models import Checkpoint, StandIns
 
 from .blocks import Block, Dense, Norm, forward, packed, project_kv
 from .cache import KVCache, Step
+from .plugin import CAPABILITIES
 
 
 class HFBackend:
@@ -40,9 +41,7 @@ class HFBackend:
                           for k, r in spec.rotary.items()}
         self.num_layers = spec.num_layers
         self.max_positions = spec.max_positions
-        self.capabilities = Capabilities(mask=True, recompute=True, sub_blocks=True,
-                                         verify=True, stand_in_head=True,
-                                         devices=("cpu", "cuda"))
+        self.capabilities = CAPABILITIES
         self.runs_on = (str(self.device),)
         self.tokenizer = checkpoint.tokenizer
         self._cache: KVCache | None = None

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from river_core.backend import Capabilities
 from river_core.config import QuantSpec
 from river_core.errors import CapabilityError, ConfigError
 from river_core.hookspecs import hookimpl
+from river_models.source import context_length
 
 DTYPES = ("float32", "bfloat16", "float16")
+CAPABILITIES = Capabilities(mask=True, recompute=True, sub_blocks=True, verify=True,
+                            stand_in_head=True, devices=("cpu", "cuda"))
 
 
 def _torch_device(device: str):
@@ -34,6 +38,10 @@ def load(model: str | None = None, *, device: str = "cpu", dtype: str = "float32
     checkpoint = open_model(model, progress)
     return HFBackend(checkpoint, stand_ins(checkpoint, quant, progress), getattr(torch, dtype),
                      device)
+
+
+# known before anything loads: the CLI checks a plan and the context first
+load.capabilities, load.context_length = CAPABILITIES, context_length
 
 
 def tiny_backend(family: str, seed: int, bits: int, dtype: str = "float32"):

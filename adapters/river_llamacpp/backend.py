@@ -15,8 +15,10 @@ from typing import Sequence
 import attrs
 import numpy as np
 
-from river_core.backend import Capabilities, Footprint, Prefill
+from river_core.backend import Footprint, Prefill
 from river_core.errors import CapabilityError
+
+from .plugin import CAPABILITIES
 
 UNSUPPORTED = "llama.cpp cannot run single layers or exit early; use the full kv strategy"
 
@@ -61,8 +63,7 @@ class LlamaCppBackend:
         self._llm, self._path = llm, path
         self.num_layers = num_layers
         self.max_positions = llm.n_ctx()
-        self.capabilities = Capabilities(exits=False, stand_in=False, propagate=False,
-                                         batch=False, devices=("cpu",))
+        self.capabilities = CAPABILITIES
         self.runs_on = ("cpu",)
         self.tokenizer = LlamaCppTokenizer(llm)
         self.stand_in_error = [float("nan")] * num_layers   # there are no stand-ins

@@ -6,11 +6,14 @@ import atexit
 import os
 from pathlib import Path
 
+from river_core.backend import Capabilities
 from river_core.config import QuantSpec
 from river_core.errors import CapabilityError, ConfigError, ModelError
 from river_core.hookspecs import hookimpl
 
 CONTEXT = 8192   # positions allocated; smaller than most models' trained context, to save memory
+CAPABILITIES = Capabilities(exits=False, stand_in=False, propagate=False, batch=False,
+                            devices=("cpu",))
 
 
 def _llama(path: Path, context: int, exact: bool):
@@ -62,6 +65,9 @@ def tiny_backend(family: str, seed: int, bits: int):
     path = gguf_file(seed)
     llm, layers = _llama(path, 256, exact=True)
     return LlamaCppBackend(llm, layers, path)
+
+
+load.capabilities = CAPABILITIES   # known before anything loads: the CLI checks a plan first
 
 
 @hookimpl

@@ -1,18 +1,32 @@
 """The user cache, and the one way River builds anything into it.
 
-Root: RIVER_CACHE, else $XDG_CACHE_HOME/river, else ~/.cache/river. Every artifact (a converted
-GGUF, an ONNX export, quantized stand-in weights) is built in a temporary sibling folder and
-renamed into place, so an interrupted build leaves nothing that looks finished.
+Root: RIVER_CACHE, else $XDG_CACHE_HOME/river, else ~/.cache/river. Every entry (a converted
+GGUF, an ONNX export, quantized stand-in weights) is a folder `KIND/NAME`, NAME ending in a
+digest of its inputs. `cached` builds it under an exclusive lock (`NAME.lock`: a second process
+waits, then finds it built; lock files live in `.locks/`), in a temporary sibling `.partial-NAME-PID` that is renamed into
+place with a manifest written last: the cache format, the inputs' digest, and each file's size
+and SHA-256. Before an entry is used its files are checked against the manifest; anything that
+does not match (a partial build a killed run left, a truncated or altered file, another
+format) is reported in one line, removed and built again, never loaded.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
+import json
 import os
 import shutil
-import tempfile
+import sys
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
+
+import attrs
+
+FORMAT = 1   # the layout of an entry and its manifest: entries of another format are rebuilt
+MANIFEST = "river-cache.json"
+PARTIAL = ".partial-"
 
 
 def cache_root() -> Path:
@@ -32,16 +46,121 @@ def files_key(folder: Path) -> str:
     return digest(folder.resolve(), *stats)
 
 
-def cached(target: Path, done: str, build: Callable[[Path], object]) -> Path:
-    """`target`, built by `build(folder)` first if `target/done` does not exist yet."""
-    if (target / done).exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".partial-"))
+def _say(message: str) -> None:
+    print(f"river: {message}", file=sys.stderr, flush=True)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST)
+
+
+def problem(target: Path, inputs: str | None = None, checksums: bool = True) -> str | None:
+    """Why `target` cannot be used (None: it can). Without `checksums`, sizes only."""
+    if not target.is_dir():
+        return "not built"
     try:
-        build(tmp)
-        os.replace(tmp, target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        manifest = json.loads((target / MANIFEST).read_text())
+    except FileNotFoundError:
+        return "incomplete or made by an older River (no manifest)"
+    except (OSError, ValueError):
+        return "unreadable manifest"
+    if manifest.get("format") != FORMAT:
+        return f"cache format {manifest.get('format')}, this River reads {FORMAT}"
+    if inputs is not None and manifest.get("inputs") != inputs:
+        return "built from other inputs"
+    files = manifest.get("files", {})
+    for name, meta in files.items():
+        path = target / name
+        if not path.is_file():
+            return f"missing file {name}"
+        if path.stat().st_size != meta["size"]:
+            return f"truncated or altered file {name} (size {path.stat().st_size}, " \
+                   f"expected {meta['size']})"
+        if checksums and _sha256(path) != meta["sha256"]:
+            return f"corrupted file {name} (checksum mismatch)"
+    extra = {p.relative_to(target).as_posix() for p in _files(target)} - set(files)
+    return f"unexpected file {sorted(extra)[0]}" if extra else None
+
+
+@contextlib.contextmanager
+def _locked(target: Path) -> Iterator[None]:
+    # lock files stay (removing one would let a waiter and a newcomer lock different files),
+    # out of the way in one folder
+    locks = target.parent.parent / ".locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    with open(locks / f"{target.parent.name}-{target.name}.lock", "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            _say(f"waiting for another process building {target.name} ...")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        yield   # released when the file closes, or when the process dies
+
+
+def cached(target: Path, build: Callable[[Path], object], inputs: str) -> Path:
+    """`target`, built by `build(folder)` first unless a valid build of `inputs` is there."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with _locked(target):
+        for partial in target.parent.glob(f"{PARTIAL}{target.name}-*"):
+            _say(f"removing an incomplete build of {target.name} (an interrupted run)")
+            shutil.rmtree(partial, ignore_errors=True)
+        why = problem(target, inputs)
+        if why is None:
+            return target
+        if target.exists():
+            _say(f"{target.name}: {why}; rebuilding it")
+            shutil.rmtree(target)
+        tmp = target.with_name(f"{PARTIAL}{target.name}-{os.getpid()}")
+        tmp.mkdir()
+        try:
+            build(tmp)
+            files = {p.relative_to(tmp).as_posix(): {"size": p.stat().st_size,
+                                                     "sha256": _sha256(p)}
+                     for p in _files(tmp)}
+            (tmp / MANIFEST).write_text(json.dumps({"format": FORMAT, "inputs": inputs,
+                                                    "files": files}, indent=1))
+            os.replace(tmp, target)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return target
 
+
+@attrs.frozen
+class Entry:
+    """One cache entry, as `river cache` lists it."""
+
+    path: Path
+    size: int
+    problem: str | None   # None: usable
+
+    @property
+    def kind(self) -> str:
+        return self.path.parent.name
+
+
+def entries(checksums: bool = False) -> list[Entry]:
+    """Every entry and partial build under the cache root, with its size and state."""
+    found = []
+    root = cache_root()
+    kinds = [p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")] \
+        if root.is_dir() else []
+    for kind in sorted(kinds):
+        for path in sorted(p for p in kind.iterdir() if p.is_dir()):
+            size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+            why = "partial build" if path.name.startswith(PARTIAL) else \
+                problem(path, checksums=checksums)
+            found.append(Entry(path, size, why))
+    return found
+
+
+def remove(entry: Entry) -> None:
+    with _locked(entry.path):
+        shutil.rmtree(entry.path, ignore_errors=True)

@@ -177,8 +177,9 @@ def stand_ins(checkpoint: Checkpoint, spec: QuantSpec, progress: bool = False,
     """The checkpoint's stand-ins at `spec`, quantized once and cached in the user cache."""
     if not cache:
         return build_stand_ins(checkpoint, spec, progress)
-    target = cache_root() / "stand-ins" / f"{checkpoint.name}-{checkpoint.key}-" \
-        f"{digest(FORMAT, spec.bits, spec.group_size, spec.method)}"
-    cached(target, "stand-ins.npz",
-           lambda tmp: build_stand_ins(checkpoint, spec, progress).save(tmp / "stand-ins.npz"))
+    key = f"{checkpoint.key}-{digest(FORMAT, spec.bits, spec.group_size, spec.method)}"
+    target = cache_root() / "stand-ins" / f"{checkpoint.name}-{key}"
+    cached(target,
+           lambda tmp: build_stand_ins(checkpoint, spec, progress).save(tmp / "stand-ins.npz"),
+           key)
     return StandIns.load(target / "stand-ins.npz", spec)

@@ -6,6 +6,7 @@ A GGUF is converted once into a safetensors folder in the user cache; later load
 from __future__ import annotations
 
 import contextlib
+import json
 import importlib.util
 import sys
 from pathlib import Path
@@ -65,6 +66,13 @@ def _convert(gguf: Path, folder: Path) -> None:
     tok.save_pretrained(folder)
 
 
+def _converted(gguf: Path) -> tuple[Path, str]:
+    """Where a GGUF file's conversion lives in the cache, and its inputs' digest."""
+    stat = gguf.stat()
+    key = digest(gguf.resolve(), stat.st_size, stat.st_mtime_ns)
+    return cache_root() / "converted" / f"{gguf.stem}-{key}", key
+
+
 def locate(model: str | None, progress: bool = False) -> Path:
     """The Hugging Face folder for a model argument (None: the embedded default), converting
     a GGUF file into the cache on first use."""
@@ -75,16 +83,34 @@ def locate(model: str | None, progress: bool = False) -> Path:
     if path.is_file():
         if path.suffix != ".gguf":
             raise ModelError(f"{path} is a file but not a .gguf")
-        stat = path.stat()
-        target = cache_root() / "converted" / \
-            f"{path.stem}-{digest(path.resolve(), stat.st_size, stat.st_mtime_ns)}"
-        if not (target / "config.json").is_file():
+        target, key = _converted(path)
+
+        def convert(tmp: Path) -> None:
             say(progress, f"converting {path.name} once into {target} ...")
+            _convert(path, tmp)
         with _quiet_transformers(progress):
-            return cached(target, "config.json", lambda tmp: _convert(path, tmp))
+            return cached(target, convert, key)
     if not (path / "config.json").is_file():
         raise ModelError(f"{path} has no config.json: not a Hugging Face model folder")
     return path
+
+
+def context_length(model: str | None) -> int | None:
+    """The model's context in positions, from its config.json or GGUF header, without loading
+    or converting it (None: not readable; the checks after loading still apply)."""
+    path = default_gguf() if model is None else Path(model).expanduser()
+    try:
+        folder = path if path.is_dir() else _converted(path)[0]
+        if (folder / "config.json").is_file():
+            return int(json.loads((folder / "config.json").read_text())["max_position_embeddings"])
+        import gguf   # not converted yet: the header (seconds, once, before a longer conversion)
+
+        reader = gguf.GGUFReader(str(path))
+        field = lambda key: reader.fields[key].parts[reader.fields[key].data[0]]
+        arch = bytes(field("general.architecture")).decode()
+        return int(field(f"{arch}.context_length")[0])
+    except Exception:   # a bad path or file gets its own clear error when the model loads
+        return None
 
 
 def hf_model(folder: Path, progress: bool = False):

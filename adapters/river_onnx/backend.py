@@ -14,11 +14,12 @@ from typing import Sequence
 import numpy as np
 import onnxruntime as ort
 
-from river_core.backend import Capabilities, Footprint, Prefill
+from river_core.backend import Footprint, Prefill
 from river_core.errors import CapabilityError
 from river_core.layout import Layout
 
 from .export import Manifest
+from .plugin import CAPABILITIES
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 
@@ -110,9 +111,7 @@ class OnnxBackend:
         self.runs_on = tuple(self._head.get_providers())
         self.num_layers, self.max_positions = spec.num_layers, spec.max_positions
         self.stand_in_error = list(manifest.stand_in_error)
-        self.capabilities = Capabilities(mask=True, recompute=True, sub_blocks=True,
-                                         stand_in_tail=True, verify=True, stand_in_head=True,
-                                         devices=("cpu", "cuda"))
+        self.capabilities = CAPABILITIES
         self.tokenizer = tokenizer
         self._k: list[np.ndarray] = []
         self._v: list[np.ndarray] = []

@@ -98,4 +98,4 @@ def exported(model: str | None, quant: QuantSpec, progress: bool) -> Path:
     def build(folder: Path) -> None:
         checkpoint = open_model(str(source), progress)
         export_model(checkpoint, stand_ins(checkpoint, quant, progress), folder, progress)
-    return cached(target, "manifest.json", build)
+    return cached(target, build, key)

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from river_core.backend import Capabilities
 from river_core.config import QuantSpec
 from river_core.errors import ConfigError
 from river_core.hookspecs import hookimpl
+from river_models.source import context_length
+
+CAPABILITIES = Capabilities(mask=True, recompute=True, sub_blocks=True, stand_in_tail=True,
+                            verify=True, stand_in_head=True, devices=("cpu", "cuda"))
 
 
 def load(model: str | None = None, *, device: str = "cpu", dtype: str = "float32",
@@ -26,6 +31,10 @@ def load(model: str | None = None, *, device: str = "cpu", dtype: str = "float32
     manifest = Manifest.read(folder)
     tokenizer = AutoTokenizer.from_pretrained(folder / "tokenizer", local_files_only=True)
     return OnnxBackend(folder, manifest, Tokenizer(tokenizer, manifest.spec.eos_ids), device)
+
+
+# known before anything loads: the CLI checks a plan and the context first
+load.capabilities, load.context_length = CAPABILITIES, context_length
 
 
 def tiny_backend(family: str, seed: int, bits: int):

@@ -1,0 +1,166 @@
+"""The user cache never lies: builds are atomic and locked, entries are checked against their
+manifest before use, and whatever does not match is reported, removed and rebuilt.
+
+Interruptions and races run real processes and real signals."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from river_models.cache import MANIFEST, cached, entries, problem, remove
+
+# a child process building one entry: the build writes two files, sleeping in between
+CHILD = textwrap.dedent("""
+    import os, sys, time
+    from pathlib import Path
+    from river_models.cache import cached
+
+    target, pause, log = Path(sys.argv[1]), float(sys.argv[2]), Path(sys.argv[3])
+
+    def build(folder):
+        with log.open("a") as f:
+            f.write(f"{os.getpid()}\\n")
+        (folder / "a.bin").write_bytes(b"a" * 1000)
+        print("building", flush=True)
+        time.sleep(pause)
+        (folder / "b.bin").write_bytes(os.urandom(1000))
+
+    cached(target, build, "inputs-1")
+    print("done", flush=True)
+""")
+
+
+def _child(target, pause, log):
+    return subprocess.Popen([sys.executable, "-c", CHILD, str(target), str(pause), str(log)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _build(folder):
+    (folder / "weights.bin").write_bytes(bytes(range(256)) * 64)
+    (folder / "sub").mkdir()
+    (folder / "sub" / "config.json").write_text("{}")
+
+
+@pytest.fixture
+def target(tmp_path):
+    return tmp_path / "kind" / "model-abc123"
+
+
+def _counting(calls):
+    def build(folder):
+        calls.append(folder)
+        _build(folder)
+    return build
+
+
+def test_an_entry_is_built_once_and_then_reused(target):
+    calls = []
+    assert cached(target, _counting(calls), "k") == target
+    cached(target, _counting(calls), "k")
+    assert len(calls) == 1 and problem(target, "k") is None
+    manifest = json.loads((target / MANIFEST).read_text())
+    assert set(manifest["files"]) == {"weights.bin", "sub/config.json"}
+
+
+@pytest.mark.parametrize("damage, reported", [
+    (lambda t: (t / "weights.bin").write_bytes(b"\x01" + (t / "weights.bin").read_bytes()[1:]),
+     "checksum mismatch"),
+    (lambda t: os.truncate(t / "weights.bin", 100), "truncated"),
+    (lambda t: (t / "sub" / "config.json").unlink(), "missing file"),
+    (lambda t: (t / MANIFEST).unlink(), "no manifest"),
+    (lambda t: (t / MANIFEST).write_text(json.dumps({"format": 0})), "cache format 0"),
+    (lambda t: (t / "stray.bin").write_bytes(b"x"), "unexpected file"),
+])
+def test_a_damaged_entry_is_reported_removed_and_rebuilt(target, capsys, damage, reported):
+    calls = []
+    cached(target, _counting(calls), "k")
+    damage(target)
+    assert reported in problem(target, "k")
+    cached(target, _counting(calls), "k")
+    assert len(calls) == 2 and problem(target, "k") is None
+    assert reported in capsys.readouterr().err
+
+
+def test_other_inputs_under_the_same_name_rebuild(target):
+    calls = []
+    cached(target, _counting(calls), "k")
+    cached(target, _counting(calls), "other")
+    assert len(calls) == 2
+
+
+def test_a_failed_build_leaves_nothing(target):
+    def broken(folder):
+        _build(folder)
+        raise RuntimeError("disk full")
+
+    with pytest.raises(RuntimeError):
+        cached(target, broken, "k")
+    assert list(target.parent.iterdir()) == []
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT])
+def test_an_interrupted_build_is_cleaned_up_and_rebuilt(tmp_path, target, sig):
+    log = tmp_path / "builds.log"
+    child = _child(target, 30, log)
+    assert child.stdout.readline().strip() == "building"
+    child.send_signal(sig)
+    assert child.wait(10) != 0
+    assert not target.exists()
+    again = _child(target, 0, log)
+    out, err = again.communicate(timeout=60)
+    assert again.returncode == 0 and out.split()[-1] == "done"
+    assert problem(target, "inputs-1") is None
+    left = "removing an incomplete build" in err
+    assert left == (sig == signal.SIGKILL)   # Ctrl-C cleans up itself; a kill cannot
+    assert len(log.read_text().split()) == 2
+
+
+def test_two_processes_building_at_once_build_once(tmp_path, target):
+    log = tmp_path / "builds.log"
+    first = _child(target, 2, log)
+    assert first.stdout.readline().strip() == "building"
+    second = _child(target, 2, log)
+    (_, first_err), (_, second_err) = first.communicate(timeout=60), second.communicate(timeout=60)
+    assert first.returncode == second.returncode == 0
+    assert "waiting for another process" in second_err
+    assert len(log.read_text().split()) == 1 and problem(target, "inputs-1") is None
+
+
+def test_entries_lists_sizes_and_states_and_removes(tmp_path, monkeypatch):
+    monkeypatch.setenv("RIVER_CACHE", str(tmp_path))
+    good, bad = tmp_path / "onnx" / "m-1", tmp_path / "stand-ins" / "m-2"
+    cached(good, _build, "1")
+    cached(bad, _build, "2")
+    os.truncate(bad / "weights.bin", 10)
+    (tmp_path / "onnx" / ".partial-m-3-999").mkdir()
+    listed = {e.path.name: e for e in entries()}
+    assert listed["m-1"].problem is None and listed["m-1"].kind == "onnx"
+    assert listed["m-1"].size == 256 * 64 + 2 + (good / MANIFEST).stat().st_size
+    assert "truncated" in listed["m-2"].problem
+    assert listed[".partial-m-3-999"].problem == "partial build"
+    remove(listed["m-2"])
+    assert "m-2" not in {e.path.name for e in entries()}
+
+
+def test_river_cache_lists_and_removes(tmp_path, monkeypatch, capsys):
+    from river_core.cli import main
+
+    monkeypatch.setenv("RIVER_CACHE", str(tmp_path))
+    cached(tmp_path / "onnx" / "m-1", _build, "1")
+    cached(tmp_path / "stand-ins" / "m-2", _build, "2")
+    (tmp_path / "stand-ins" / "m-2" / "weights.bin").write_bytes(b"changed")
+    assert main(["cache"]) == 0
+    out = capsys.readouterr().out
+    assert "2 entries" in out and "m-1" in out and "ok" in out and "truncated" in out
+    assert main(["cache", "--remove", "nope"]) == 2
+    assert "no cache entry named nope" in capsys.readouterr().err
+    assert main(["cache", "--prune"]) == 0
+    assert "removed stand-ins/m-2" in capsys.readouterr().out
+    assert [e.path.name for e in entries()] == ["m-1"]
+    assert main(["cache", "--clear"]) == 0 and entries() == []
