@@ -61,3 +61,24 @@ def pearson(a, b) -> float:
 def spearman(a, b) -> float:
     rank = lambda x: np.argsort(np.argsort(x))
     return pearson(rank(np.asarray(a)), rank(np.asarray(b)))
+
+
+def runs_by_engine(names, script: str) -> dict:
+    """Each named result file in docs/results (one run of `script` per engine), by engine."""
+    runs = {}
+    for name in names:
+        path = RESULTS / f"{name}.json"
+        if not path.is_file():
+            raise SystemExit(f"{path} not found: run `python -m benchmarks {script} ... --name "
+                             f"{name}` first (see that script's docstring)")
+        runs[name] = json.loads(path.read_text())
+    return {r["args"]["backend"]: r for r in runs.values()}
+
+
+def engine_heading(engine: str, run: dict) -> list[str]:
+    """A result page's section for one engine's run: its command and machine."""
+    info = run["machine"]
+    rss = f", peak RSS {info['peak_rss_mb']:.0f} MB" if "peak_rss_mb" in info else ""
+    return [f"## {engine}", "", f"Command: `{run['command']}`", "",
+            f"Machine: {info['cpu']}, {info['cores']} cores, copy bandwidth "
+            f"{info['memory_bandwidth_gb_s']} GB/s{rss}.", ""]

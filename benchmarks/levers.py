@@ -1,6 +1,7 @@
 """The speed levers tried for the fast step, each measured against its alternative.
 
     python -m benchmarks levers
+    python -m benchmarks levers --only draft_head verification_ms   # some again, keep the rest
 
 On the embedded model (float32 backbone, 4-bit HQQ stand-ins), one decoding token, median over
 repeats, cycling through all layers where weights are involved (cold caches, as in a real step):
@@ -9,19 +10,25 @@ repeats, cycling through all layers where weights are involved (cold caches, as 
 - `torch.compile` (CPU inductor) of one decode block against eager;
 - ONNX: the exit river after layer 3 as one session run (`stand_in_tail`) or one per layer;
 - ONNX `MatMulNBits` on a 1536x576 4-bit weight: accuracy level 0 against 4, integer against
-  float zero points.
+  float zero points;
+- the drafts' head (speculative mode): the float32 LM head against its int8 and 4-bit copies,
+  time on onnx and how often each picks full precision's token (the whole model at 4 bits
+  reading 4-shot GSM8K text);
+- verification (speculative mode, hf): the backbone over 1-7 positions at once, through
+  F.linear or oneDNN's prepacked kernel.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-from common import machine, write
+from common import RESULTS, machine, write
 from river_core import QuantSpec
 from river_models import FUSED, PROJECTIONS, open_model, stand_ins
 
@@ -161,14 +168,92 @@ def matmul_nbits(quantized) -> dict:
     return out
 
 
+def draft_head(checkpoint) -> dict:
+    """Time of the head and its copies on onnx, and their argmax agreement with float32 over
+    the final states of the whole model at 4 bits."""
+    import onnx
+
+    from river_core import ExitConfig, RiverModel
+    from river_models.quant import quantize
+    from river_onnx import graphs
+    from river_onnx.backend import sessions_for
+    from river_onnx.quant import nbits
+
+    import gsm8k
+    from common import GSM8K_TRAIN
+
+    weight = checkpoint.weights.head
+    copies = {"int8": quantize(weight, QuantSpec(bits=8)),
+              "int4 (HQQ, groups of 64)": quantize(weight, QuantSpec())}
+    norm = graphs.Norm.of(checkpoint.weights.final_norm, checkpoint.spec)
+    folder = Path(tempfile.mkdtemp(prefix="river-levers-"))
+    make = sessions_for("cpu")
+    x = np.random.default_rng(0).standard_normal((1, 1, weight.shape[1])).astype(np.float32)
+    times = {}
+    for label, w in [("float32", weight), *((k, nbits(q)) for k, q in copies.items())]:
+        path = folder / f"head{len(times)}.onnx"
+        onnx.save_model(graphs.head(norm, w, None), path, save_as_external_data=True,
+                        location=f"head{len(times)}.data")
+        session = make(path)
+        times[label] = median_us(lambda: session.run(None, {"h": x})) / 1e3
+    model = RiverModel.from_pretrained(backend="hf")
+    states = []
+    backend = model.backend
+    head = backend.logits
+    backend.logits = lambda h: (states.append(h[:, -1].float().numpy()), head(h))[1]
+    problems = gsm8k.load(str(GSM8K_TRAIN), limit=8)
+    tok = backend.tokenizer
+    for p in problems[4:]:
+        prompt = tok.encode(gsm8k.prompt(p, problems[:4]))
+        model.teacher_force(prompt, tok.encode(" " + p.solution),
+                            ExitConfig(policy="fixed", options={"layer": -1}))
+    backend.logits = head
+    h = np.concatenate(states)
+    h = h / np.sqrt((h * h).mean(-1, keepdims=True) + checkpoint.spec.norm_eps) * norm.weight
+    want = (h @ weight.T).argmax(-1)
+    agree = {k: float(((h @ q.dequantize().T).argmax(-1) == want).mean())
+             for k, q in copies.items()}
+    return {"ms": times, "argmax_agreement": agree, "states": len(h)}
+
+
+def verification(repeats: int = 15) -> dict:
+    """The hf backbone over m positions at once (speculative verification), ms."""
+    from river_core import RiverModel
+    from river_hf.blocks import Dense
+
+    backend = RiverModel.from_pretrained(backend="hf").backend
+    backend.prefill([[1] * 300], 400)
+    out = {}
+    for label, rows in (("F.linear", range(0)), ("oneDNN prepacked for 3-16 rows", Dense.ROWS)):
+        saved, Dense.ROWS = Dense.ROWS, rows
+        for m in (1, 2, 3, 4, 5, 7):
+            def run():
+                backend.extend([42] * m)
+                backend.rewind(300)
+            out.setdefault(label, {})[m] = median_us(run, repeats=repeats) / 1e3
+        Dense.ROWS = saved
+    return out
+
+
+LEVERS = {"fused_projections": fused_projections, "torch_compile": compiled_block,
+          "onnx_tail": lambda checkpoint, quantized: onnx_tail(),
+          "matmul_nbits_us": lambda checkpoint, quantized: matmul_nbits(quantized),
+          "draft_head": lambda checkpoint, quantized: draft_head(checkpoint),
+          "verification_ms": lambda checkpoint, quantized: verification()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.parse_args()
+    ap.add_argument("--only", nargs="+", choices=list(LEVERS),
+                    help="measure these levers again and keep the other results")
+    args = ap.parse_args()
     checkpoint = open_model(progress=True)
     quantized = stand_ins(checkpoint, QuantSpec(), progress=True)
-    result = {"fused_projections": fused_projections(checkpoint, quantized),
-              "torch_compile": compiled_block(checkpoint, quantized),
-              "onnx_tail": onnx_tail(), "matmul_nbits_us": matmul_nbits(quantized)}
+    previous = RESULTS / "levers.json"
+    result = json.loads(previous.read_text())["result"] if args.only and previous.is_file() \
+        else {}
+    for name in args.only or LEVERS:
+        result[name] = LEVERS[name](checkpoint, quantized)
     info = machine()
     f, c, t, m = (result[k] for k in ("fused_projections", "torch_compile", "onnx_tail",
                                       "matmul_nbits_us"))
@@ -189,6 +274,18 @@ def main() -> None:
     lines += ["", "`MatMulNBits`, 1536x576 at 4 bits, one token:", "",
               "| setting | µs |", "|---|---|"]
     lines += [f"| {label} | {us:.0f} |" for label, us in m.items()]
+    d, v = result["draft_head"], result["verification_ms"]
+    lines += ["", f"The drafts' head, one token on onnx, and how often its argmax is float32's "
+              f"over {d['states']} final states of the whole model at 4 bits (4-shot GSM8K):",
+              "", "| head | ms | same token as float32 |", "|---|---|---|"]
+    same = {**d["argmax_agreement"], "float32": None}
+    lines += [f"| {k} | {ms:.2f} | {'-' if same[k] is None else format(same[k], '.1%')} |"
+              for k, ms in d["ms"].items()]
+    lines += ["", "Verification on hf: the backbone over m positions at once, ms:", "",
+              "| matmul | " + " | ".join(f"m={m}" for m in next(iter(v.values()))) + " |",
+              "|---" * (1 + len(next(iter(v.values())))) + "|"]
+    lines += [f"| {k} | " + " | ".join(f"{ms:.1f}" for ms in row.values()) + " |"
+              for k, row in v.items()]
     write("levers", {"machine": info, "result": result}, "\n".join(lines) + "\n")
 
 

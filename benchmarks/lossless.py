@@ -27,7 +27,6 @@ measured memory bandwidth.
 from __future__ import annotations
 
 import argparse
-import json
 import resource
 import sys
 import time
@@ -38,7 +37,8 @@ from tqdm import tqdm
 
 import gsm8k
 import humaneval
-from common import GSM8K_TRAIN, RESULTS, first_divergence, write
+from common import (GSM8K_TRAIN, RESULTS, engine_heading, first_divergence, runs_by_engine,
+                    write)
 from river_core import ConfigError, ExitConfig, GenerationConfig, RiverModel
 from tasks import MAIN_OPTION, Run
 
@@ -198,14 +198,7 @@ def table(rows: dict) -> list[str]:
 
 
 def report(names: list[str]) -> None:
-    runs = {}
-    for name in names:
-        path = RESULTS / f"{name}.json"
-        if not path.is_file():
-            raise SystemExit(f"{path} not found: run `python -m benchmarks lossless --backend "
-                             f"ENGINE --name {name}` first")
-        runs[name] = json.loads(path.read_text())
-    engines = {r["args"]["backend"]: r for r in runs.values()}
+    engines = runs_by_engine(names, "lossless")
     lines = ["# Lossless River: the exit river as a self-speculative draft", "",
              "Each engine in its own interleaved run (same problems, configs rotated per "
              "problem, greedy, batch 1); speed is all decode time over all decoded tokens, "
@@ -213,13 +206,10 @@ def report(names: list[str]) -> None:
              "whose output is token for token full depth's. Drafts: 4-bit HQQ stand-ins "
              "(groups of 64) and the head's int8 stand-in.", ""]
     for engine, run in engines.items():
-        info = run["machine"]
-        lines += [f"## {engine}", "", f"Command: `{run['command']}`", "",
-                  f"Machine: {info['cpu']}, {info['cores']} cores, copy bandwidth "
-                  f"{info['memory_bandwidth_gb_s']} GB/s.", "", *table(run["results"]), ""]
+        lines += [*engine_heading(engine, run), *table(run["results"]), ""]
     write("lossless", {"summary": {e: r["summary"] for e, r in engines.items()},
                        "runs": {e: r["results"] for e, r in engines.items()}},
-          "\n".join(lines + [f"![lossless](lossless.png)", ""]))
+          "\n".join(lines + ["![lossless](lossless.png)", ""]))
     plot(engines)
 
 

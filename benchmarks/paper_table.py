@@ -17,11 +17,10 @@ River setting (river_speedup_vs_backbone, river_speed_vs_full_quant, nll_gap_rec
 from __future__ import annotations
 
 import argparse
-import json
 
 import numpy as np
 
-from common import RESULTS, write
+from common import RESULTS, engine_heading, runs_by_engine, write
 from tasks import paper_summary
 
 ENGINES = ("hf", "onnx")
@@ -31,14 +30,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", nargs="+", default=[f"paper-table-{e}" for e in ENGINES])
     args = ap.parse_args()
-    runs = {}
-    for name in args.runs:
-        path = RESULTS / f"{name}.json"
-        if not path.is_file():
-            raise SystemExit(f"{path} not found: run `python -m benchmarks tasks ... --name "
-                             f"{name}` first (see this script's docstring)")
-        runs[name] = json.loads(path.read_text())
-    engines = {r["args"]["backend"]: r for r in runs.values()}
+    engines = runs_by_engine(args.runs, "tasks")
     summary = {e: paper_summary(r["results"]) for e, r in engines.items()}
     lines = ["# The paper's table on the embedded SmolLM2-135M-Instruct", "",
              "Each engine in its own interleaved run (same problems, same configs); speedups "
@@ -46,11 +38,7 @@ def main() -> None:
              "GSM8K accuracy is 0-2% for every config (a 135M model), so agreement with full "
              "depth and the NLL delta on reference solutions carry the signal.", ""]
     for engine, run in engines.items():
-        info = run["machine"]
-        lines += [f"## {engine}", "", f"Command: `{run['command']}`", "",
-                  f"Machine: {info['cpu']}, {info['cores']} cores, copy bandwidth "
-                  f"{info['memory_bandwidth_gb_s']} GB/s, peak RSS {info['peak_rss_mb']:.0f} MB.",
-                  "", "| config | GSM8K | HumanEval | same output as full | NLL delta | "
+        lines += [*engine_heading(engine, run), "| config | GSM8K | HumanEval | same output as full | NLL delta | "
                   "ms/token | speedup | vs whole 4-bit | layers run |", "|---" * 9 + "|"]
         rows = run["results"]
         quant = rows["quantized"]["speedup"]
@@ -77,7 +65,7 @@ def main() -> None:
             lines.append("")
     plot = _plot(engines)
     lines += ["", f"![exit histograms and frontier]({plot})", ""]
-    write("paper-table", {"summary": summary, "runs": list(runs)}, "\n".join(lines))
+    write("paper-table", {"summary": summary, "runs": list(args.runs)}, "\n".join(lines))
 
 
 def _plot(engines: dict) -> str:

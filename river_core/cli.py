@@ -124,8 +124,11 @@ def _generate(args) -> None:
                          generation_config=gen)
     print(out.text)
     backend = model.backend
-    print(f"\nbackend {backend.name} on {', '.join(backend.runs_on)}\n{_report(out.stats)}",
-          file=sys.stderr)
+    stopped = "\ninterrupted: what came before Ctrl-C" if out.stats.interrupted else ""
+    print(f"{stopped}\nbackend {backend.name} on {', '.join(backend.runs_on)}\n"
+          f"{_report(out.stats)}", file=sys.stderr)
+    if out.stats.interrupted:
+        raise KeyboardInterrupt
 
 
 def _plugins() -> None:

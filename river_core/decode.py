@@ -35,6 +35,7 @@ class DecodeResult:
                                    # speculative mode, of each draft-and-verify round
     drafted: list[int] = attrs.field(factory=list)    # speculative mode, per round
     accepted: list[int] = attrs.field(factory=list)   # drafts the backbone kept, per round
+    interrupted: bool = False      # stopped by Ctrl-C: tokens hold what came before
 
     @property
     def speculative(self) -> bool:
@@ -214,23 +215,27 @@ def generate_ids(backend: Backend, prompts: Sequence[Sequence[int]], gen: Genera
     done = [False] * batch
     steps: list[float] = []
     logits = pre.logits
-    for step in range(gen.max_new_tokens):
-        for r, t in enumerate(sample(logits)):
-            if done[r]:
-                continue
-            tokens[r].append(t)
-            done[r] = t in eos or (bool(gen.stop) and
-                                   stopped(backend.tokenizer.decode(tokens[r]), gen.stop))
-        if all(done) or step == gen.max_new_tokens - 1:
-            break
-        start = time.perf_counter()
-        logits, layers = decode_step(backend, [row[-1] for row in tokens], strategy, policy,
-                                     predictors, step)
-        backend.commit()
-        steps.append(time.perf_counter() - start)
-        for r in range(batch):
-            if not done[r]:
-                exits[r].append(layers[r])
+    try:
+        for step in range(gen.max_new_tokens):
+            for r, t in enumerate(sample(logits)):
+                if done[r]:
+                    continue
+                tokens[r].append(t)
+                done[r] = t in eos or (bool(gen.stop) and
+                                       stopped(backend.tokenizer.decode(tokens[r]), gen.stop))
+            if all(done) or step == gen.max_new_tokens - 1:
+                break
+            start = time.perf_counter()
+            logits, layers = decode_step(backend, [row[-1] for row in tokens], strategy,
+                                         policy, predictors, step)
+            backend.commit()
+            steps.append(time.perf_counter() - start)
+            for r in range(batch):
+                if not done[r]:
+                    exits[r].append(layers[r])
+    except KeyboardInterrupt:   # Ctrl-C: what was generated so far, and its statistics
+        return DecodeResult(tokens, exits, backend.num_layers, prefill_seconds, steps,
+                            interrupted=True)
     return DecodeResult(tokens, exits, backend.num_layers, prefill_seconds, steps)
 
 

@@ -161,10 +161,19 @@ def speculative_ids(backend: Backend, prompts: Sequence[Sequence[int]], gen: Gen
                     length: DraftLength) -> DecodeResult:
     """Generate like `generate_ids` at full depth, with the river drafting (batch 1)."""
     check(backend.capabilities, backend.name, strategy, len(prompts))
-    first, *rest = rounds(backend, prompts[0], gen, strategy, policy, make_predictor, length)
+    done, interrupted = [], False
+    try:
+        for r in rounds(backend, prompts[0], gen, strategy, policy, make_predictor, length):
+            done.append(r)
+    except KeyboardInterrupt:   # Ctrl-C: the rounds so far, and their statistics
+        interrupted = True
+    if not done:
+        raise KeyboardInterrupt
+    first, *rest = done
     return DecodeResult(
         tokens=[first.tokens + [t for r in rest for t in r.tokens]],
         exit_layers=[[k for r in rest for k in r.exit_layers]],
         num_layers=backend.num_layers, prefill_seconds=first.draft_seconds,
         step_seconds=[r.draft_seconds + r.verify_seconds for r in rest],
-        drafted=[r.drafted for r in rest], accepted=[r.accepted for r in rest])
+        drafted=[r.drafted for r in rest], accepted=[r.accepted for r in rest],
+        interrupted=interrupted)

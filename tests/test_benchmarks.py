@@ -84,3 +84,20 @@ def test_paper_summary_picks_the_fastest_river_that_recovers_half_the_gap():
     assert abs(s["nll_gap_recovered"] - 0.6) < 1e-9
     assert abs(s["every_river_config"]["river/settled:0.9"]["nll_gap_recovered"] - 0.25) < 1e-9
     assert tasks.paper_summary({"full": rows["full"]}) is None
+
+
+def test_every_benchmark_explains_itself():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    run = lambda *a: subprocess.run([sys.executable, "-m", "benchmarks", *a], cwd=root,
+                                    capture_output=True, text=True, timeout=120)
+    listing = run("--help")
+    assert listing.returncode == 0
+    names = [line.split()[0] for line in listing.stdout.splitlines()[2:] if line.strip()]
+    assert {"tasks", "lossless", "oracle", "reliability"} <= set(names)
+    for name in names:
+        shown = run(name, "--help")
+        assert shown.returncode == 0 and "usage" in shown.stdout, name

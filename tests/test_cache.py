@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 
@@ -126,7 +125,7 @@ def test_two_processes_building_at_once_build_once(tmp_path, target):
     first = _child(target, 2, log)
     assert first.stdout.readline().strip() == "building"
     second = _child(target, 2, log)
-    (_, first_err), (_, second_err) = first.communicate(timeout=60), second.communicate(timeout=60)
+    (_, _), (_, second_err) = first.communicate(timeout=60), second.communicate(timeout=60)
     assert first.returncode == second.returncode == 0
     assert "waiting for another process" in second_err
     assert len(log.read_text().split()) == 1 and problem(target, "inputs-1") is None

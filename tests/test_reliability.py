@@ -88,3 +88,52 @@ def test_two_threads_on_two_models_and_on_one_model_match_sequential_runs():
         t.join()
     for n, key in enumerate([(m, p) for m in range(2) for p in range(2)]):
         assert out[key] == [alone[n]] * 3
+
+
+class CtrlC:
+    """The hf backend, with Ctrl-C arriving during the n-th decode step."""
+
+    def __init__(self, inner, n: int) -> None:
+        self._inner, self._left = inner, n
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    def embed(self, tokens):
+        self._left -= 1
+        if self._left == 0:
+            raise KeyboardInterrupt
+        return self._inner.embed(tokens)
+
+
+@pytest.mark.parametrize("mode", ["exit", "speculative"])
+def test_ctrl_c_returns_what_was_generated_and_its_statistics(mode):
+    b = tiny_backend("llama", 0, 4)
+    config = ExitConfig(mode=mode, policy="fixed", options={"layer": 1})
+    gen = GenerationConfig(max_new_tokens=40)
+    whole = RiverModel(b).generate_ids([[1, 20, 21]], config, gen)
+    cut = RiverModel(CtrlC(b, 6)).generate_ids([[1, 20, 21]], config, gen)
+    assert cut.interrupted and not whole.interrupted
+    assert 0 < len(cut.tokens[0]) < len(whole.tokens[0])
+    assert cut.tokens[0] == whole.tokens[0][:len(cut.tokens[0])]
+    assert len(cut.step_seconds) >= 1
+
+
+def test_ctrl_c_in_the_cli_prints_the_text_so_far_and_the_statistics(tiny_folder, monkeypatch,
+                                                                     capsys):
+    from river_core.cli import main
+    from river_hf.backend import HFBackend
+
+    calls = {"n": 0}
+    commit = HFBackend.commit
+
+    def interrupted(self):
+        calls["n"] += 1
+        if calls["n"] == 5:
+            raise KeyboardInterrupt
+        commit(self)
+    monkeypatch.setattr(HFBackend, "commit", interrupted)
+    assert main(["generate", "abc", "--model", tiny_folder("llama"), "--no-chat",
+                 "--max-new-tokens", "30"]) == 130
+    out, err = capsys.readouterr()
+    assert out.strip() and "interrupted: what came before Ctrl-C" in err and "ms/token" in err

@@ -1,0 +1,243 @@
+"""Reliability on the embedded model, what takes minutes (the tests cover the rest on tiny
+models): interrupted and racing builds, a long generation, memory over many generations.
+
+    python -m benchmarks reliability                  # all four parts
+    python -m benchmarks reliability --parts memory --generations 1000
+
+- interrupt: `river generate` in a scratch cache, killed with SIGINT and with SIGKILL while it
+  converts the GGUF, quantizes the stand-ins and exports ONNX; the next run must say what it
+  removes, rebuild, and leave every entry valid (checksums verified).
+- race: two `river generate --backend onnx` started together on an empty cache: both succeed,
+  one waits, each entry is built once.
+- long: 2,048 teacher-forced tokens through River (the paper's rule) against full depth: river
+  K/V error per layer over each quarter of the positions (drift shows as growth), NaN/inf.
+- memory: N generations in one process (both modes, alternating prompts): RSS after each,
+  plotted. Writes docs/results/reliability.{md,json} and reliability-memory.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+import gsm8k
+from common import GSM8K_TRAIN, RESULTS, machine, write
+from river_core import ExitConfig, GenerationConfig, RiverModel
+from river_core.testing import relative_error
+from river_models.cache import entries, problem
+
+PARTS = ("interrupt", "race", "long", "memory")
+KINDS = {"converted": "hf", "stand-ins": "hf", "onnx": "onnx"}   # what each build is for
+
+
+def _river(cache: Path, backend: str) -> subprocess.Popen:
+    env = {**os.environ, "RIVER_CACHE": str(cache)}
+    return subprocess.Popen([sys.executable, "-m", "river_core.cli", "generate", "2 + 2 =",
+                             "--backend", backend, "--max-new-tokens", "2"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for_partial(cache: Path, kind: str, process, timeout: float = 600) -> bool:
+    end = time.time() + timeout
+    while time.time() < end and process.poll() is None:
+        if list((cache / kind).glob(".partial-*")):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _valid(cache: Path) -> dict:
+    os.environ["RIVER_CACHE"] = str(cache)
+    return {f"{e.kind}/{e.path.name}": e.problem or "ok" for e in entries(checksums=True)}
+
+
+def verify_seconds(cache: Path) -> dict:
+    """What checking an entry before use costs: (size in MB, seconds) per entry."""
+    os.environ["RIVER_CACHE"] = str(cache)
+    out = {}
+    for e in entries():
+        start = time.perf_counter()
+        problem(e.path)
+        out[e.kind] = (e.size / 2 ** 20, time.perf_counter() - start)
+    return out
+
+
+def interrupt(scratch: Path) -> list[dict]:
+    rows = []
+    cache = scratch / "interrupt"
+    for kind, backend in KINDS.items():
+        for sig in (signal.SIGINT, signal.SIGKILL):
+            shutil.rmtree(cache / kind, ignore_errors=True)   # so this build runs again
+            process = _river(cache, backend)
+            caught = _wait_for_partial(cache, kind, process)
+            time.sleep(1.0)   # well inside the build
+            process.send_signal(sig)
+            process.wait(120)
+            left = [p.name for p in (cache / kind).glob(".partial-*")]
+            again = _river(cache, backend)
+            _, err = again.communicate(timeout=1800)
+            said = [l for l in err.splitlines() if l.startswith("river: ")]
+            rows.append({"build": kind, "signal": sig.name, "caught_during_build": caught,
+                         "exit_status": process.returncode, "partial_left": left,
+                         "next_run_status": again.returncode, "next_run_said": said,
+                         "entries": _valid(cache)})
+            print(rows[-1], file=sys.stderr)
+    return rows
+
+
+def race(scratch: Path) -> dict:
+    cache = scratch / "race"
+    processes = [_river(cache, "onnx") for _ in range(2)]
+    outs = [p.communicate(timeout=3600) for p in processes]
+    errs = [e for _, e in outs]
+    return {"status": [p.returncode for p in processes],
+            "waited": [("waiting for another process" in e) for e in errs],
+            "conversions": sum(e.count("converting ") for e in errs),
+            "entries": _valid(cache), "verify_seconds": verify_seconds(cache)}
+
+
+def long_generation(model: RiverModel, tokens: int) -> dict:
+    tok = model.backend.tokenizer
+    problems = gsm8k.load(str(GSM8K_TRAIN), limit=60)
+    text = "".join(f"Question: {p.question}\nAnswer: {p.solution}\n\n" for p in problems)
+    ids = tok.encode(text)
+    prompt, continuation = ids[:64], ids[64:64 + tokens]
+    b, n = model.backend, model.backend.num_layers
+    river = model.teacher_force(prompt, continuation, ExitConfig())
+    got = [b.kv(i) for i in range(n)]
+    model.teacher_force(prompt, continuation, ExitConfig(kv="full"))
+    quarters = np.array_split(np.arange(len(prompt), len(prompt) + len(continuation)), 4)
+    errors = [[max(relative_error(g[:, :, q], w[:, :, q]) for g, w in zip(got[i], b.kv(i)))
+               for q in quarters] for i in range(n)]
+    finite = all(np.isfinite(l).all() for l in river.logits) and \
+        all(np.isfinite(k).all() and np.isfinite(v).all() for k, v in got)
+    return {"tokens": len(continuation), "finite": bool(finite),
+            "mean_layers_run": float(np.mean(river.exit_layers) + 1),
+            "kv_error_by_layer_and_quarter": errors,
+            "largest_growth": max(e[-1] / max(e[0], 1e-12) for e in errors if max(e) > 0)}
+
+
+def memory(model: RiverModel, generations: int) -> dict:
+    questions = [p.question for p in gsm8k.load(str(GSM8K_TRAIN), limit=50)]
+    configs = [ExitConfig(), ExitConfig(mode="speculative", policy="fixed",
+                                        options={"layer": -1})]
+    rss = []
+    for g in tqdm(range(generations), desc="generations", file=sys.stderr):
+        model.generate(questions[g % len(questions)], exit_config=configs[g % 2],
+                       generation_config=GenerationConfig(max_new_tokens=24))
+        rss.append(_rss_mb())
+    tenth = max(1, generations // 10)
+    return {"generations": generations, "rss_mb": rss,
+            "first_tenth_peak_mb": max(rss[:tenth]), "last_tenth_peak_mb": max(rss[-tenth:]),
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2 ** 20
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--parts", nargs="+", default=list(PARTS), choices=PARTS)
+    ap.add_argument("--backend", default="onnx", help="for long and memory")
+    ap.add_argument("--generations", type=int, default=1000)
+    ap.add_argument("--long-tokens", type=int, default=2048)
+    args = ap.parse_args()
+    info = machine()
+    results: dict = {}
+    with tempfile.TemporaryDirectory(prefix="river-reliability-") as scratch:
+        if "interrupt" in args.parts:
+            results["interrupt"] = interrupt(Path(scratch))
+        if "race" in args.parts:
+            results["race"] = race(Path(scratch))
+    if "long" in args.parts or "memory" in args.parts:
+        model = RiverModel.from_pretrained(backend=args.backend, progress=True)
+        if "long" in args.parts:
+            results["long"] = long_generation(model, args.long_tokens)
+        if "memory" in args.parts:
+            results["memory"] = memory(model, args.generations)
+    command = "python -m benchmarks reliability " + " ".join(sys.argv[1:])
+    previous = RESULTS / "reliability.json"
+    merged = json.loads(previous.read_text()).get("results", {}) if previous.is_file() else {}
+    merged.update(results)
+    write("reliability", {"command": command, "machine": info, "results": merged},
+          report(merged, info, args.backend))
+    if "memory" in merged:
+        plot(merged["memory"])
+
+
+def report(results: dict, info: dict, backend: str) -> str:
+    lines = ["# Reliability on the embedded model", "",
+             f"Machine: {info['cpu']}, {info['cores']} cores. Command: `python -m benchmarks "
+             f"reliability` (parts: {', '.join(results)}); long and memory on `{backend}`.", ""]
+    if "interrupt" in results:
+        lines += ["## Interrupted builds", "", "| build | signal | partial left | next run "
+                  "said | next run | entries afterwards |", "|---|---|---|---|---|---|"]
+        for r in results["interrupt"]:
+            ok = all(v == "ok" for v in r["entries"].values())
+            lines.append(f"| {r['build']} | {r['signal']} | {len(r['partial_left'])} | "
+                         f"{'; '.join(r['next_run_said']) or '-'} | exit {r['next_run_status']}"
+                         f" | {'all valid' if ok else r['entries']} |")
+        lines.append("")
+    if "race" in results:
+        r = results["race"]
+        ok = all(v == "ok" for v in r["entries"].values())
+        lines += ["## Two processes building at once", "",
+                  f"Exit statuses {r['status']}; waited {r['waited']}; GGUF conversions "
+                  f"{r['conversions']}; {len(r['entries'])} entries, "
+                  f"{'all valid' if ok else r['entries']}. Checking an entry before use "
+                  f"(sizes and SHA-256 of every file): " + ", ".join(
+                      f"{kind} {mb:.0f} MB in {seconds:.2f} s"
+                      for kind, (mb, seconds) in r["verify_seconds"].items()) + ".", ""]
+    if "long" in results:
+        r = results["long"]
+        worst = np.array(r["kv_error_by_layer_and_quarter"]).max(0)
+        lines += ["## A long generation", "",
+                  f"{r['tokens']} teacher-forced tokens through River (the paper's rule, "
+                  f"{r['mean_layers_run']:.1f} backbone layers per token): every logit and "
+                  f"K/V finite: {r['finite']}. Largest river K/V error over layers, per quarter "
+                  f"of the positions: {', '.join(f'{e:.3f}' for e in worst)}; largest growth "
+                  f"from the first quarter to the last in any layer: "
+                  f"{r['largest_growth']:.2f}x.", ""]
+    if "memory" in results:
+        r = results["memory"]
+        lines += ["## Memory over time", "",
+                  f"{r['generations']} generations in one process (24 tokens each, River and "
+                  f"lossless mode alternating): RSS peak over the first tenth "
+                  f"{r['first_tenth_peak_mb']:.0f} MB, over the last tenth "
+                  f"{r['last_tenth_peak_mb']:.0f} MB; process peak {r['peak_rss_mb']:.0f} MB.",
+                  "", "![RSS](reliability-memory.png)", ""]
+    return "\n".join(lines)
+
+
+def plot(r: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    ax.plot(np.arange(1, len(r["rss_mb"]) + 1), r["rss_mb"])
+    ax.set_xlabel("generation")
+    ax.set_ylabel("resident memory (MB)")
+    ax.set_ylim(0, max(r["rss_mb"]) * 1.15)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(RESULTS / "reliability-memory.png", dpi=110)
+
+
+if __name__ == "__main__":
+    main()
