@@ -63,6 +63,8 @@ def _parser(registry) -> argparse.ArgumentParser:
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     g.add_argument("--seed", type=int, default=_default(GenerationConfig, "seed"))
     g.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
+    g.add_argument("--stream", action="store_true",
+                   help="print the text as it is generated (Ctrl-C stops, with statistics)")
     sub.add_parser("plugins", help="list registered backends, policies, predictors, strategies, "
                    "commands and their options")
     for entry in registry.entries("command").values():   # commands plugins add
@@ -120,15 +122,39 @@ def _generate(args) -> None:
     model = RiverModel.from_pretrained(args.model, backend=args.backend, device=args.device,
                                        dtype=args.dtype, quant=quant, progress=True,
                                        registry=registry)
-    out = model.generate(args.prompt, chat=not args.no_chat, exit_config=exit_config,
-                         generation_config=gen)
-    print(out.text)
+    if args.stream:
+        stats = _stream(model, args.prompt, not args.no_chat, exit_config, gen)
+    else:
+        out = model.generate(args.prompt, chat=not args.no_chat, exit_config=exit_config,
+                             generation_config=gen)
+        print(out.text)
+        stats = out.stats
     backend = model.backend
-    stopped = "\ninterrupted: what came before Ctrl-C" if out.stats.interrupted else ""
+    stopped = "\ninterrupted: what came before Ctrl-C" if stats.interrupted else ""
     print(f"{stopped}\nbackend {backend.name} on {', '.join(backend.runs_on)}\n"
-          f"{_report(out.stats)}", file=sys.stderr)
-    if out.stats.interrupted:
+          f"{_report(stats)}", file=sys.stderr)
+    if stats.interrupted:
         raise KeyboardInterrupt
+
+
+def _stream(model: RiverModel, prompt: str, chat: bool, exit_config: ExitConfig,
+            gen: GenerationConfig) -> DecodeResult:
+    """Print the text as it grows, holding back what could still turn into a stop string."""
+    tokens = model.stream(prompt, chat=chat, exit_config=exit_config, generation_config=gen)
+    hold = max((len(s) for s in gen.stop), default=1) - 1
+    shown = ""
+    try:
+        for _ in tokens:
+            text = model.text(tokens.ids(), gen.stop)
+            ready = text[:len(text) - hold]
+            if ready.startswith(shown) and not ready.endswith("\ufffd"):   # whole characters
+                print(ready[len(shown):], end="", flush=True)
+                shown = ready
+    except KeyboardInterrupt:
+        tokens.interrupt()
+    text = model.text(tokens.ids(), gen.stop)
+    print(text[len(shown):] if text.startswith(shown) else "\n" + text)
+    return tokens.stats
 
 
 def _plugins() -> None:

@@ -6,7 +6,7 @@ Backends supply primitives (backend.py); this module alone decides which layer r
 from __future__ import annotations
 
 import time
-from typing import Callable, Sequence
+from typing import Callable, Generator, Sequence
 
 import attrs
 import numpy as np
@@ -191,11 +191,43 @@ def check_capacity(backend: Backend, prompts: Sequence[Sequence[int]], new_token
     return longest + new_tokens
 
 
+@attrs.frozen
+class Token:
+    """One generated token, as it streams out."""
+
+    row: int          # which sequence of the batch
+    id: int
+    exit_layer: int   # the last backbone layer the step that chose it ran (L-1: full depth)
+    drafted: bool = False   # speculative mode: a draft the backbone kept
+
+
+Stream = Generator[Token, None, DecodeResult]
+"""Yields tokens as they are chosen; returns the statistics (StopIteration.value)."""
+
+
+def drain(stream: Stream) -> DecodeResult:
+    """Run a stream to its end: its statistics."""
+    while True:
+        try:
+            next(stream)
+        except StopIteration as done:
+            return done.value
+
+
 def generate_ids(backend: Backend, prompts: Sequence[Sequence[int]], gen: GenerationConfig,
                  strategy: KVStrategy, policy: ExitPolicy, make_predictor: PredictorFactory,
                  prefill_exit: int | None = None) -> DecodeResult:
     """Generate up to gen.max_new_tokens per prompt; each sequence stops on EOS or a stop
     string. The prompt runs the backbone up to `prefill_exit` (None: all of it)."""
+    return drain(stream_ids(backend, prompts, gen, strategy, policy, make_predictor,
+                            prefill_exit))
+
+
+def stream_ids(backend: Backend, prompts: Sequence[Sequence[int]], gen: GenerationConfig,
+               strategy: KVStrategy, policy: ExitPolicy, make_predictor: PredictorFactory,
+               prefill_exit: int | None = None) -> Stream:
+    """`generate_ids` as a stream. Ctrl-C (or `throw(KeyboardInterrupt)`) ends it early with
+    what was generated so far, marked `interrupted`."""
     capacity = check_capacity(backend, prompts, gen.max_new_tokens)
     if len(prompts) > 1 and not backend.capabilities.batch:
         raise ConfigError(f"backend {backend.name!r} runs one sequence at a time")
@@ -212,6 +244,7 @@ def generate_ids(backend: Backend, prompts: Sequence[Sequence[int]], gen: Genera
     batch = len(prompts)
     tokens: list[list[int]] = [[] for _ in range(batch)]
     exits: list[list[int]] = [[] for _ in range(batch)]
+    chose = [backend.num_layers - 1 if prefill_exit is None else prefill_exit] * batch
     done = [False] * batch
     steps: list[float] = []
     logits = pre.logits
@@ -223,16 +256,17 @@ def generate_ids(backend: Backend, prompts: Sequence[Sequence[int]], gen: Genera
                 tokens[r].append(t)
                 done[r] = t in eos or (bool(gen.stop) and
                                        stopped(backend.tokenizer.decode(tokens[r]), gen.stop))
+                yield Token(r, t, chose[r])
             if all(done) or step == gen.max_new_tokens - 1:
                 break
             start = time.perf_counter()
-            logits, layers = decode_step(backend, [row[-1] for row in tokens], strategy,
-                                         policy, predictors, step)
+            logits, chose = decode_step(backend, [row[-1] for row in tokens], strategy,
+                                        policy, predictors, step)
             backend.commit()
             steps.append(time.perf_counter() - start)
             for r in range(batch):
                 if not done[r]:
-                    exits[r].append(layers[r])
+                    exits[r].append(chose[r])
     except KeyboardInterrupt:   # Ctrl-C: what was generated so far, and its statistics
         return DecodeResult(tokens, exits, backend.num_layers, prefill_seconds, steps,
                             interrupted=True)

@@ -11,13 +11,14 @@ import attrs
 
 from .backend import Backend, Capabilities
 from .config import ExitConfig, GenerationConfig, QuantSpec
-from .decode import DecodeResult, Forced, PredictorFactory, generate_ids, teacher_force
+from .decode import (DecodeResult, Forced, PredictorFactory, Stream, Token, drain, stream_ids,
+                     teacher_force)
 from .errors import CapabilityError, ConfigError
 from .kv import KVStrategy
 from .options import bind
 from .plugins import Registry, default_registry
 from .policy import ExitPolicy
-from .speculative import DraftLength, check as check_speculative, speculative_ids
+from .speculative import DraftLength, check as check_speculative, speculative_stream
 
 _EXIT_FIELDS = {f.name for f in attrs.fields(ExitConfig)} - {"options"}
 _GEN_FIELDS = {f.name for f in attrs.fields(GenerationConfig)}
@@ -157,14 +158,31 @@ class RiverModel:
         `options` may also carry as a dict."""
         exit_config, generation_config = split_settings(settings, exit_config,
                                                         generation_config, options)
+        stats = self.generate_ids(self._encode(prompt, chat), exit_config, generation_config)
+        texts = [self.text(t, generation_config.stop) for t in stats.tokens]
+        return Completion(texts, stats)
+
+    def stream(self, prompt: str | Sequence[str], *, chat: bool = True,
+               exit_config: ExitConfig | None = None,
+               generation_config: GenerationConfig | None = None,
+               options: Mapping[str, Any] | None = None, **settings) -> "TokenStream":
+        """`generate`, a token at a time: iterate the result for `Token`s (id, row, exit
+        layer) as they are chosen; its `stats` afterwards.
+
+        >>> for token in (s := model.stream("What is 7 * 8?")):
+        ...     print(model.text(s.ids(0)), end="\r")
+        """
+        exit_config, generation_config = split_settings(settings, exit_config,
+                                                        generation_config, options)
+        return TokenStream(self._stream(self._encode(prompt, chat), exit_config,
+                                        generation_config))
+
+    def _encode(self, prompt: str | Sequence[str], chat: bool) -> list[list[int]]:
         prompts = [prompt] if isinstance(prompt, str) else list(prompt)
         if not prompts or any(not p.strip() for p in prompts):
             raise ConfigError("empty prompt")
         tok = self.backend.tokenizer
-        ids = [tok.chat(p) if chat else tok.encode(p) for p in prompts]
-        stats = self.generate_ids(ids, exit_config, generation_config)
-        texts = [self.text(t, generation_config.stop) for t in stats.tokens]
-        return Completion(texts, stats)
+        return [tok.chat(p) if chat else tok.encode(p) for p in prompts]
 
     def text(self, tokens: Sequence[int], stop: Sequence[str] = ()) -> str:
         """Generated ids as returned text: without the final EOS, cut at the first stop."""
@@ -173,13 +191,18 @@ class RiverModel:
 
     def generate_ids(self, prompts: Sequence[Sequence[int]], exit_config: ExitConfig,
                      generation_config: GenerationConfig) -> DecodeResult:
+        return drain(self._stream(prompts, exit_config, generation_config))
+
+    def _stream(self, prompts: Sequence[Sequence[int]], exit_config: ExitConfig,
+                generation_config: GenerationConfig) -> Stream:
         p = plan(self.registry, exit_config, self.backend)
-        with self._lock:
-            if p.draft_length is not None:
-                return speculative_ids(self.backend, prompts, generation_config, p.strategy,
-                                       p.policy, p.make_predictor, p.draft_length)
-            return generate_ids(self.backend, prompts, generation_config, p.strategy,
+        if p.draft_length is not None:
+            stream = speculative_stream(self.backend, prompts, generation_config, p.strategy,
+                                        p.policy, p.make_predictor, p.draft_length)
+        else:
+            stream = stream_ids(self.backend, prompts, generation_config, p.strategy,
                                 p.policy, p.make_predictor, p.prefill_exit)
+        return _holding(self._lock, stream)
 
     def teacher_force(self, prompt: Sequence[int], continuation: Sequence[int],
                       exit_config: ExitConfig) -> Forced:
@@ -192,6 +215,48 @@ class RiverModel:
         with self._lock:
             return teacher_force(self.backend, prompt, continuation, p.strategy, p.policy,
                                  p.make_predictor, p.prefill_exit)
+
+
+def _holding(lock: threading.Lock, stream: Stream) -> Stream:
+    """`stream` with `lock` held from its first token until it ends or is dropped."""
+    with lock:
+        return (yield from stream)
+
+
+class TokenStream:
+    """Tokens as a generation chooses them; `stats` once it has ended."""
+
+    def __init__(self, stream: Stream) -> None:
+        self._stream = stream
+        self._ids: dict[int, list[int]] = {}
+        self.stats: DecodeResult | None = None
+
+    def __iter__(self) -> "TokenStream":
+        return self
+
+    def __next__(self) -> Token:
+        if self.stats is not None:
+            raise StopIteration
+        try:
+            token = next(self._stream)
+        except StopIteration as done:
+            self.stats = done.value
+            raise StopIteration from None
+        self._ids.setdefault(token.row, []).append(token.id)
+        return token
+
+    def ids(self, row: int = 0) -> list[int]:
+        """The ids of sequence `row` so far."""
+        return list(self._ids.get(row, []))
+
+    def interrupt(self) -> DecodeResult:
+        """End the generation now, as Ctrl-C does: the statistics of what came so far."""
+        if self.stats is None:
+            try:
+                self._stream.throw(KeyboardInterrupt)
+            except StopIteration as done:
+                self.stats = done.value
+        return self.stats
 
 
 def _cut(text: str, stop: Sequence[str]) -> str:

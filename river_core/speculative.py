@@ -22,7 +22,8 @@ import numpy as np
 
 from .backend import Backend, Capabilities
 from .config import GenerationConfig
-from .decode import DecodeResult, PredictorFactory, check_capacity, decode_step, stopped
+from .decode import (DecodeResult, PredictorFactory, Stream, Token, check_capacity, decode_step,
+                     drain, stopped)
 from .errors import CapabilityError, ConfigError
 from .kv import KVStrategy
 from .policy import ExitPolicy
@@ -160,11 +161,22 @@ def speculative_ids(backend: Backend, prompts: Sequence[Sequence[int]], gen: Gen
                     strategy: KVStrategy, policy: ExitPolicy, make_predictor: PredictorFactory,
                     length: DraftLength) -> DecodeResult:
     """Generate like `generate_ids` at full depth, with the river drafting (batch 1)."""
+    return drain(speculative_stream(backend, prompts, gen, strategy, policy, make_predictor,
+                                    length))
+
+
+def speculative_stream(backend: Backend, prompts: Sequence[Sequence[int]],
+                       gen: GenerationConfig, strategy: KVStrategy, policy: ExitPolicy,
+                       make_predictor: PredictorFactory, length: DraftLength) -> Stream:
+    """`speculative_ids` as a stream: each round's tokens as it ends (every one the
+    backbone's choice; `drafted` marks the drafts it kept). Ctrl-C ends it early."""
     check(backend.capabilities, backend.name, strategy, len(prompts))
-    done, interrupted = [], False
+    done, interrupted, last = [], False, backend.num_layers - 1
     try:
         for r in rounds(backend, prompts[0], gen, strategy, policy, make_predictor, length):
             done.append(r)
+            for n, t in enumerate(r.tokens):
+                yield Token(0, t, last, drafted=n < r.accepted)
     except KeyboardInterrupt:   # Ctrl-C: the rounds so far, and their statistics
         interrupted = True
     if not done:
