@@ -15,7 +15,9 @@ repeats, cycling through all layers where weights are involved (cold caches, as 
   time on onnx and how often each picks full precision's token (the whole model at 4 bits
   reading 4-shot GSM8K text);
 - verification (speculative mode, hf): the backbone over 1-7 positions at once, through
-  F.linear or oneDNN's prepacked kernel.
+  F.linear or oneDNN's prepacked kernel;
+- what a confidence rule (CALM) pays: a step exiting after layer 3 reading the early softmax
+  at no layer, one, or four.
 """
 
 from __future__ import annotations
@@ -224,7 +226,7 @@ def verification(repeats: int = 15) -> dict:
     backend = RiverModel.from_pretrained(backend="hf").backend
     backend.prefill([[1] * 300], 400)
     out = {}
-    for label, rows in (("F.linear", range(0)), ("oneDNN prepacked for 3-16 rows", Dense.ROWS)):
+    for label, rows in (("F.linear", range(0)), ("oneDNN prepacked", range(1, 17))):
         saved, Dense.ROWS = Dense.ROWS, rows
         for m in (1, 2, 3, 4, 5, 7):
             def run():
@@ -235,11 +237,46 @@ def verification(repeats: int = 15) -> dict:
     return out
 
 
+def confidence_cost(repeats: int = 30) -> dict:
+    """A decode step exiting after layer 3, with the early softmax read at no layer (a fixed
+    rule), at layer 3 only, and at every layer from 0 (CALM from the first layer): ms, onnx,
+    on the embedded model's 49,152-token vocabulary."""
+    from river_core import RiverModel
+    from river_core.decode import decode_step
+    from river_core.kv import River
+    from river_core.predictor import TransitionPredictor
+
+    class Reading:
+        uses_similarity, sub_blocks, reads_logits = False, False, True
+
+        def __init__(self, first: int | None) -> None:
+            self.first = first
+
+        def should_exit(self, layer, step, predictor, logits):
+            if self.first is not None and layer >= self.first:
+                logits()
+            return layer == 3
+
+    backend = RiverModel.from_pretrained(backend="onnx").backend
+    n = backend.num_layers
+    backend.prefill([[1] * 128], 128 + 3 * repeats * 12)
+    predictor = [TransitionPredictor(backend.stand_in_error, np.zeros(n))]
+    out = {}
+    for label, first in (("no reading", None), ("read at layer 3", 3),
+                         ("read at layers 0-3", 0)):
+        def step():
+            decode_step(backend, [42], River(), Reading(first), predictor, 0)
+            backend.commit()
+        out[label] = median_us(step, repeats=repeats) / 1e3
+    return out
+
+
 LEVERS = {"fused_projections": fused_projections, "torch_compile": compiled_block,
           "onnx_tail": lambda checkpoint, quantized: onnx_tail(),
           "matmul_nbits_us": lambda checkpoint, quantized: matmul_nbits(quantized),
           "draft_head": lambda checkpoint, quantized: draft_head(checkpoint),
-          "verification_ms": lambda checkpoint, quantized: verification()}
+          "verification_ms": lambda checkpoint, quantized: verification(),
+          "confidence_cost_ms": lambda checkpoint, quantized: confidence_cost()}
 
 
 def main() -> None:
@@ -286,6 +323,11 @@ def main() -> None:
               "|---" * (1 + len(next(iter(v.values())))) + "|"]
     lines += [f"| {k} | " + " | ".join(f"{ms:.1f}" for ms in row.values()) + " |"
               for k, row in v.items()]
+    if "confidence_cost_ms" in result:
+        lines += ["", "A decode step exiting after layer 3 (onnx), reading the early softmax "
+                  "(final norm and the 49,152-token head) where a confidence rule would:", "",
+                  "| reading | ms per step |", "|---|---|"]
+        lines += [f"| {k} | {ms:.2f} |" for k, ms in result["confidence_cost_ms"].items()]
     write("levers", {"machine": info, "result": result}, "\n".join(lines) + "\n")
 
 

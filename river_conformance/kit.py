@@ -467,3 +467,28 @@ def test_speculative_mode_refuses_what_would_break_it(conformance_backend):
     if b.capabilities.stand_in:
         with pytest.raises(ConfigError, match="prefill_exit"):
             model.generate_ids([ids], config(prefill_exit=0), gen)
+
+
+def _policy_settings(name: str) -> dict:
+    """Options that make each shipped policy exit somewhere on a tiny model."""
+    return {"fixed": {"layer": 1}, "similarity": {"min_layer": 1},
+            "confidence": {"threshold": 0.0}, "entropy": {"threshold": 100.0}}.get(name, {})
+
+
+@pytest.mark.parametrize("policy", sorted(default_registry().entries("policy")))
+def test_every_registered_policy_keeps_the_cache_whole(conformance_backend, policy):
+    """Each policy loaded by entry point, on the river: tokens exit where the backend allows,
+    every layer keeps every position, and no logit is NaN."""
+    b = conformance_backend.backend()
+    _needs(b, "exits")
+    _needs(b, "stand_in")
+    model = RiverModel(b)
+    config = ExitConfig(policy=policy, options=_policy_settings(policy))
+    try:
+        out = model.generate_ids([[1, 20, 21, 22]], config, GenerationConfig(max_new_tokens=8))
+    except (CapabilityError, ConfigError) as e:   # e.g. the paper's rule without sub-blocks,
+        pytest.skip(str(e))                       # or a third party's required option
+    assert all(-1 <= k < b.num_layers for k in out.exit_layers[0])
+    for i in range(b.num_layers):
+        k, v = b.kv(i)
+        assert k.shape[2] == b.offset and np.isfinite(k).all() and np.isfinite(v).all()

@@ -5,6 +5,7 @@ Backends supply primitives (backend.py); this module alone decides which layer r
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Callable, Generator, Sequence
 
@@ -114,6 +115,7 @@ def decode_step(backend: Backend, tokens: Sequence[int], strategy: KVStrategy,
     # once every row has left, the rest is one call unless the predictor watches exited rows
     watch_exited = watch and strategy.moves_state and not sub_blocks
     rechecks = strategy.allows_exit and getattr(policy, "rechecks", False)
+    reads_logits = getattr(policy, "reads_logits", False)
     left: dict[int, object] = {}   # exit layer -> the state then, for a cascade's recheck
     h = backend.embed(tokens)
     # i = -1: a policy may exit a token before the first layer, so it runs stand-ins only
@@ -135,8 +137,13 @@ def decode_step(backend: Backend, tokens: Sequence[int], strategy: KVStrategy,
                 for r, s in zip(seen, backend.similarity(before, h, _rows(seen, batch))):
                     predictors[r].observe(i, s)
         if strategy.allows_exit and deep and i < n - 1:
-            leaving = [r for r in deep if _capped(strategy.ceiling(r), i)
-                       or policy.should_exit(i, step, predictors[r])]
+            if reads_logits:   # the state here through the final norm and LM head, once,
+                early = functools.cache(lambda h=h: backend.logits(h))   # if a policy looks
+                wants = lambda r: policy.should_exit(i, step, predictors[r],
+                                                     lambda: early()[r])
+            else:
+                wants = lambda r: policy.should_exit(i, step, predictors[r])
+            leaving = [r for r in deep if _capped(strategy.ceiling(r), i) or wants(r)]
             for r in leaving:
                 exits[r] = i
                 deep.remove(r)

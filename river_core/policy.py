@@ -29,6 +29,11 @@ class ExitPolicy(Protocol):
     def should_exit(self, layer: int, step: int, predictor: SimilarityPredictor) -> bool:
         """After backbone layer `layer` of the `step`-th generated token: exit now?"""
 
+    # Optional, for confidence rules (CALM): a policy with `reads_logits = True` is called as
+    #     should_exit(layer, step, predictor, logits)
+    # where logits() returns the token's [vocab] logits of its state after `layer` (the final
+    # norm and LM head: a head-sized matmul, made on the first call at that layer).
+    #
     # Optional, for a cascade: a policy with `rechecks = True` also has
     #     def recheck(self, logits: np.ndarray) -> bool
     # called with an exited token's [vocab] logits from the river: True sends the token back

@@ -2,14 +2,14 @@
 
 A round starts from the last token `x` the backbone stands behind, at position P. The river
 drafts up to gamma tokens, one ordinary decode step each (the configured exit policy and KV
-strategy; logits from the head's stand-in where the backend has one), and every step writes its K/V into the backbone's own slots P, P+1, ... as River
-always does: no second cache. Then `extend` runs `x` and the drafts through the whole backbone
-in one multi-token pass, overwriting those slots with exact values, and returns the backbone's
-logits at each. The longest prefix of drafts the backbone agrees with stands, followed by the
-backbone's own next token (greedy: its argmax; sampling: the speculative-sampling rule, so the
-output follows the backbone's distribution exactly); `rewind` forgets the slots past it. No
-river K/V survives a round, so the output is the backbone's, only faster when drafts are
-cheap and mostly right.
+strategy; logits from the head's stand-in where the backend has one), and every step writes its
+K/V into the backbone's own slots P, P+1, ... as River always does: no second cache. Then
+`extend` runs `x` and the drafts through the whole backbone in one multi-token pass,
+overwriting those slots with exact values, and returns the backbone's logits at each. The
+longest prefix of drafts the backbone agrees with stands, followed by the backbone's own next
+token (greedy: its argmax; sampling: the speculative-sampling rule, so the output follows the
+backbone's distribution exactly); `rewind` forgets the slots past it. No river K/V survives a
+round, so the output is the backbone's, only faster when drafts are cheap and mostly right.
 """
 
 from __future__ import annotations

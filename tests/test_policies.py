@@ -85,3 +85,104 @@ def test_a_cascade_needs_a_strategy_that_writes_the_slots():
 
     with pytest.raises(ConfigError, match="recomputes doubtful tokens"):
         RiverModel(tiny_backend("llama", 0, 8)).generate("abc", policy="cascade", kv="mask")
+
+
+def test_margin_and_entropy():
+    import numpy as np
+    from river_policies.signals import entropy, margin
+
+    sure, flat = np.array([10.0, 0.0, 0.0]), np.zeros(4)
+    assert margin(sure) > 0.99 and margin(flat) == 0.0
+    assert entropy(sure) < 1e-3 and abs(entropy(flat) - np.log(4)) < 1e-9
+
+
+def _exits(settings, n=10, family="llama"):
+    b = tiny_backend(family, 0, 4)
+    out = RiverModel(b).generate_ids([[1, 30, 31, 32, 33]], ExitConfig(**settings),
+                                     GenerationConfig(max_new_tokens=n))
+    return out.exit_layers[0], b.num_layers
+
+
+@pytest.mark.parametrize("policy, sure, never", [
+    ("confidence", {"threshold": 0.0}, {"threshold": 1.0}),
+    ("entropy", {"threshold": 100.0}, {"threshold": 0.0}),
+])
+def test_confidence_rules_exit_where_the_early_softmax_says(policy, sure, never):
+    exits, n = _exits({"policy": policy, "options": {**sure, "min_layer": 2}})
+    assert set(exits) == {2}
+    exits, n = _exits({"policy": policy, "options": never})
+    assert set(exits) == {n - 1}
+    exits, n = _exits({"policy": policy, "options": {**sure, "min_layer": 0, "layers": [3]}})
+    assert set(exits) == {3}
+
+
+def test_a_policy_that_reads_logits_sees_the_state_after_each_layer():
+    import numpy as np
+
+    class Watching:
+        uses_similarity, sub_blocks, reads_logits = False, False, True
+
+        def __init__(self):
+            self.seen = {}
+
+        def should_exit(self, layer, step, predictor, logits):
+            self.seen.setdefault(step, {})[layer] = logits().copy()
+            return False
+
+    from river_core.kv import River
+    from river_core.predictor import TransitionPredictor
+    from river_core.decode import generate_ids
+
+    b, policy = tiny_backend("llama", 0, 4), Watching()
+    generate_ids(b, [[1, 30, 31]], GenerationConfig(max_new_tokens=2), River(), policy,
+                 TransitionPredictor)
+    token = generate_ids(b, [[1, 30, 31]], GenerationConfig(max_new_tokens=1), River(), policy,
+                         TransitionPredictor).tokens[0][0]
+    b.prefill([[1, 30, 31]], 5)
+    h = b.embed([token])
+    assert np.allclose(policy.seen[0][-1], b.logits(h)[0], atol=1e-6)
+    for layer in range(b.num_layers - 1):
+        h = b.layer(layer, h, None)
+        assert np.allclose(policy.seen[0][layer], b.logits(h)[0], atol=1e-5)
+
+
+def test_the_depth_budget_steers_tokens_to_its_target():
+    exits, n = _exits({"policy": "budget", "options": {"target": 2.0, "tau": 1.0,
+                                                       "rate": 0.5, "min_layer": 0}}, n=80)
+    late = [k + 1 for k in exits[40:]]
+    assert abs(sum(late) / len(late) - 2.0) < 1.0
+    assert exits[0] == n - 1   # tau 1 at first: nothing settles that far
+
+
+def test_policy_options_are_checked():
+    from river_core import ConfigError
+
+    model = RiverModel(tiny_backend("llama", 0, 8))
+    with pytest.raises(ConfigError, match="layers must be a list"):
+        model.generate("abc", policy="confidence", layers=[99])
+    with pytest.raises(ConfigError, match="threshold"):
+        model.generate("abc", policy="confidence", threshold=2.0)
+
+
+def test_an_external_distribution_installs_and_loads_by_entry_point(tmp_path, monkeypatch):
+    """plugins/river-example-policy, pip-installed (offline) into a folder on sys.path, as a
+    user's own package would be: its policy is found through its entry point and runs."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from river_core.plugins import Registry
+
+    source = Path(__file__).resolve().parents[1] / "plugins" / "river-example-policy"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
+                    "--no-build-isolation", "--target", str(tmp_path), str(source)],
+                   check=True, capture_output=True, timeout=300)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    registry = Registry()
+    entry = registry.entries("policy")["halfway"]
+    assert entry.provider == "river-example-policy 0.1.0"
+    assert [o[0] for o in entry.options] == ["fraction"]
+    b = tiny_backend("llama", 0, 4)
+    out = RiverModel(b, registry).generate_ids([[1, 30, 31]], ExitConfig(
+        policy="halfway", options={"fraction": 0.5}), GenerationConfig(max_new_tokens=5))
+    assert set(out.exit_layers[0]) == {b.num_layers // 2 - 1}

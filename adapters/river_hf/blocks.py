@@ -40,12 +40,13 @@ class Norm:
 
 
 class Dense:
-    """A float projection. A few rows at once (speculative verification) run 1.3x faster
-    through oneDNN's prepacked kernel than through F.linear on this CPU, one row 1.25x slower
-    (`python -m benchmarks levers`); so `pack` makes the prepacked copy (more memory) when
-    verification first needs it, and only a few rows take it."""
+    """A float projection. From 4 rows at once (speculative verification) oneDNN's prepacked
+    kernel runs faster than F.linear on this CPU, below that slower (`python -m benchmarks
+    levers`, the whole backbone: 5 positions 41.5 against 51.6 ms, 3 positions 41.1 against
+    34.5, 1 position 36.9 against 30.7); so `pack` makes the prepacked copy (more memory) when
+    verification first needs it, and only 4-16 rows take it."""
 
-    ROWS = range(3, 17)
+    ROWS = range(4, 17)
 
     def __init__(self, w: np.ndarray, bias: np.ndarray | None, dtype, device) -> None:
         self.weight = torch.from_numpy(w).to(device=device, dtype=dtype)

@@ -2,12 +2,13 @@
 
 Root: RIVER_CACHE, else $XDG_CACHE_HOME/river, else ~/.cache/river. Every entry (a converted
 GGUF, an ONNX export, quantized stand-in weights) is a folder `KIND/NAME`, NAME ending in a
-digest of its inputs. `cached` builds it under an exclusive lock (`NAME.lock`: a second process
-waits, then finds it built; lock files live in `.locks/`), in a temporary sibling `.partial-NAME-PID` that is renamed into
-place with a manifest written last: the cache format, the inputs' digest, and each file's size
-and SHA-256. Before an entry is used its files are checked against the manifest; anything that
-does not match (a partial build a killed run left, a truncated or altered file, another
-format) is reported in one line, removed and built again, never loaded.
+digest of its inputs. `cached` builds it under an exclusive lock (`.locks/KIND-NAME.lock`: a
+second process waits, then finds it built), in a temporary sibling `.partial-NAME-PID` that is
+renamed into place with a manifest written last: the cache format, the inputs' digest, and
+each file's size and SHA-256. Before an entry is used its files are checked
+against the manifest; anything that does not match (a partial build a killed run left, a
+truncated or altered file, another format) is reported in one line, removed and built again,
+never loaded.
 """
 
 from __future__ import annotations

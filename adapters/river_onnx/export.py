@@ -1,14 +1,13 @@
 """Export a model package `Checkpoint` into per-layer ONNX graphs, cached on disk.
 
 One folder per (model files, stand-in quantization, export format), under the user cache's
-`onnx/`: `embed`, `head`, `stand_in_head` (its quantized copy, for drafts), and per layer `layer_i` (the block), `stand_in_i` (its quantized copy)
-and `kv_i` (its K/V projection, for `propagate`), each an .onnx file with its weights beside
-it; `tail_s` for the first few layers s: the stand-ins of s..L-1 as one graph, so a token that
-exits early runs its exit river in one session run (`python -m benchmarks levers`: 6.8 against
-8.3 ms for 26 stand-ins; only early starts, since each tail holds its own copy of the stand-in
-weights);
-plus `manifest.json` (the ModelSpec, the stand-ins' weight errors, the tail starts) and the
-tokenizer.
+`onnx/`: `embed`, `head`, `stand_in_head` (its quantized copy, for drafts), and per layer
+`layer_i` (the block), `stand_in_i` (its quantized copy) and `kv_i` (its K/V projection, for
+`propagate`), each an .onnx file with its weights beside it; `tail_s` for the first few layers
+s: the stand-ins of s..L-1 as one graph, so a token that exits early runs its exit river in one
+session run (`python -m benchmarks levers`: 6.8 against 8.3 ms for 26 stand-ins; only early
+starts, since each tail holds its own copy of the stand-in weights); plus `manifest.json` (the
+ModelSpec, the stand-ins' weight errors, the tail starts) and the tokenizer.
 """
 
 from __future__ import annotations

@@ -1,0 +1,33 @@
+"""`fixed`: every token leaves after the same layer."""
+
+import attrs
+
+from river_core.errors import ConfigError
+from river_core.options import option, takes
+
+
+class FixedDepth:
+    """Every token leaves after the same layer (a static depth baseline; handy for tests)."""
+
+    uses_similarity, sub_blocks = False, False
+
+    def __init__(self, layer: int) -> None:
+        self.layer = layer
+
+    def should_exit(self, layer, step, predictor) -> bool:
+        return layer == self.layer
+
+
+@attrs.frozen
+class FixedOptions:
+    layer: int | None = option(None, "the exit layer; -1: before the first layer (the whole "
+                               "model quantized)")
+
+
+@takes(FixedOptions)
+def fixed(options: FixedOptions, num_layers: int) -> FixedDepth:
+    """Exit every token after layer `layer` (-o layer=K; -1: the whole model quantized)."""
+    if not isinstance(options.layer, int) or not -1 <= options.layer < num_layers:
+        raise ConfigError(f"the fixed policy needs a layer in [-1, {num_layers - 1}], "
+                          f"got {options.layer}")
+    return FixedDepth(options.layer)
