@@ -34,3 +34,20 @@ def tiny_folder(tmp_path_factory):
         tiny.tokenizer().save_pretrained(path)
         return str(path)
     return save
+
+
+@pytest.fixture
+def ctrl_c_at_commit(monkeypatch):
+    """ctrl_c_at_commit(n): Ctrl-C arrives during the hf backend's n-th commit."""
+    from river_hf.backend import HFBackend
+
+    def arm(n: int) -> None:
+        calls, commit = {"n": 0}, HFBackend.commit
+
+        def interrupted(self):
+            calls["n"] += 1
+            if calls["n"] == n:
+                raise KeyboardInterrupt
+            commit(self)
+        monkeypatch.setattr(HFBackend, "commit", interrupted)
+    return arm

@@ -119,20 +119,11 @@ def test_ctrl_c_returns_what_was_generated_and_its_statistics(mode):
     assert len(cut.step_seconds) >= 1
 
 
-def test_ctrl_c_in_the_cli_prints_the_text_so_far_and_the_statistics(tiny_folder, monkeypatch,
-                                                                     capsys):
+def test_ctrl_c_in_the_cli_prints_the_text_so_far_and_the_statistics(tiny_folder,
+                                                                     ctrl_c_at_commit, capsys):
     from river_core.cli import main
-    from river_hf.backend import HFBackend
 
-    calls = {"n": 0}
-    commit = HFBackend.commit
-
-    def interrupted(self):
-        calls["n"] += 1
-        if calls["n"] == 5:
-            raise KeyboardInterrupt
-        commit(self)
-    monkeypatch.setattr(HFBackend, "commit", interrupted)
+    ctrl_c_at_commit(5)
     assert main(["generate", "abc", "--model", tiny_folder("llama"), "--no-chat",
                  "--max-new-tokens", "30"]) == 130
     out, err = capsys.readouterr()

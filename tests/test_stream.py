@@ -48,18 +48,9 @@ def test_cli_stream_prints_what_generate_prints(tiny_folder, capsys):
     assert stop not in capsys.readouterr().out
 
 
-def test_cli_stream_interrupted_prints_text_and_statistics(tiny_folder, monkeypatch, capsys):
-    from river_hf.backend import HFBackend
-
-    calls = {"n": 0}
-    commit = HFBackend.commit
-
-    def interrupted(self):
-        calls["n"] += 1
-        if calls["n"] == 4:
-            raise KeyboardInterrupt
-        commit(self)
-    monkeypatch.setattr(HFBackend, "commit", interrupted)
+def test_cli_stream_interrupted_prints_text_and_statistics(tiny_folder, ctrl_c_at_commit,
+                                                           capsys):
+    ctrl_c_at_commit(4)
     assert main(["generate", "abc", "--model", tiny_folder("llama"), "--no-chat", "--stream",
                  "--max-new-tokens", "30"]) == 130
     out, err = capsys.readouterr()

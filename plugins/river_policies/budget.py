@@ -2,9 +2,9 @@
 
 import attrs
 
-from river_core.options import at_least, between, option, takes
+from river_core.options import between, option, takes
 
-from .confidence import LAYERS_DOC, Layers
+from .confidence import Layers, WhereOptions
 
 
 class DepthBudget:
@@ -36,17 +36,15 @@ class DepthBudget:
 
 
 @attrs.frozen
-class BudgetOptions:
+class BudgetOptions(WhereOptions):
     target: float = option(4.0, "mean number of backbone layers a token should run",
                            between(0.0, 1000.0))
     rate: float = option(0.05, "how fast tau follows the depth error", between(0.0, 1.0))
     tau: float = option(0.97, "the threshold to start from", between(-1.0, 1.0))
-    min_layer: int = option(1, "earliest layer a token may exit after", at_least(-1))
-    layers: list | None = option(None, LAYERS_DOC)
 
 
 @takes(BudgetOptions)
 def budget(options: BudgetOptions, num_layers: int) -> DepthBudget:
     """The paper's rule, tau steered online to hold -o target=MEAN backbone layers."""
-    return DepthBudget(options.target, options.rate, options.tau,
-                       Layers.of(options.min_layer, options.layers, num_layers), num_layers)
+    return DepthBudget(options.target, options.rate, options.tau, options.where(num_layers),
+                       num_layers)

@@ -43,34 +43,39 @@ class Confident:
         return self.layers.open(layer) and self.passes(logits())   # reads only where open
 
 
-LAYERS_DOC = "exit only after these layers, e.g. [3,7,11] (default: any)"
+@attrs.frozen
+class WhereOptions:
+    """Where a policy may let tokens out: the options every policy here shares."""
+
+    min_layer: int = option(1, "earliest layer a token may exit after", at_least(-1))
+    layers: list | None = option(None, "exit only after these layers, e.g. [3,7,11] "
+                                 "(default: any)")
+
+    def where(self, num_layers: int) -> Layers:
+        return Layers.of(self.min_layer, self.layers, num_layers)
 
 
 @attrs.frozen
-class ConfidenceOptions:
+class ConfidenceOptions(WhereOptions):
     threshold: float = option(0.9, "exit once the top token's probability beats the "
                               "runner-up's by this much", between(0.0, 1.0))
-    min_layer: int = option(1, "earliest layer a token may exit after", at_least(-1))
-    layers: list | None = option(None, LAYERS_DOC)
 
 
 @takes(ConfidenceOptions)
 def confidence(options: ConfidenceOptions, num_layers: int) -> Confident:
     """CALM: exit once the early softmax's top-1 margin >= threshold (a head matmul a layer)."""
-    layers = Layers.of(options.min_layer, options.layers, num_layers)
-    return Confident(layers, lambda logits: margin(logits) >= options.threshold)
+    return Confident(options.where(num_layers),
+                     lambda logits: margin(logits) >= options.threshold)
 
 
 @attrs.frozen
-class EntropyOptions:
+class EntropyOptions(WhereOptions):
     threshold: float = option(1.0, "exit once the early softmax's entropy (nats) is at most "
                               "this", between(0.0, 100.0))
-    min_layer: int = option(1, "earliest layer a token may exit after", at_least(-1))
-    layers: list | None = option(None, LAYERS_DOC)
 
 
 @takes(EntropyOptions)
 def entropy_policy(options: EntropyOptions, num_layers: int) -> Confident:
     """Exit once the early softmax's entropy <= threshold nats (a head matmul a layer)."""
-    layers = Layers.of(options.min_layer, options.layers, num_layers)
-    return Confident(layers, lambda logits: entropy(logits) <= options.threshold)
+    return Confident(options.where(num_layers),
+                     lambda logits: entropy(logits) <= options.threshold)
