@@ -44,9 +44,12 @@ KINDS = {"converted": "hf", "stand-ins": "hf", "onnx": "onnx"}   # what each bui
 
 def _river(cache: Path, backend: str) -> subprocess.Popen:
     env = {**os.environ, "RIVER_CACHE": str(cache)}
+    # Ctrl-C as at a terminal, even when this benchmark runs where SIGINT is ignored
+    default_ctrl_c = lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)
     return subprocess.Popen([sys.executable, "-m", "river_core.cli", "generate", "2 + 2 =",
                              "--backend", backend, "--max-new-tokens", "2"], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=default_ctrl_c)
 
 
 def _wait_for_partial(cache: Path, kind: str, process, timeout: float = 600) -> bool:

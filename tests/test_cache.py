@@ -14,20 +14,26 @@ import pytest
 
 from river_models.cache import MANIFEST, cached, entries, problem, remove
 
-# a child process building one entry: the build writes two files, sleeping in between
+# a child process building one entry: the build writes a file, waits until the `release`
+# file exists (at most `pause` seconds), then writes another
 CHILD = textwrap.dedent("""
-    import os, sys, time
+    import os, signal, sys, time
     from pathlib import Path
     from river_models.cache import cached
 
+    # Ctrl-C as at a terminal, even when the test runner's shell ignores SIGINT
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     target, pause, log = Path(sys.argv[1]), float(sys.argv[2]), Path(sys.argv[3])
+    release = log.with_name("release")
 
     def build(folder):
         with log.open("a") as f:
             f.write(f"{os.getpid()}\\n")
         (folder / "a.bin").write_bytes(b"a" * 1000)
         print("building", flush=True)
-        time.sleep(pause)
+        end = time.time() + pause
+        while time.time() < end and not release.exists():
+            time.sleep(0.02)
         (folder / "b.bin").write_bytes(os.urandom(1000))
 
     cached(target, build, "inputs-1")
@@ -122,12 +128,14 @@ def test_an_interrupted_build_is_cleaned_up_and_rebuilt(tmp_path, target, sig):
 
 def test_two_processes_building_at_once_build_once(tmp_path, target):
     log = tmp_path / "builds.log"
-    first = _child(target, 2, log)
+    first = _child(target, 60, log)
     assert first.stdout.readline().strip() == "building"
-    second = _child(target, 2, log)
-    (_, _), (_, second_err) = first.communicate(timeout=60), second.communicate(timeout=60)
+    second = _child(target, 60, log)
+    assert "waiting for another process" in second.stderr.readline()   # while first builds
+    (tmp_path / "release").touch()
+    first.communicate(timeout=60)
+    second.communicate(timeout=60)
     assert first.returncode == second.returncode == 0
-    assert "waiting for another process" in second_err
     assert len(log.read_text().split()) == 1 and problem(target, "inputs-1") is None
 
 
