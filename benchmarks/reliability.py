@@ -35,6 +35,7 @@ from tqdm import tqdm
 import gsm8k
 from common import GSM8K_TRAIN, RESULTS, machine, write
 from river_core import ExitConfig, GenerationConfig, RiverModel
+from river_core.predictor import STAND_IN_BOUND_C
 from river_core.testing import relative_error
 from river_models.cache import entries, problem
 
@@ -126,7 +127,12 @@ def long_generation(model: RiverModel, tokens: int) -> dict:
                for q in quarters] for i in range(n)]
     finite = all(np.isfinite(l).all() for l in river.logits) and \
         all(np.isfinite(k).all() and np.isfinite(v).all() for k, v in got)
+    # the documented bound C * eps_j * d, d counted from the earliest exit any token took
+    first = min(river.exit_layers)
+    ratio = max(max(errors[j]) / (STAND_IN_BOUND_C * b.stand_in_error[j] * (j - first))
+                for j in range(first + 1, n))
     return {"tokens": len(continuation), "finite": bool(finite),
+            "largest_error_over_bound": float(ratio), "earliest_exit": int(first),
             "mean_layers_run": float(np.mean(river.exit_layers) + 1),
             "kv_error_by_layer_and_quarter": errors,
             "largest_growth": max(e[-1] / max(e[0], 1e-12) for e in errors if max(e) > 0)}
@@ -214,7 +220,10 @@ def report(results: dict, info: dict, backend: str) -> str:
                   f"K/V finite: {r['finite']}. Largest river K/V error over layers, per quarter "
                   f"of the positions: {', '.join(f'{e:.3f}' for e in worst)}; largest growth "
                   f"from the first quarter to the last in any layer: "
-                  f"{r['largest_growth']:.2f}x.", ""]
+                  f"{r['largest_growth']:.2f}x. Against the documented bound "
+                  f"{STAND_IN_BOUND_C:g} * eps_j * d (d from the earliest exit, after layer "
+                  f"{r['earliest_exit']}): at most {r['largest_error_over_bound']:.2f} of it in "
+                  f"any layer.", ""]
     if "memory" in results:
         r = results["memory"]
         lines += ["## Memory over time", "",

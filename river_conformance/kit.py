@@ -36,14 +36,11 @@ from river_core.errors import CapabilityError, ConfigError
 from river_core.kv import Full, Mask, Monotonic, Propagate, Recompute, River
 from river_core.model import RiverModel
 from river_core.plugins import default_registry
-from river_core.predictor import TransitionPredictor
+from river_core.predictor import STAND_IN_BOUND_C, TransitionPredictor
 from river_core.speculative import DraftLength, rounds, speculative_ids
 from river_core.testing import ScriptedPolicy, relative_error, teacher_force
 from river_models import tiny
 
-# Stand-in K/V bound (docs/river.md, "Stand-in K/V error"): first-order error model, C measured
-# by benchmarks/river_kv_error.py (largest ratio seen 3.0 on hf) and rounded up.
-STAND_IN_BOUND_C = 4.0
 # Float32 across frameworks: kernels sum in different orders; measured differences ~1e-5.
 FULL_DEPTH_RTOL = 1e-4
 # Stand-ins across engines: the same quantized weights (river_models.quant), different

@@ -8,10 +8,10 @@ import pytest
 
 from river_core import ConfigError, ExitConfig, GenerationConfig, RiverModel
 from river_core.kv import Full, Mask, Monotonic, Propagate, Recompute, River
+from river_core.predictor import STAND_IN_BOUND_C
 from river_core.testing import relative_error, teacher_force
 from river_hf.plugin import tiny_backend
 from river_models import tiny
-from river_conformance.kit import STAND_IN_BOUND_C
 
 STEPS = 2048
 
