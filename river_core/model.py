@@ -53,20 +53,22 @@ def bound_options(registry: Registry, config: ExitConfig) -> dict[str, Any]:
                                  "kv": registry.kv_strategy(config.kv)})
 
 
-def check(registry: Registry, config: ExitConfig, caps: Capabilities, backend_name: str,
-          policy: ExitPolicy | None = None) -> None:
-    """Everything about `config` that needs no model, against a backend's capabilities: run
-    before the model loads (with the loader's declared capabilities; the policy's flags from
-    its factory's return annotation) and again with the made `policy`."""
-    options = bound_options(registry, config)
-    strategy = registry.kv_strategy(config.kv)(options["kv"])
+def check(registry: Registry, config: ExitConfig, caps: Capabilities, backend_name: str) -> None:
+    """Everything about `config` that needs no model, against a backend's declared
+    capabilities, before it loads (the policy's flags from its factory's return annotation;
+    `plan` checks the made policy again)."""
+    strategy = registry.kv_strategy(config.kv)(bound_options(registry, config)["kv"])
+    _check(config, strategy, _returns(registry.policy(config.policy)), caps, backend_name)
+
+
+def _check(config: ExitConfig, strategy: KVStrategy, policy, caps: Capabilities,
+           backend_name: str) -> None:
     if strategy.allows_exit and not caps.exits:
         raise CapabilityError(f"backend {backend_name!r} cannot exit early; "
                               f"use kv strategy 'full'")
     if strategy.requires and not getattr(caps, strategy.requires):
         raise CapabilityError(f"backend {backend_name!r} does not support the "
                               f"{config.kv!r} kv strategy")
-    policy = policy if policy is not None else _returns(registry.policy(config.policy))
     if strategy.allows_exit and getattr(policy, "sub_blocks", False) and not caps.sub_blocks:
         raise CapabilityError(f"the {config.policy!r} policy reads sub-block similarities, "
                               f"which backend {backend_name!r} does not report")
@@ -98,7 +100,7 @@ def plan(registry: Registry, config: ExitConfig, backend: Backend) -> Plan:
     options = bound_options(registry, config)
     strategy = registry.kv_strategy(config.kv)(options["kv"])
     policy = registry.policy(config.policy)(options["policy"], backend.num_layers)
-    check(registry, config, backend.capabilities, backend.name, policy)
+    _check(config, strategy, policy, backend.capabilities, backend.name)
     predictor = functools.partial(registry.predictor(config.predictor), options["predictor"])
     if config.prefill_exit is not None and config.prefill_exit >= backend.num_layers:
         raise ConfigError(f"prefill_exit {config.prefill_exit} is past the model's last "
