@@ -1,25 +1,53 @@
-"""The `river` command: `river generate PROMPT`, `river plugins`, and the commands plugins
-add (`river cache` from the model package)."""
+"""The `river` command: `river generate PROMPT`, `river calibrate`, `river plugins`, and the
+commands plugins add (`river cache` from the model package)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from pathlib import Path
 
 import attrs
 import numpy as np
 
+from .calibrate import calibrate, tuned_option
+from .calibrate import __doc__ as calibrate_doc_text
 from .config import MODES, ExitConfig, GenerationConfig, QuantSpec
 from .decode import DecodeResult
 from .errors import ConfigError, RiverError
 from .model import RiverModel, bound_options, check
 from .options import parse
 from .plugins import KINDS, default_registry
+from .profile import Profile, Target, default_path
+from .prompts import GSM8K_TRAIN, read_prompts
 
 
 def _default(cls, name: str):
     return getattr(attrs.fields(cls), name).default
+
+
+def _model_arguments(p: argparse.ArgumentParser) -> None:
+    """What picks the model, river precision and exit rule: shared by generate and calibrate."""
+    p.add_argument("--model", help="local Hugging Face folder or .gguf (default: embedded "
+                   "SmolLM2-135M-Instruct)")
+    p.add_argument("--backend", default="hf", help="hf, onnx, llamacpp (river plugins)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--policy", help=f"exit policy: {_default(ExitConfig, 'policy')} (default), "
+                   "similarity, confidence, ... (river plugins)")
+    p.add_argument("--predictor", default=_default(ExitConfig, "predictor"))
+    p.add_argument("--kv", default=_default(ExitConfig, "kv"),
+                   help="KV strategy: river, propagate, mask, monotonic, recompute, full")
+    p.add_argument("-o", "--option", action="append", default=[], metavar="KEY=VALUE",
+                   help="an option of the chosen policy, predictor or KV strategy, e.g. "
+                   "-o threshold=0.2 (repeatable; river plugins lists them)")
+    p.add_argument("--bits", type=int, default=_default(QuantSpec, "bits"),
+                   help="stand-in weight precision: 4 (default) or 8")
+    p.add_argument("--group-size", type=int, default=_default(QuantSpec, "group_size"))
+    p.add_argument("--quantizer", default=_default(QuantSpec, "method"),
+                   help="4-bit stand-in quantizer: hqq (default, as the paper) or rtn")
+    p.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
 
 
 def _parser(registry) -> argparse.ArgumentParser:
@@ -28,16 +56,7 @@ def _parser(registry) -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     g = sub.add_parser("generate", help="generate text with early exit")
     g.add_argument("prompt")
-    g.add_argument("--model", help="local Hugging Face folder or .gguf (default: embedded "
-                   "SmolLM2-135M-Instruct)")
-    g.add_argument("--backend", default="hf", help="hf, onnx, llamacpp (river plugins)")
-    g.add_argument("--device", default="cpu")
-    g.add_argument("--dtype", default="float32")
-    g.add_argument("--policy", default=_default(ExitConfig, "policy"),
-                   help="exit policy: similarity, fixed, ... (river plugins)")
-    g.add_argument("--predictor", default=_default(ExitConfig, "predictor"))
-    g.add_argument("--kv", default=_default(ExitConfig, "kv"),
-                   help="KV strategy: river, propagate, mask, monotonic, recompute, full")
+    _model_arguments(g)
     g.add_argument("--prefill-exit", type=int, metavar="K",
                    help="run the prompt's layers past K as stand-ins (sequence-level exit)")
     g.add_argument("--mode", default=_default(ExitConfig, "mode"), choices=MODES,
@@ -48,23 +67,37 @@ def _parser(registry) -> argparse.ArgumentParser:
     g.add_argument("--adaptive-draft", action="store_true",
                    help="speculative mode: vary the draft length with the drafts' runs, up "
                    "to --draft-tokens")
-    g.add_argument("-o", "--option", action="append", default=[], metavar="KEY=VALUE",
-                   help="an option of the chosen policy, predictor or KV strategy, e.g. "
-                   "-o threshold=0.2 (repeatable; river plugins lists them)")
-    g.add_argument("--bits", type=int, default=_default(QuantSpec, "bits"),
-                   help="stand-in weight precision: 4 (default) or 8")
-    g.add_argument("--group-size", type=int, default=_default(QuantSpec, "group_size"))
-    g.add_argument("--quantizer", default=_default(QuantSpec, "method"),
-                   help="4-bit stand-in quantizer: hqq (default, as the paper) or rtn")
+    g.add_argument("--profile", type=Path, help="a calibration profile to use (default: the "
+                   "one `river calibrate` saved for this model, precision and policy, if any)")
+    g.add_argument("--no-profile", action="store_true",
+                   help="ignore saved calibration profiles: the policy's own defaults")
     g.add_argument("--max-new-tokens", type=int,
                    default=_default(GenerationConfig, "max_new_tokens"))
     g.add_argument("--temperature", type=float, default=_default(GenerationConfig, "temperature"))
     g.add_argument("--top-p", type=float, default=_default(GenerationConfig, "top_p"))
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     g.add_argument("--seed", type=int, default=_default(GenerationConfig, "seed"))
-    g.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
     g.add_argument("--stream", action="store_true",
                    help="print the text as it is generated (Ctrl-C stops, with statistics)")
+    c = sub.add_parser("calibrate", help="fit the policy's threshold to a quality target on "
+                       "your prompts (no training); saves a profile `generate` then uses",
+                       description=calibrate_doc_text,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    _model_arguments(c)
+    c.add_argument("--prompts", type=Path, default=GSM8K_TRAIN, help="JSONL (a question, "
+                   "prompt or text field a line) or text (a prompt a line); default: the "
+                   "bundled GSM8K train slice")
+    c.add_argument("--limit", type=int, default=200, help="how many prompts")
+    c.add_argument("--offset", type=int, default=0, help="skip this many prompts first")
+    c.add_argument("--tokens", type=int, default=16,
+                   help="full depth's continuation tokens per prompt to score")
+    c.add_argument("--layer-prompts", type=int, default=8,
+                   help="prompts for the per-layer table (0: none)")
+    c.add_argument("--target", type=Target.parse, default=Target("agreement", 0.95),
+                   help="agreement=SHARE (next tokens kept, default 0.95) or nll=NATS (NLL "
+                   "increase per token)")
+    c.add_argument("--out", type=Path, help="where to write the profile (default: the user "
+                   "cache, where `generate` finds it)")
     sub.add_parser("plugins", help="list registered backends, policies, predictors, strategies, "
                    "commands and their options")
     for entry in registry.entries("command").values():   # commands plugins add
@@ -97,17 +130,16 @@ def _report(stats: DecodeResult) -> str:
     return "\n".join(lines)
 
 
-def _generate(args) -> None:
-    # every setting is checked first: bad input fails before the model loads
+def _exit_config(args, profile: Profile | None = None, **fields) -> ExitConfig:
+    policy = args.policy or (profile.policy if profile else _default(ExitConfig, "policy"))
+    config = ExitConfig(policy=policy, kv=args.kv, predictor=args.predictor,
+                        options=parse(args.option), **fields)
+    return profile.exit_config(config) if profile else config
+
+
+def _load(args, exit_config: ExitConfig, max_new_tokens: int = 1) -> RiverModel:
+    """The model, once every setting has been checked: bad input fails before it loads."""
     quant = QuantSpec(bits=args.bits, group_size=args.group_size, method=args.quantizer)
-    exit_config = ExitConfig(policy=args.policy, kv=args.kv, predictor=args.predictor,
-                             options=parse(args.option), prefill_exit=args.prefill_exit,
-                             mode=args.mode, draft_tokens=args.draft_tokens,
-                             adaptive=args.adaptive_draft)
-    gen = GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                           top_p=args.top_p, stop=args.stop, seed=args.seed)
-    if not args.prompt.strip():
-        raise RiverError("empty prompt")
     registry = default_registry()
     load = registry.backend(args.backend)
     caps = getattr(load, "capabilities", None)   # a loader may declare them
@@ -116,12 +148,35 @@ def _generate(args) -> None:
     else:
         bound_options(registry, exit_config)
     context = getattr(load, "context_length", lambda model: None)(args.model)
-    if context is not None and gen.max_new_tokens >= context:
-        raise ConfigError(f"max_new_tokens ({gen.max_new_tokens}) leaves no room for a prompt "
+    if context is not None and max_new_tokens >= context:
+        raise ConfigError(f"max_new_tokens ({max_new_tokens}) leaves no room for a prompt "
                           f"in the model's context of {context} positions")
-    model = RiverModel.from_pretrained(args.model, backend=args.backend, device=args.device,
-                                       dtype=args.dtype, quant=quant, progress=True,
-                                       registry=registry)
+    return RiverModel.from_pretrained(args.model, backend=args.backend, device=args.device,
+                                      dtype=args.dtype, quant=quant, progress=True,
+                                      registry=registry)
+
+
+def _generate(args) -> None:
+    profile = Profile.load(args.profile) if args.profile else None
+    exit_config = _exit_config(args, profile, prefill_exit=args.prefill_exit, mode=args.mode,
+                               draft_tokens=args.draft_tokens, adaptive=args.adaptive_draft)
+    gen = GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                           top_p=args.top_p, stop=args.stop, seed=args.seed)
+    if not args.prompt.strip():
+        raise RiverError("empty prompt")
+    model = _load(args, exit_config, gen.max_new_tokens)
+    backend = model.backend
+    if profile:
+        profile.check(backend, args.profile)
+    elif not args.no_profile and exit_config.mode == "exit":
+        profile = Profile.find(backend, exit_config.policy)
+        if profile and not set(profile.options) <= set(exit_config.options):
+            profile.check(backend, default_path(backend, exit_config.policy))
+            exit_config = profile.exit_config(exit_config)
+        else:
+            profile = None
+    if profile:
+        print(f"calibrated: {profile.describe()}", file=sys.stderr)
     if args.stream:
         stats = _stream(model, args.prompt, not args.no_chat, exit_config, gen)
     else:
@@ -129,12 +184,44 @@ def _generate(args) -> None:
                              generation_config=gen)
         print(out.text)
         stats = out.stats
-    backend = model.backend
     stopped = "\ninterrupted: what came before Ctrl-C" if stats.interrupted else ""
     print(f"{stopped}\nbackend {backend.name} on {', '.join(backend.runs_on)}\n"
           f"{_report(stats)}", file=sys.stderr)
     if stats.interrupted:
         raise KeyboardInterrupt
+
+
+def _calibrate(args) -> None:
+    exit_config = _exit_config(args)
+    tuned_option(default_registry(), exit_config)   # fails before the model loads
+    prompts = read_prompts(args.prompts, args.limit, args.offset)
+    model = _load(args, exit_config)
+    quant = QuantSpec(bits=args.bits, group_size=args.group_size, method=args.quantizer)
+    source = "GSM8K train (bundled)" if args.prompts == GSM8K_TRAIN else str(args.prompts)
+    [profile] = calibrate(model, [model._encode(p, not args.no_chat)[0] for p in prompts],
+                          exit_config, [args.target], tokens=args.tokens,
+                          layer_prompts=args.layer_prompts, precision=quant.label,
+                          model_name=args.model or "default", source=source, progress=True)
+    print(_layer_report(profile))
+    path = profile.save(args.out or default_path(model.backend, exit_config.policy))
+    if not args.target.met(profile.quality):
+        print(f"river: warning: {args.target} is out of reach even at the strict end; the "
+              "profile holds that end", file=sys.stderr)
+    print(f"{profile.describe()}\nsaved {path}")
+
+
+def _layer_report(profile: Profile) -> str:
+    lines = ["every token exiting after layer k (full depth's continuations, teacher-forced):",
+             "    k | agreement | NLL delta | river K/V error"]
+    for row in profile.layers:
+        q = row.quality
+        error = "n/a" if row.kv_error is None else f"{row.kv_error:.3f}"
+        lines.append(f"  {row.exit_layer:3d} | {q.agreement:9.3f} | {q.nll_delta:+9.3f} | {error}")
+    lines.append(f"search over {profile.policy}'s {', '.join(profile.options)}:")
+    for t in profile.trials:
+        lines.append(f"  {t.value:8.4f}: agreement {t.quality.agreement:.3f}, NLL "
+                     f"{t.quality.nll_delta:+.3f}, {t.quality.mean_layers:.1f} layers/token")
+    return "\n".join(lines)
 
 
 def _stream(model: RiverModel, prompt: str, chat: bool, exit_config: ExitConfig,
@@ -172,6 +259,8 @@ def main(argv: list[str] | None = None) -> int:
         args = _parser(default_registry()).parse_args(argv)
         if args.command == "generate":
             _generate(args)
+        elif args.command == "calibrate":
+            _calibrate(args)
         elif args.command == "plugins":
             _plugins()
         else:

@@ -27,8 +27,12 @@ class NoOptions:
     """What a plugin that declares no options receives."""
 
 
-def option(default: Any, doc: str, *validators: Callable) -> Any:
-    return attrs.field(default=default, validator=list(validators), metadata={"doc": doc})
+def option(default: Any, doc: str, *validators: Callable,
+           tune: tuple[float, float] | None = None) -> Any:
+    """An option field. `tune=(strict, permissive)` marks the one option `river calibrate`
+    fits, with the value that lets the fewest tokens exit and the value that lets the most."""
+    metadata = {"doc": doc} if tune is None else {"doc": doc, "tune": tune}
+    return attrs.field(default=default, validator=list(validators), metadata=metadata)
 
 
 def _check(test: Callable[[Any], bool], expected: str) -> Callable:
@@ -62,6 +66,14 @@ def describe(factory) -> list[tuple[str, Any, str]]:
     """(name, default, doc) of each option a factory takes."""
     return [(f.name, f.default, f.metadata.get("doc", ""))
             for f in attrs.fields(options_class(factory))]
+
+
+def tuned(factory) -> tuple[str, float, float] | None:
+    """(name, strict, permissive) of the option a factory's calibration fits, if any."""
+    for f in attrs.fields(options_class(factory)):
+        if "tune" in f.metadata:
+            return (f.name, *f.metadata["tune"])
+    return None
 
 
 def parse(pairs: Sequence[str]) -> dict[str, Any]:

@@ -44,7 +44,7 @@ class ExitPolicy(Protocol):
 @attrs.frozen
 class SimilarityOptions:
     threshold: float = option(0.15, "largest predicted cumulative KV error a token may exit "
-                              "with", between(0.0, 10.0))
+                              "with", between(0.0, 10.0), tune=(0.0, 5.0))
     min_layer: int | None = option(None, "earliest layer a token may exit after (default: a "
                                    "quarter of the depth)", at_least(0))
 
@@ -65,7 +65,7 @@ class SimilarityPolicy:
 @attrs.frozen
 class SettledOptions:
     tau: float = option(0.97, "exit once both sub-blocks' input/output cosine exceed this",
-                        between(-1.0, 1.0))
+                        between(-1.0, 1.0), tune=(1.0, 0.5))
     min_layer: int = option(1, "earliest layer a token may exit after", at_least(0))
 
 

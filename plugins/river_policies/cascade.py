@@ -30,7 +30,8 @@ class CascadeOptions:
                         between(-1.0, 1.0))
     min_layer: int = option(1, "earliest layer a token may exit after", at_least(0))
     margin: float = option(0.3, "recompute at full depth when the river's top-1 probability "
-                           "beats the runner-up's by less than this", between(0.0, 1.0))
+                           "beats the runner-up's by less than this", between(0.0, 1.0),
+                           tune=(1.0, 0.0))
 
 
 @takes(CascadeOptions)

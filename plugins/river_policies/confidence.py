@@ -58,7 +58,7 @@ class WhereOptions:
 @attrs.frozen
 class ConfidenceOptions(WhereOptions):
     threshold: float = option(0.9, "exit once the top token's probability beats the "
-                              "runner-up's by this much", between(0.0, 1.0))
+                              "runner-up's by this much", between(0.0, 1.0), tune=(1.0, 0.0))
 
 
 @takes(ConfidenceOptions)
@@ -71,7 +71,7 @@ def confidence(options: ConfidenceOptions, num_layers: int) -> Confident:
 @attrs.frozen
 class EntropyOptions(WhereOptions):
     threshold: float = option(1.0, "exit once the early softmax's entropy (nats) is at most "
-                              "this", between(0.0, 100.0))
+                              "this", between(0.0, 100.0), tune=(0.0, 8.0))
 
 
 @takes(EntropyOptions)
