@@ -11,8 +11,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-GSM8K_TRAIN = Path(__file__).resolve().parents[1].parent / "shared/data/gsm8k/train.jsonl"
-RESULTS = Path(__file__).resolve().parents[1] / "docs/results"
+from river_core.prompts import GSM8K
+
+CHECKOUT = Path(__file__).resolve().parents[1]
+IN_CHECKOUT = (CHECKOUT / "docs").is_dir() and (CHECKOUT / "pyproject.toml").is_file()
+# the whole GSM8K files beside a checkout (the project's own runs), else the bundled slices
+_SHARED = CHECKOUT.parent / "shared/data/gsm8k"
+GSM8K_TRAIN = (_SHARED if (_SHARED / "train.jsonl").is_file() else GSM8K) / "train.jsonl"
+RESULTS = Path(os.environ.get("RIVER_RESULTS") or
+               (CHECKOUT / "docs/results" if IN_CHECKOUT else Path.cwd() / "river-results"))
+RUNS = CHECKOUT / "benchmarks/runs" if IN_CHECKOUT else RESULTS / "runs"   # resumable records
 
 
 def machine() -> dict:

@@ -25,7 +25,6 @@ import argparse
 import json
 import resource
 import sys
-from pathlib import Path
 
 import attrs
 import numpy as np
@@ -33,12 +32,11 @@ from tqdm import tqdm
 
 import gsm8k
 import humaneval
-from common import GSM8K_TRAIN, first_divergence, machine, write
+from common import GSM8K_TRAIN, RUNS, first_divergence, machine, write
 from river_core import (CapabilityError, ConfigError, ExitConfig, GenerationConfig, QuantSpec,
                         RiverModel)
 from river_core.plugins import default_registry
 
-RUNS = Path(__file__).resolve().parent / "runs"
 
 
 MAIN_OPTION = {"similarity": "threshold", "settled": "tau", "fixed": "layer", "cascade": "margin"}

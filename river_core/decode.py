@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import functools
 import time
-from typing import Callable, Generator, Sequence
+from typing import Callable, Collection, Generator, Sequence
 
 import attrs
 import numpy as np
@@ -18,7 +18,7 @@ from .errors import ConfigError
 from .kv import KVStrategy
 from .policy import ExitPolicy
 from .predictor import SimilarityPredictor
-from .sampling import make_sampler
+from .sampling import Sampler, make_sampler
 
 PredictorFactory = Callable[[Sequence[float], Sequence[float]], SimilarityPredictor]
 
@@ -232,16 +232,20 @@ def generate_ids(backend: Backend, prompts: Sequence[Sequence[int]], gen: Genera
 
 def stream_ids(backend: Backend, prompts: Sequence[Sequence[int]], gen: GenerationConfig,
                strategy: KVStrategy, policy: ExitPolicy, make_predictor: PredictorFactory,
-               prefill_exit: int | None = None) -> Stream:
+               prefill_exit: int | None = None, sample: Sampler | None = None,
+               eos: Collection[int] | None = None) -> Stream:
     """`generate_ids` as a stream. Ctrl-C (or `throw(KeyboardInterrupt)`) ends it early with
-    what was generated so far, marked `interrupted`."""
+    what was generated so far, marked `interrupted`. A caller with its own token choice and
+    stopping rules (transformers' generate) passes `sample` (instead of gen's temperature and
+    top_p) and `eos` (instead of the tokenizer's; empty: never), and closes the stream when
+    it is done."""
     capacity = check_capacity(backend, prompts, gen.max_new_tokens)
     if len(prompts) > 1 and not backend.capabilities.batch:
         raise ConfigError(f"backend {backend.name!r} runs one sequence at a time")
     if len(prompts) > 1 and not strategy.batch:
         raise ConfigError(f"kv strategy {strategy.name!r} runs one sequence at a time")
-    sample = make_sampler(gen.temperature, gen.top_p, gen.seed)
-    eos = backend.tokenizer.eos_ids
+    sample = sample or make_sampler(gen.temperature, gen.top_p, gen.seed)
+    eos = backend.tokenizer.eos_ids if eos is None else eos
 
     start = time.perf_counter()
     pre = backend.prefill(prompts, capacity, prefill_exit)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import threading
 import typing
-from typing import Any, Mapping, Sequence
+from typing import Any, Collection, Mapping, Sequence
 
 import attrs
 
@@ -18,6 +18,7 @@ from .kv import KVStrategy
 from .options import bind
 from .plugins import Registry, default_registry
 from .policy import ExitPolicy
+from .sampling import Sampler
 from .speculative import DraftLength, check as check_speculative, speculative_stream
 
 _EXIT_FIELDS = {f.name for f in attrs.fields(ExitConfig)} - {"options"}
@@ -195,15 +196,27 @@ class RiverModel:
                      generation_config: GenerationConfig) -> DecodeResult:
         return drain(self._stream(prompts, exit_config, generation_config))
 
+    def stream_ids(self, prompts: Sequence[Sequence[int]], exit_config: ExitConfig,
+                   generation_config: GenerationConfig, *, sample: Sampler | None = None,
+                   eos: Collection[int] | None = None) -> "TokenStream":
+        """`stream` over token ids. A caller with its own token choice and stopping rules
+        (transformers' generate) passes `sample` and `eos` (decode.stream_ids) and
+        `interrupt()`s the stream once it is done."""
+        return TokenStream(self._stream(prompts, exit_config, generation_config, sample, eos))
+
     def _stream(self, prompts: Sequence[Sequence[int]], exit_config: ExitConfig,
-                generation_config: GenerationConfig) -> Stream:
+                generation_config: GenerationConfig, sample: Sampler | None = None,
+                eos: Collection[int] | None = None) -> Stream:
         p = plan(self.registry, exit_config, self.backend)
         if p.draft_length is not None:
+            if sample is not None or eos is not None:
+                raise ConfigError("speculative mode chooses tokens by its own verification "
+                                  "rule: it takes no caller's sampler or EOS set")
             stream = speculative_stream(self.backend, prompts, generation_config, p.strategy,
                                         p.policy, p.make_predictor, p.draft_length)
         else:
             stream = stream_ids(self.backend, prompts, generation_config, p.strategy,
-                                p.policy, p.make_predictor, p.prefill_exit)
+                                p.policy, p.make_predictor, p.prefill_exit, sample, eos)
         return _holding(self._lock, stream)
 
     def teacher_force(self, prompt: Sequence[int], continuation: Sequence[int],

@@ -86,18 +86,35 @@ def test_paper_summary_picks_the_fastest_river_that_recovers_half_the_gap():
     assert tasks.paper_summary({"full": rows["full"]}) is None
 
 
-def test_every_benchmark_explains_itself():
+@pytest.mark.parametrize("command", [["-m", "benchmarks"], ["-m", "river_core.cli", "bench"]])
+def test_every_benchmark_explains_itself_from_any_folder(command, tmp_path):
+    """`python -m benchmarks` in a checkout, `river bench` anywhere (the installed package)."""
     import subprocess
     import sys
-    from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    run = lambda *a: subprocess.run([sys.executable, "-m", "benchmarks", *a], cwd=root,
+    cwd = root if command[1] == "benchmarks" else tmp_path
+    run = lambda *a: subprocess.run([sys.executable, *command, *a], cwd=cwd,
                                     capture_output=True, text=True, timeout=120)
     listing = run("--help")
     assert listing.returncode == 0
-    names = [line.split()[0] for line in listing.stdout.splitlines()[2:] if line.strip()]
-    assert {"tasks", "lossless", "oracle", "reliability"} <= set(names)
+    names = [line.split()[0] for line in listing.stdout.splitlines()
+             if line.startswith("  ") and not line.strip().startswith(("-", "name", "args"))]
+    assert {"tasks", "lossless", "oracle", "reliability", "calibration", "speed"} <= set(names)
     for name in names:
         shown = run(name, "--help")
         assert shown.returncode == 0 and "usage" in shown.stdout, name
+    assert list(tmp_path.iterdir()) == []   # --help writes nothing
+
+
+def test_results_go_where_river_results_says_and_data_is_always_there(tmp_path):
+    import os
+    import subprocess
+
+    code = "import common; print(common.RESULTS, common.GSM8K_TRAIN)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=Path(gsm8k.__file__).parent,
+                         capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "RIVER_RESULTS": str(tmp_path)})
+    results, train = out.stdout.split()
+    assert results == str(tmp_path)
+    assert Path(train).is_file()   # the whole file beside a checkout, else the bundled slice
