@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from .backend import Backend
 from .config import ExitConfig, GenerationConfig
-from .decode import Forced, teacher_force
+from .decode import Forced, teacher_force_batch
 from .errors import CapabilityError, ConfigError
 from .model import RiverModel, plan
 from .options import tuned
@@ -31,6 +31,7 @@ from .testing import ScriptedPolicy, relative_error
 
 FULL = ExitConfig(kv="full")
 STEPS = 7   # bisection halvings: the fitted value within 1/128 of the search range
+BATCH = 8   # sequences per engine call: per-call overhead, not bytes, decides speed here
 
 
 @attrs.frozen
@@ -55,25 +56,70 @@ def _nll(forced: Forced, continuation: Sequence[int]) -> float:
     return float(total)
 
 
-def _kv(backend: Backend, start: int) -> list[np.ndarray] | None:
-    """Per layer, K and V of positions start.. side by side; None if the engine hides them."""
+def _kv(backend: Backend, start: int, lengths: Sequence[int]) -> list[list[np.ndarray]] | None:
+    """Per row, per layer: K and V side by side of the row's `lengths[r]` positions from slot
+    `start` on (continuations start together after the left-padded prompts); None if the
+    engine hides its cache."""
     try:
-        return [np.concatenate([x[:, :, start:] for x in backend.kv(i)], axis=-1)
-                for i in range(backend.num_layers)]
+        layers = [np.concatenate(backend.kv(i), axis=-1) for i in range(backend.num_layers)]
     except CapabilityError:
         return None
+    return [[kv[r, :, start:start + n] for kv in layers] for r, n in enumerate(lengths)]
 
 
-def reference(model: RiverModel, prompt: Sequence[int], tokens: int,
-              keep_kv: bool = False) -> Reference | None:
-    """Full depth's continuation of `prompt`; None when it ends before two tokens."""
-    out = model.generate_ids([list(prompt)], FULL, GenerationConfig(max_new_tokens=tokens))
-    continuation = out.tokens[0]
-    if len(continuation) < 2:
-        return None
-    forced = model.teacher_force(prompt, continuation[:-1], FULL)
-    kv = _kv(model.backend, len(prompt)) if keep_kv else None
-    return Reference(list(prompt), continuation, _nll(forced, continuation), kv)
+def _chunks(model: RiverModel, items: Sequence, strategy) -> list[Sequence]:
+    """Batches for the engine: fewer, larger calls, where backend and strategy take them."""
+    size = BATCH if model.backend.capabilities.batch and strategy.batch else 1
+    return [items[i:i + size] for i in range(0, len(items), size)]
+
+
+def full_depth_references(model: RiverModel, prompts: Sequence[Sequence[int]], tokens: int,
+               keep_kv: int, tick: Callable[[], None]) -> list[Reference]:
+    """Full depth's continuation of every prompt that gives at least two tokens; the first
+    `keep_kv` keep full depth's K/V of theirs."""
+    p = plan(model.registry, FULL, model.backend)
+    found = []
+    for chunk in _chunks(model, [list(q) for q in prompts], p.strategy):
+        out = model.generate_ids(chunk, FULL, GenerationConfig(max_new_tokens=tokens))
+        kept = [(q, c) for q, c in zip(chunk, out.tokens) if len(c) >= 2]
+        for _ in chunk:
+            tick()
+        if not kept:
+            continue
+        with model._lock:
+            forced = teacher_force_batch(model.backend, [q for q, _ in kept],
+                                         [c[:-1] for _, c in kept], p.strategy, p.policy,
+                                         p.make_predictor)
+            kv = _kv(model.backend, max(len(q) for q, _ in kept),
+                     [len(c) - 1 for _, c in kept]) if len(found) < keep_kv else None
+        for r, ((q, c), f) in enumerate(zip(kept, forced)):
+            keep = kv is not None and len(found) < keep_kv
+            found.append(Reference(q, c, _nll(f, c), kv[r] if keep else None))
+    return found
+
+
+def force(model: RiverModel, refs: Sequence[Reference], config: ExitConfig,
+          tick: Callable[[], None], exits: int | None = None,
+          kv: bool = False) -> tuple[list[tuple[Reference, Forced]], list[list] | None]:
+    """Every reference's continuation teacher-forced under `config` (every token exiting after
+    layer `exits` instead, if given), in batches; with `kv`, each row's K/V afterwards."""
+    p = plan(model.registry, config, model.backend)
+    runs, states = [], []
+    for chunk in _chunks(model, refs, p.strategy):
+        policy = p.policy if exits is None else ScriptedPolicy([exits] * max(r.scored
+                                                                             for r in chunk))
+        with model._lock:
+            forced = teacher_force_batch(model.backend, [r.prompt for r in chunk],
+                                         [r.continuation[:-1] for r in chunk], p.strategy,
+                                         policy, p.make_predictor, p.prefill_exit)
+            if kv:
+                found = _kv(model.backend, max(len(r.prompt) for r in chunk),
+                            [r.scored for r in chunk])
+                states += found if found is not None else [None] * len(chunk)
+        runs += zip(chunk, forced)
+        for _ in chunk:
+            tick()
+    return runs, states if kv else None
 
 
 def quality(runs: Sequence[tuple[Reference, Forced]]) -> Quality:
@@ -88,24 +134,16 @@ def quality(runs: Sequence[tuple[Reference, Forced]]) -> Quality:
     return Quality(agree / n, nll / n, layers / n)
 
 
-def layer_table(model: RiverModel, references: Sequence[Reference], config: ExitConfig,
+def layer_table(model: RiverModel, refs: Sequence[Reference], config: ExitConfig,
                 tick: Callable[[], None]) -> list[LayerRow]:
     """Every token exiting after each layer in turn, through `config`'s KV strategy."""
-    backend = model.backend
-    p = plan(model.registry, config, backend)
+    n = model.backend.num_layers
     rows = []
-    for k in range(-1, backend.num_layers - 1):
-        runs, errors = [], []
-        for ref in references:
-            with model._lock:
-                forced = teacher_force(backend, ref.prompt, ref.continuation[:-1], p.strategy,
-                                       ScriptedPolicy([k] * ref.scored), p.make_predictor)
-                river = _kv(backend, len(ref.prompt))
-            runs.append((ref, forced))
-            if river is not None and ref.kv is not None:
-                errors += [relative_error(river[i], ref.kv[i])
-                           for i in range(k + 1, backend.num_layers)]
-            tick()
+    for k in range(-1, n - 1):
+        runs, states = force(model, refs, config, tick, exits=k, kv=True)
+        errors = [relative_error(river[i], ref.kv[i])
+                  for ref, river in zip(refs, states) if river is not None and ref.kv
+                  for i in range(k + 1, n)]
         rows.append(LayerRow(k, quality(runs), float(np.mean(errors)) if errors else None))
     return rows
 
@@ -119,11 +157,7 @@ def fit(model: RiverModel, references: Sequence[Reference], config: ExitConfig, 
     def trial(x: float) -> Trial:
         value = strict + x * (permissive - strict)
         tried = attrs.evolve(config, options={**config.options, name: value})
-        runs = []
-        for ref in references:
-            runs.append((ref, model.teacher_force(ref.prompt, ref.continuation[:-1], tried)))
-            tick()
-        return Trial(value, quality(runs))
+        return Trial(value, quality(force(model, references, tried, tick)[0]))
 
     trials = [trial(1.0)]
     best = trials[0] if target.met(trials[0].quality) else None
@@ -164,12 +198,7 @@ def calibrate(model: RiverModel, prompts: Sequence[Sequence[int]], config: ExitC
     with tqdm(total=total, desc="calibrating", unit="pass", disable=not progress) as bar:
         tick = lambda: bar.update(1)
         bar.set_postfix_str("full depth's continuations")
-        references = []
-        for prompt in prompts:
-            ref = reference(model, prompt, tokens, keep_kv=len(references) < layer_prompts)
-            if ref is not None:
-                references.append(ref)
-            tick()
+        references = full_depth_references(model, prompts, tokens, layer_prompts, tick)
         if not references:
             raise ConfigError("every prompt's continuation ended at once: nothing to calibrate on")
         bar.set_postfix_str("each exit layer")

@@ -305,12 +305,29 @@ def teacher_force(backend: Backend, prompt: Sequence[int], continuation: Sequenc
                   strategy: KVStrategy, policy: ExitPolicy, make_predictor: PredictorFactory,
                   prefill_exit: int | None = None) -> Forced:
     """Prefill `prompt`, then feed `continuation` a token a step, exiting as `policy` says."""
-    pre = backend.prefill([prompt], len(prompt) + len(continuation), prefill_exit)
-    predictors = [make_predictor(backend.stand_in_error, pre.similarity[0])]
-    logits, exits = [pre.logits[0]], []
-    for step, token in enumerate(continuation):
-        out, layers = decode_step(backend, [token], strategy, policy, predictors, step)
+    return teacher_force_batch(backend, [prompt], [continuation], strategy, policy,
+                               make_predictor, prefill_exit)[0]
+
+
+def teacher_force_batch(backend: Backend, prompts: Sequence[Sequence[int]],
+                        continuations: Sequence[Sequence[int]], strategy: KVStrategy,
+                        policy: ExitPolicy, make_predictor: PredictorFactory,
+                        prefill_exit: int | None = None) -> list[Forced]:
+    """`teacher_force` for several sequences at once, each exiting on its own (fewer, larger
+    engine calls). A row whose continuation is used up keeps repeating its last token, and
+    what it then writes or returns is dropped."""
+    longest = max(len(c) for c in continuations)
+    capacity = max(len(p) for p in prompts) + longest
+    pre = backend.prefill(prompts, capacity, prefill_exit)
+    predictors = [make_predictor(backend.stand_in_error, row) for row in pre.similarity]
+    logits = [[row] for row in pre.logits]
+    exits: list[list[int]] = [[] for _ in prompts]
+    for step in range(longest):
+        fed = [c[min(step, len(c) - 1)] if c else 0 for c in continuations]
+        out, layers = decode_step(backend, fed, strategy, policy, predictors, step)
         backend.commit()
-        logits.append(out[0])
-        exits.append(layers[0])
-    return Forced(logits, exits)
+        for r, c in enumerate(continuations):
+            if step < len(c):
+                logits[r].append(out[r])
+                exits[r].append(layers[r])
+    return [Forced(l, e) for l, e in zip(logits, exits)]

@@ -74,3 +74,23 @@ def test_recompute_runs_one_sequence_at_a_time():
     with pytest.raises(ConfigError, match="one sequence at a time"):
         generate_ids(tiny_backend("llama", 0, 8), PROMPTS, GEN, Recompute(), FixedDepth(2),
                      TransitionPredictor)
+
+
+@pytest.mark.parametrize("strategy,policy", [(River(), FixedDepth(2)), (Full(), FixedDepth(-1))])
+def test_batched_teacher_forcing_matches_single_runs(strategy, policy):
+    """Continuations of different lengths: each row's logits and exits are its own. On the
+    float example backend: hf's stand-ins run bfloat16 activations, whose rounding depends on
+    the batch's shape."""
+    import numpy as np
+
+    import example_backend
+    from river_core.decode import teacher_force, teacher_force_batch
+
+    b = example_backend.make("llama", 0, 8)
+    continuations = [[5, 6, 7, 8], [9], [10, 11, 12]]
+    batched = teacher_force_batch(b, PROMPTS, continuations, strategy, policy,
+                                  TransitionPredictor)
+    for prompt, cont, forced in zip(PROMPTS, continuations, batched):
+        alone = teacher_force(b, prompt, cont, strategy, policy, TransitionPredictor)
+        assert forced.exit_layers == alone.exit_layers and len(forced.logits) == len(cont) + 1
+        assert all(np.allclose(x, y, atol=1e-4) for x, y in zip(forced.logits, alone.logits))
