@@ -12,7 +12,8 @@ assumption: no larger model ran here); the lossless row prices a measured specul
 independently from the profile; a backbone layer's weights are read once a step if any row
 runs it, a stand-in's if any row left before it; every row reads its own K/V in every layer
 (the river attends at every layer). --measure also times decode steps of the default model at
-batch 1, 2, 4 and 8 on this CPU (hf engine, full depth and the paper's rule).
+batch 1, 2, 4 and 8 on this CPU (hf engine, full depth and the paper's rule; the first GSM8K
+train questions, one a row).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import sys
 import attrs
 import numpy as np
 
-from common import RESULTS, machine, write
+from common import GSM8K_TRAIN, RESULTS, gsm8k_questions, machine, write
 
 BF16, RIVER_BITS = 2, 4.5
 DRAFTS = 4   # the lossless run's fixed draft length (lossless.json: lossless/fixed:-1/4)
@@ -133,15 +134,15 @@ def measure(batches=(1, 2, 4, 8), tokens: int = 24) -> dict:
 
     model = RiverModel.from_pretrained(backend="hf", progress=True)
     tok = model.backend.tokenizer
-    prompt = tok.encode("Question: A farmer has 12 cows and buys 7 more. How many cows?\n"
-                        "Answer:")
+    questions = gsm8k_questions(GSM8K_TRAIN, max(batches))   # rows that exit differently
+    prompts = [tok.encode(f"Question: {q}\nAnswer:") for q in questions]
     configs = {"full depth": ExitConfig(kv="full"), RULE: ExitConfig()}
     out = {}
     for batch in batches:
         times = {label: [] for label in configs}
         for repeat in range(4):   # interleaved, the first round a warm-up
             for label, config in configs.items():
-                result = model.generate_ids([prompt] * batch, config,
+                result = model.generate_ids(prompts[:batch], config,
                                             GenerationConfig(max_new_tokens=tokens))
                 if repeat:
                     times[label].append(np.median(result.step_seconds) * 1e3)
