@@ -34,18 +34,18 @@ RULE = "paper's rule"
 
 @attrs.frozen
 class Shape:
-    layers: int
-    hidden: int
-    intermediate: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    vocab: int
+    """What a decode step reads of a Llama-shaped model, in parameters."""
 
-    @property
-    def layer_params(self) -> int:
-        attention = self.hidden * self.head_dim * (2 * self.heads + 2 * self.kv_heads)
-        return attention + 3 * self.hidden * self.intermediate
+    layers: int
+    layer_params: int
+    head_params: int
+    kv_width: int   # K and V values a position holds in one layer
+
+    @classmethod
+    def llama(cls, layers, hidden, intermediate, heads, kv_heads, head_dim, vocab) -> "Shape":
+        attention = hidden * head_dim * (2 * heads + 2 * kv_heads)   # q, o; k, v
+        return cls(layers, attention + 3 * hidden * intermediate, vocab * hidden,
+                   2 * kv_heads * head_dim)
 
     @property
     def layer_bytes(self) -> float:
@@ -57,16 +57,17 @@ class Shape:
 
     @property
     def head_bytes(self) -> float:
-        return self.vocab * self.hidden * BF16
+        return self.head_params * BF16
 
     def kv_bytes(self, positions: int) -> float:
         """K and V of `positions` positions in every layer."""
-        return 2 * self.kv_heads * self.head_dim * BF16 * positions * self.layers
+        return self.kv_width * BF16 * positions * self.layers
 
 
-SHAPES = {"SmolLM2-135M": Shape(30, 576, 1536, 9, 3, 64, 49152),
-          "Llama-3.2-1B": Shape(16, 2048, 8192, 32, 8, 64, 128256),
-          "Llama-3.1-8B": Shape(32, 4096, 14336, 32, 8, 128, 128256)}
+# layers, hidden, intermediate, heads, kv heads, head dim, vocabulary (their configs)
+SHAPES = {"SmolLM2-135M": Shape.llama(30, 576, 1536, 9, 3, 64, 49152),
+          "Llama-3.2-1B": Shape.llama(16, 2048, 8192, 32, 8, 64, 128256),
+          "Llama-3.1-8B": Shape.llama(32, 4096, 14336, 32, 8, 128, 128256)}
 BATCHES = (1, 4, 16, 64)
 CONTEXTS = (512, 4096)
 
