@@ -137,9 +137,13 @@ def _exit_config(args, profile: Profile | None = None, **fields) -> ExitConfig:
     return profile.exit_config(config) if profile else config
 
 
+def _quant(args) -> QuantSpec:
+    return QuantSpec(bits=args.bits, group_size=args.group_size, method=args.quantizer)
+
+
 def _load(args, exit_config: ExitConfig, max_new_tokens: int = 1) -> RiverModel:
     """The model, once every setting has been checked: bad input fails before it loads."""
-    quant = QuantSpec(bits=args.bits, group_size=args.group_size, method=args.quantizer)
+    quant = _quant(args)
     registry = default_registry()
     load = registry.backend(args.backend)
     caps = getattr(load, "capabilities", None)   # a loader may declare them
@@ -196,11 +200,10 @@ def _calibrate(args) -> None:
     tuned_option(default_registry(), exit_config)   # fails before the model loads
     prompts = read_prompts(args.prompts, args.limit, args.offset)
     model = _load(args, exit_config)
-    quant = QuantSpec(bits=args.bits, group_size=args.group_size, method=args.quantizer)
     source = "GSM8K train (bundled)" if args.prompts == GSM8K_TRAIN else str(args.prompts)
     [profile] = calibrate(model, [model._encode(p, not args.no_chat)[0] for p in prompts],
                           exit_config, [args.target], tokens=args.tokens,
-                          layer_prompts=args.layer_prompts, precision=quant.label,
+                          layer_prompts=args.layer_prompts, precision=_quant(args).label,
                           model_name=args.model or "default", source=source, progress=True)
     print(_layer_report(profile))
     path = profile.save(args.out or default_path(model.backend, exit_config.policy))

@@ -70,7 +70,7 @@ def custom_generate(model, input_ids: torch.LongTensor, logits_processor, stoppi
     new_tokens = generation_config.max_length - input_ids.shape[1]
     if new_tokens < 1:
         return input_ids
-    pad = generation_config._pad_token_tensor
+    pad = generation_config._pad_token_tensor   # as transformers' own loop: EOS when unset
     ids = input_ids.clone()
     unfinished = torch.ones(len(rows), dtype=torch.bool, device=ids.device)
     last = {}
