@@ -67,35 +67,28 @@ def _kv(backend: Backend, start: int, lengths: Sequence[int]) -> list[list[np.nd
     return [[kv[r, :, start:start + n] for kv in layers] for r, n in enumerate(lengths)]
 
 
-def _chunks(model: RiverModel, items: Sequence, strategy) -> list[Sequence]:
-    """Batches for the engine: fewer, larger calls, where backend and strategy take them."""
-    size = BATCH if model.backend.capabilities.batch and strategy.batch else 1
+def _chunks(model: RiverModel, items: Sequence, batch: bool) -> list[Sequence]:
+    """Batches for the engine (fewer, larger calls) where the backend and strategy take them."""
+    size = BATCH if model.backend.capabilities.batch and batch else 1
     return [items[i:i + size] for i in range(0, len(items), size)]
 
 
 def full_depth_references(model: RiverModel, prompts: Sequence[Sequence[int]], tokens: int,
-               keep_kv: int, tick: Callable[[], None]) -> list[Reference]:
+                          keep_kv: int, tick: Callable[[], None]) -> list[Reference]:
     """Full depth's continuation of every prompt that gives at least two tokens; the first
     `keep_kv` keep full depth's K/V of theirs."""
-    p = plan(model.registry, FULL, model.backend)
     found = []
-    for chunk in _chunks(model, [list(q) for q in prompts], p.strategy):
+    for chunk in _chunks(model, [list(q) for q in prompts], True):
         out = model.generate_ids(chunk, FULL, GenerationConfig(max_new_tokens=tokens))
-        kept = [(q, c) for q, c in zip(chunk, out.tokens) if len(c) >= 2]
+        found += [Reference(q, c, 0.0, None) for q, c in zip(chunk, out.tokens) if len(c) >= 2]
         for _ in chunk:
             tick()
-        if not kept:
-            continue
-        with model._lock:
-            forced = teacher_force_batch(model.backend, [q for q, _ in kept],
-                                         [c[:-1] for _, c in kept], p.strategy, p.policy,
-                                         p.make_predictor)
-            kv = _kv(model.backend, max(len(q) for q, _ in kept),
-                     [len(c) - 1 for _, c in kept]) if len(found) < keep_kv else None
-        for r, ((q, c), f) in enumerate(zip(kept, forced)):
-            keep = kv is not None and len(found) < keep_kv
-            found.append(Reference(q, c, _nll(f, c), kv[r] if keep else None))
-    return found
+    untick = lambda: None
+    runs, states = force(model, found[:keep_kv], FULL, untick, kv=True)
+    runs += force(model, found[keep_kv:], FULL, untick)[0]
+    states += [None] * (len(runs) - len(states))
+    return [attrs.evolve(ref, full_nll=_nll(forced, ref.continuation), kv=kv)
+            for (ref, forced), kv in zip(runs, states)]
 
 
 def force(model: RiverModel, refs: Sequence[Reference], config: ExitConfig,
@@ -105,7 +98,7 @@ def force(model: RiverModel, refs: Sequence[Reference], config: ExitConfig,
     layer `exits` instead, if given), in batches; with `kv`, each row's K/V afterwards."""
     p = plan(model.registry, config, model.backend)
     runs, states = [], []
-    for chunk in _chunks(model, refs, p.strategy):
+    for chunk in _chunks(model, refs, p.strategy.batch):
         policy = p.policy if exits is None else ScriptedPolicy([exits] * max(r.scored
                                                                              for r in chunk))
         with model._lock:
