@@ -48,12 +48,7 @@ class Reference:
 
 def _nll(forced: Forced, continuation: Sequence[int]) -> float:
     """Summed NLL of continuation[1:] (continuation[0] follows from the prompt's prefill)."""
-    total = 0.0
-    for logits, token in zip(forced.logits[1:], continuation[1:]):
-        z = logits.astype(np.float64)
-        top = z.max()
-        total += top + np.log(np.exp(z - top).sum()) - z[token]
-    return float(total)
+    return sum(forced.token_nll(continuation)[1:])
 
 
 def _kv(backend: Backend, start: int, lengths: Sequence[int]) -> list[list[np.ndarray]] | None:

@@ -291,14 +291,18 @@ class Forced:
     logits: list[np.ndarray]   # [vocab] each; logits[t] predicts continuation[t]
     exit_layers: list[int]     # per fed token
 
-    def nll(self, continuation: Sequence[int]) -> float:
-        """Mean negative log-likelihood of `continuation` (nats per token)."""
-        total = 0.0
+    def token_nll(self, continuation: Sequence[int]) -> list[float]:
+        """Negative log-likelihood of each token of `continuation` (nats)."""
+        out = []
         for logits, token in zip(self.logits, continuation):
             z = logits.astype(np.float64)
             top = z.max()
-            total += top + np.log(np.exp(z - top).sum()) - z[token]
-        return total / max(len(continuation), 1)
+            out.append(float(top + np.log(np.exp(z - top).sum()) - z[token]))
+        return out
+
+    def nll(self, continuation: Sequence[int]) -> float:
+        """Mean negative log-likelihood of `continuation` (nats per token)."""
+        return sum(self.token_nll(continuation)) / max(len(continuation), 1)
 
 
 def teacher_force(backend: Backend, prompt: Sequence[int], continuation: Sequence[int],
