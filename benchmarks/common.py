@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from river_core.prompts import GSM8K
+from river_core import ConfigError
+from river_core.prompts import GSM8K, read_prompts
 
 CHECKOUT = Path(__file__).resolve().parents[1]
 IN_CHECKOUT = (CHECKOUT / "docs").is_dir() and (CHECKOUT / "pyproject.toml").is_file()
@@ -44,10 +45,10 @@ def memory_bandwidth(size: int = 1 << 30, repeats: int = 5) -> float:
 
 
 def gsm8k_questions(path: Path, n: int, offset: int = 0) -> list[str]:
-    if not path.is_file():
-        raise SystemExit(f"GSM8K file not found: {path} (pass --data)")
-    rows = [json.loads(l) for l in open(path)][offset:offset + n]
-    return [r["question"] for r in rows]
+    try:
+        return read_prompts(path, n, offset)
+    except ConfigError as e:
+        raise SystemExit(f"{e} (pass --data)") from None
 
 
 def write(name: str, payload: dict, markdown: str) -> None:
