@@ -26,9 +26,9 @@ import numpy as np
 import gsm8k
 from common import GSM8K_TRAIN, RESULTS, machine, write
 from river_core import ExitConfig, QuantSpec, RiverModel
-from river_core.calibrate import calibrate
+from river_cli.calibrate import calibrate
 from river_core.options import tuned
-from river_core.profile import Target
+from river_cli.profile import Target
 from tasks import MAIN_OPTION
 
 HERE = Path(__file__).resolve().parent
@@ -53,8 +53,9 @@ def main() -> None:
     problems = gsm8k.load(str(GSM8K_TRAIN), limit=args.prompts, offset=gsm8k.SHOTS)
     prompts = [tok.encode(gsm8k.prompt(p, shots[:args.shots])) for p in problems]
     config = ExitConfig(policy=args.policy)
-    option = tuned(model.registry.policy(args.policy))[0]
-    default = attrs.fields_dict(model.registry.policy(args.policy).Options)[option].default
+    options = model.registry.policy(args.policy).options
+    option = tuned(options)[0]
+    default = attrs.fields_dict(options)[option].default
     start = time.perf_counter()
     profiles = calibrate(model, prompts, config, args.targets, tokens=args.tokens,
                          layer_prompts=4, model_name="default", precision=QuantSpec().label,

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from river_core import ConfigError
-from river_core.prompts import GSM8K, read_prompts
+from river_cli.prompts import GSM8K, read_prompts
 
 CHECKOUT = Path(__file__).resolve().parents[1]
 IN_CHECKOUT = (CHECKOUT / "docs").is_dir() and (CHECKOUT / "pyproject.toml").is_file()

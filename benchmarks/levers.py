@@ -242,30 +242,33 @@ def confidence_cost(repeats: int = 30) -> dict:
     rule), at layer 3 only, and at every layer from 0 (CALM from the first layer): ms, onnx,
     on the embedded model's 49,152-token vocabulary."""
     from river_core import RiverModel
-    from river_core.decode import decode_step
+    from river_core.decode import Row, Run, decode_step
     from river_core.kv import River
+    from river_core.policy import Needs, Policy
     from river_core.predictor import TransitionPredictor
 
-    class Reading:
-        uses_similarity, sub_blocks, reads_logits = False, False, True
+    class Reading(Policy):
+        needs = Needs(logits=True)
 
         def __init__(self, first: int | None) -> None:
             self.first = first
 
-        def should_exit(self, layer, step, predictor, logits):
-            if self.first is not None and layer >= self.first:
-                logits()
-            return layer == 3
+        def should_exit(self, row) -> bool:
+            if self.first is not None and row.layer >= self.first:
+                row.logits()
+            return row.layer == 3
 
     backend = RiverModel.from_pretrained(backend="onnx").backend
     n = backend.num_layers
     backend.prefill([[1] * 128], 128 + 3 * repeats * 12)
-    predictor = [TransitionPredictor(backend.stand_in_error, np.zeros(n))]
+    rows = [Row(TransitionPredictor(backend.stand_in_error, np.zeros(n)), None)]
     out = {}
     for label, first in (("no reading", None), ("read at layer 3", 3),
                          ("read at layers 0-3", 0)):
+        run = Run(River(), Reading(first), TransitionPredictor)
+
         def step():
-            decode_step(backend, [42], River(), Reading(first), predictor, 0)
+            decode_step(backend, [42], run, rows, 0)
             backend.commit()
         out[label] = median_us(step, repeats=repeats) / 1e3
     return out

@@ -26,7 +26,7 @@ from tqdm import tqdm
 import gsm8k
 from common import GSM8K_TRAIN, RESULTS, machine, write
 from river_core import ExitConfig, RiverModel
-from river_core.decode import decode_step
+from river_core.decode import Row, Run, decode_step
 from river_core.kv import River
 from river_core.predictor import TransitionPredictor
 from river_policies import FixedDepth
@@ -60,12 +60,12 @@ def step_times(backend, prompt: list[int], repeats: int = 8) -> np.ndarray:
     n = backend.num_layers
     policies = {k: FixedDepth(k) for k in range(-1, n)}
     backend.prefill([prompt], len(prompt) + repeats * (n + 1) + 2)
-    predictor = [TransitionPredictor(backend.stand_in_error, np.zeros(n))]
+    rows = [Row(TransitionPredictor(backend.stand_in_error, np.zeros(n)), None)]
     times = {k: [] for k in policies}
     for _ in range(repeats):
         for k, policy in policies.items():
             start = time.perf_counter()
-            decode_step(backend, [42], River(), policy, predictor, 0)
+            decode_step(backend, [42], Run(River(), policy, TransitionPredictor), rows, 0)
             backend.commit()
             times[k].append(time.perf_counter() - start)
     return np.array([np.median(times[k]) * 1e3 for k in range(-1, n)])

@@ -24,7 +24,7 @@ from tqdm import tqdm
 from common import GSM8K_TRAIN, RESULTS, gsm8k_questions, machine, pearson, spearman, write
 from river_core import QuantSpec, RiverModel
 from river_core.predictor import TransitionPredictor
-from river_core.testing import relative_error
+from river_core.predictor import relative_error
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -36,7 +36,7 @@ import gsm8k
 from common import GSM8K_TRAIN, RESULTS, machine, write
 from river_core import ExitConfig, GenerationConfig, RiverModel
 from river_core.predictor import STAND_IN_BOUND_C
-from river_core.testing import relative_error
+from river_core.predictor import relative_error
 from river_models.cache import entries, problem
 
 PARTS = ("interrupt", "race", "long", "memory")
@@ -47,7 +47,7 @@ def _river(cache: Path, backend: str) -> subprocess.Popen:
     env = {**os.environ, "RIVER_CACHE": str(cache)}
     # Ctrl-C as at a terminal, even when this benchmark runs where SIGINT is ignored
     default_ctrl_c = lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)
-    return subprocess.Popen([sys.executable, "-m", "river_core.cli", "generate", "2 + 2 =",
+    return subprocess.Popen([sys.executable, "-m", "river_cli.main", "generate", "2 + 2 =",
                              "--backend", backend, "--max-new-tokens", "2"], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             preexec_fn=default_ctrl_c)
@@ -120,10 +120,10 @@ def long_generation(model: RiverModel, tokens: int) -> dict:
     prompt, continuation = ids[:64], ids[64:64 + tokens]
     b, n = model.backend, model.backend.num_layers
     river = model.teacher_force(prompt, continuation, ExitConfig())
-    got = [b.kv(i) for i in range(n)]
+    got = [b.read_kv(i) for i in range(n)]
     model.teacher_force(prompt, continuation, ExitConfig(kv="full"))
     quarters = np.array_split(np.arange(len(prompt), len(prompt) + len(continuation)), 4)
-    errors = [[max(relative_error(g[:, :, q], w[:, :, q]) for g, w in zip(got[i], b.kv(i)))
+    errors = [[max(relative_error(g[:, :, q], w[:, :, q]) for g, w in zip(got[i], b.read_kv(i)))
                for q in quarters] for i in range(n)]
     finite = all(np.isfinite(l).all() for l in river.logits) and \
         all(np.isfinite(k).all() and np.isfinite(v).all() for k, v in got)

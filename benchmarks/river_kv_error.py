@@ -15,7 +15,8 @@ import numpy as np
 
 from common import machine, write
 from river_core.kv import Full, River
-from river_core.testing import relative_error, teacher_force
+from river_core.predictor import relative_error
+from river_conformance.scripted import forced_logits
 from river_hf.plugin import tiny_backend
 from river_models import tiny
 
@@ -36,11 +37,11 @@ def main() -> None:
                 for _ in range(args.trials):
                     prompt = [1] + rng.integers(3, tiny.VOCAB, rng.integers(1, 20)).tolist()
                     cont = rng.integers(3, tiny.VOCAB, 8).tolist()
-                    teacher_force(b, prompt, cont, Full())
-                    full = [b.kv(i) for i in range(n)]
+                    forced_logits(b, prompt, cont, Full())
+                    full = [b.read_kv(i) for i in range(n)]
                     exits = rng.integers(0, n, len(cont)).tolist()
-                    teacher_force(b, prompt, cont, River(), exits)
-                    got = [b.kv(i) for i in range(n)]
+                    forced_logits(b, prompt, cont, River(), exits)
+                    got = [b.read_kv(i) for i in range(n)]
                     for step, k in enumerate(exits):
                         pos = len(prompt) + step
                         for j in range(k + 1, n):

@@ -163,7 +163,7 @@ def summarize(models, configs: list[Config], run: Run, backend_name: str,
     rows = {}
     for c in configs:
         backend = models[c.model_key(backend_name)].backend
-        reads = default_registry().kv_strategy(c.exit_config().kv)().skipped_reads
+        reads = default_registry().kv_strategy(c.exit_config().kv).make.skipped_reads
         foot = backend.footprint()
         steps, exits, nbytes, agree, diverge, nll = [], [], [], [], [], []
         scores = {}

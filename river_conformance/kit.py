@@ -36,10 +36,11 @@ from river_core.errors import CapabilityError, ConfigError
 from river_core.kv import Full, Mask, Monotonic, Propagate, Recompute, River
 from river_core.model import RiverModel
 from river_core.plugins import default_registry
-from river_core.predictor import STAND_IN_BOUND_C, TransitionPredictor
+from river_core.predictor import STAND_IN_BOUND_C, relative_error
 from river_core.speculative import DraftLength, rounds, speculative_ids
-from river_core.testing import ScriptedPolicy, relative_error, teacher_force
 from river_models import tiny
+
+from .scripted import forced_logits, scripted_run
 
 # Float32 across frameworks: kernels sum in different orders; measured differences ~1e-5.
 FULL_DEPTH_RTOL = 1e-4
@@ -114,13 +115,13 @@ def _needs(backend, capability: str) -> None:
 
 
 def _kv_after(backend, prompt, cont, strategy, exits=()):
-    teacher_force(backend, prompt, cont, strategy, exits)
-    return [backend.kv(i) for i in range(backend.num_layers)]
+    forced_logits(backend, prompt, cont, strategy, exits)
+    return [backend.read_kv(i) for i in range(backend.num_layers)]
 
 
 def _greedy(backend, prompt, n, strategy=Full(), exits=()):
-    return generate_ids(backend, [prompt], GenerationConfig(max_new_tokens=n), strategy,
-                        ScriptedPolicy(exits), TransitionPredictor)
+    return generate_ids(backend, [prompt], GenerationConfig(max_new_tokens=n),
+                        scripted_run(strategy, exits))
 
 
 @given(prompt=prompts, n=st.integers(1, 12), data=st.data())
@@ -129,8 +130,8 @@ def test_full_depth_matches_the_reference_backend(conformance_backend, prompt, n
     b, ref = conformance_backend.backend(family), _reference(family)
     assert _greedy(b, prompt, n).tokens == _greedy(ref, prompt, n).tokens
     cont = _greedy(ref, prompt, n).tokens[0]
-    for got, want in zip(teacher_force(b, prompt, cont, Full()),
-                         teacher_force(ref, prompt, cont, Full())):
+    for got, want in zip(forced_logits(b, prompt, cont, Full()),
+                         forced_logits(ref, prompt, cont, Full())):
         assert relative_error(got, want) <= FULL_DEPTH_RTOL
 
 
@@ -145,8 +146,8 @@ def test_unquantized_strategies_match_the_reference_backend(conformance_backend,
     _needs(b, "exits")
     if strategy.requires:
         _needs(b, strategy.requires)
-    got = teacher_force(b, prompt, cont, type(strategy)(), exits)
-    want = teacher_force(ref, prompt, cont, type(strategy)(), exits)
+    got = forced_logits(b, prompt, cont, type(strategy)(), exits)
+    want = forced_logits(ref, prompt, cont, type(strategy)(), exits)
     for g, w in zip(got, want):
         assert relative_error(g, w) <= FULL_DEPTH_RTOL
 
@@ -168,12 +169,12 @@ def test_exit_after_last_layer_is_bit_identical_to_full_depth(conformance_backen
                                                               data):
     b = conformance_backend.backend(conformance_backend.family(data))
     _needs(b, "exits")
-    full_logits = teacher_force(b, prompt, cont, Full())
-    full_kv = [b.kv(i) for i in range(b.num_layers)]
-    last = teacher_force(b, prompt, cont, River(), [b.num_layers - 1] * len(cont))
+    full_logits = forced_logits(b, prompt, cont, Full())
+    full_kv = [b.read_kv(i) for i in range(b.num_layers)]
+    last = forced_logits(b, prompt, cont, River(), [b.num_layers - 1] * len(cont))
     for a, e in zip(last, full_logits):
         assert np.array_equal(a, e)
-    for (k, v), (fk, fv) in zip((b.kv(i) for i in range(b.num_layers)), full_kv):
+    for (k, v), (fk, fv) in zip((b.read_kv(i) for i in range(b.num_layers)), full_kv):
         assert np.array_equal(k, fk) and np.array_equal(v, fv)
 
 
@@ -204,14 +205,14 @@ def test_recompute_catches_up_to_full_depth_whenever_a_token_runs_full_depth(
     _needs(b, "exits")
     _needs(b, "recompute")
     exits = exits[:len(cont) - 1] + [None]
-    full_logits = teacher_force(b, prompt, cont, Full())
-    full_kv = [b.kv(i) for i in range(b.num_layers)]
-    got = teacher_force(b, prompt, cont, Recompute(), exits)
+    full_logits = forced_logits(b, prompt, cont, Full())
+    full_kv = [b.read_kv(i) for i in range(b.num_layers)]
+    got = forced_logits(b, prompt, cont, Recompute(), exits)
     for step, k in enumerate(exits):
         if k is None or k >= b.num_layers - 1:
             assert relative_error(got[step + 1], full_logits[step + 1]) <= FULL_DEPTH_RTOL
     for i, (fk, fv) in enumerate(full_kv):
-        k, v = b.kv(i)
+        k, v = b.read_kv(i)
         assert relative_error(k, fk) <= FULL_DEPTH_RTOL
         assert relative_error(v, fv) <= FULL_DEPTH_RTOL
 
@@ -300,7 +301,7 @@ def test_monotonic_exits_never_rise_and_read_only_written_entries(conformance_ba
     ran = out.exit_layers[0]
     assert all(later <= earlier for earlier, later in zip(ran, ran[1:]))
     # skipped layers write nothing; a read of such a slot would be NaN (hf) or wrong
-    for logits in teacher_force(b, prompt, cont, Monotonic(), exits):
+    for logits in forced_logits(b, prompt, cont, Monotonic(), exits):
         assert np.isfinite(logits).all()
 
 
@@ -324,8 +325,8 @@ def test_batched_rows_exit_on_their_own_and_match_single_runs(conformance_backen
     _needs(b, strategy.requires)
     rows = [[1, 40, 41, 42, 43, 44, 45, 46, 47], [1, 7, 8], [1, 60, 61, 62, 63]]
     exits = [2, None, 0, 4, 1, 3]
-    batched = generate_ids(b, rows, GenerationConfig(max_new_tokens=6), strategy,
-                           ScriptedPolicy(exits), TransitionPredictor)
+    batched = generate_ids(b, rows, GenerationConfig(max_new_tokens=6),
+                           scripted_run(strategy, exits))
     for r, prompt in enumerate(rows):
         alone = _greedy(b, prompt, 6, strategy, exits)
         assert batched.tokens[r] == alone.tokens[0]
@@ -336,7 +337,7 @@ def test_capability_flags_are_respected(conformance_backend):
     model = RiverModel(b)
     ids = [1, 20, 21, 22]
     for kv in ("river", "propagate", "monotonic", "mask", "recompute"):
-        strategy = model.registry.kv_strategy(kv)()
+        strategy = model.registry.kv_strategy(kv).make()
         allowed = b.capabilities.exits and (strategy.requires is None
                                             or getattr(b.capabilities, strategy.requires))
         config = ExitConfig(kv=kv, policy="fixed", options={"layer": 1})
@@ -372,10 +373,10 @@ def test_prefill_exit_runs_the_prompts_deep_layers_as_stand_ins(conformance_back
     _needs(b, "stand_in")
     k = data.draw(st.integers(-1, b.num_layers - 1), label="prefill_exit")
     b.prefill([prompt], len(prompt))
-    full = [b.kv(i) for i in range(b.num_layers)]
-    b.prefill([prompt], len(prompt), exit_after=k)
+    full = [b.read_kv(i) for i in range(b.num_layers)]
+    b.prefill([prompt], len(prompt), prefill_exit=k)
     for i in range(b.num_layers):
-        for got, want in zip(b.kv(i), full[i]):
+        for got, want in zip(b.read_kv(i), full[i]):
             if i <= k:
                 assert np.array_equal(got, want)
             else:
@@ -397,7 +398,7 @@ def test_a_fused_stand_in_tail_equals_its_layers_one_by_one(conformance_backend,
             for i in range(start, b.num_layers):
                 h = b.stand_in_layer(i, h, None)
         b.commit()
-        results.append((b.logits(h), [b.kv(i) for i in range(b.num_layers)]))
+        results.append((b.logits(h), [b.read_kv(i) for i in range(b.num_layers)]))
     (fused_logits, fused_kv), (logits, kv) = results
     assert relative_error(fused_logits, logits) <= FULL_DEPTH_RTOL
     for (fk, fv), (k, v) in zip(fused_kv, kv):
@@ -418,8 +419,8 @@ def test_speculative_greedy_output_is_full_depths_token_for_token(
     b = conformance_backend.backend(conformance_backend.family(data))
     strategy = _drafting(b, data)
     want = _greedy(b, prompt, n).tokens
-    got = speculative_ids(b, [prompt], GenerationConfig(max_new_tokens=n), strategy,
-                          ScriptedPolicy(exits), TransitionPredictor, DraftLength(gamma, adaptive))
+    got = speculative_ids(b, [prompt], GenerationConfig(max_new_tokens=n),
+                          scripted_run(strategy, exits), DraftLength(gamma, adaptive))
     assert got.tokens == want
     assert sum(got.accepted) + len(got.accepted) >= len(want[0]) - 1   # every round yields
 
@@ -434,14 +435,14 @@ def test_no_river_kv_survives_verification(conformance_backend, prompt, n, gamma
     tokens = _greedy(b, prompt, n).tokens[0]
     want = _kv_after(b, prompt, tokens[:-1], Full()) if len(tokens) > 1 else None
     out: list[int] = []
-    for r in rounds(b, prompt, GenerationConfig(max_new_tokens=n), strategy,
-                    ScriptedPolicy(exits), TransitionPredictor, DraftLength(gamma, False)):
+    for r in rounds(b, prompt, GenerationConfig(max_new_tokens=n), scripted_run(strategy, exits),
+                    DraftLength(gamma, False)):
         out += r.tokens
         stands = len(prompt) + len(out) - 1   # the newest token is not in the cache yet
         if want is None or stands <= len(prompt):
             continue
         for i in range(b.num_layers):
-            for got, full in zip(b.kv(i), want[i]):
+            for got, full in zip(b.read_kv(i), want[i]):
                 assert relative_error(got[:, :, :stands], full[:, :, :stands]) <= FULL_DEPTH_RTOL
     assert out == tokens
 
@@ -487,5 +488,5 @@ def test_every_registered_policy_keeps_the_cache_whole(conformance_backend, poli
         pytest.skip(str(e))                       # or a third party's required option
     assert all(-1 <= k < b.num_layers for k in out.exit_layers[0])
     for i in range(b.num_layers):
-        k, v = b.kv(i)
+        k, v = b.read_kv(i)
         assert k.shape[2] == b.offset and np.isfinite(k).all() and np.isfinite(v).all()

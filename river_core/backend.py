@@ -50,19 +50,29 @@ Rows = Sequence[int] | None
 
 @attrs.frozen
 class Capabilities:
-    """What a backend can do. The core refuses anything not declared here with a clear error."""
+    """What a backend can do, beyond full-depth decoding of one sequence: nothing is claimed
+    unless a backend says so. The core refuses anything not declared here with a clear
+    error."""
 
-    exits: bool = True        # can stop a token part-way through the backbone
-    stand_in: bool = True     # has `stand_in_layer`
-    propagate: bool = True    # has `project_kv`
+    exits: bool = False       # can stop a token part-way through the backbone
+    stand_in: bool = False    # has `stand_in_layer`
+    propagate: bool = False   # has `project_kv`
     mask: bool = False        # has `skip`: absent entries, masked from later reads
     recompute: bool = False   # has `layer_span`: late K/V for earlier tokens, batch 1
     sub_blocks: bool = False  # has `sub_block_similarity`
     stand_in_tail: bool = False   # has `stand_in_tail`: a token's whole exit river in one call
     verify: bool = False      # has `extend` and `rewind`: speculative decoding, batch 1
     stand_in_head: bool = False   # has `stand_in_logits`: the LM head at stand-in precision
-    batch: bool = True        # accepts more than one sequence
+    batch: bool = False       # accepts more than one sequence
     devices: tuple[str, ...] = ("cpu",)
+
+
+@attrs.frozen
+class ModelShape:
+    """What a plan needs to know of a model: its depth and its context in positions."""
+
+    num_layers: int
+    max_positions: int
 
 
 @attrs.frozen
@@ -136,9 +146,9 @@ class Backend(Protocol, Generic[H]):
         """Positions written so far (the same in every layer)."""
 
     def prefill(self, prompts: Sequence[Sequence[int]], capacity: int,
-                exit_after: int | None = None) -> Prefill:
+                prefill_exit: int | None = None) -> Prefill:
         """Reset the cache to room for `capacity` positions and run `prompts` through every
-        layer: the backbone's up to `exit_after` (None: all), the stand-ins' past it (the
+        layer: the backbone's up to `prefill_exit` (None: all), the stand-ins' past it (the
         sequence-level exit of prefill; only with `Capabilities.stand_in`).
 
         Shorter prompts are left-padded; padding is masked from attention everywhere."""
@@ -190,6 +200,6 @@ class Backend(Protocol, Generic[H]):
     def footprint(self) -> Footprint:
         """What a decode step reads from memory, for speed limits in benchmarks."""
 
-    def kv(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+    def read_kv(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         """Layer i's keys and values for positions 0..offset-1: two [batch, kv_heads, offset,
         head_dim] float32 arrays. For tests and measurements, not the hot path."""

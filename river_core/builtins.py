@@ -1,4 +1,4 @@
-"""The core's own plugin: the method's policy, predictor and KV strategies.
+"""The core's own plugin: the method's policies, predictor and KV strategies.
 
 Registered in code before any entry point loads (so a source checkout has them), through the
 same hooks as any third-party plugin.
@@ -8,25 +8,11 @@ from __future__ import annotations
 
 import attrs
 
-from .hookspecs import hookimpl
+from .hookspecs import KVStrategyPlugin, PolicyPlugin, PredictorPlugin, hookimpl
 from .kv import Full, Mask, Monotonic, Propagate, Recompute, River
-from .options import between, option, takes
-from .policy import (SettledOptions, SettledPolicy, SimilarityOptions, SimilarityPolicy,
-                     check_min_layer)
+from .options import between, option
+from .policy import SettledOptions, SettledPolicy, SimilarityOptions, SimilarityPolicy
 from .predictor import TransitionPredictor
-
-
-@takes(SimilarityOptions)
-def similarity_policy(options: SimilarityOptions, num_layers: int) -> SimilarityPolicy:
-    """Exit at the first layer whose predicted cumulative KV error is <= threshold."""
-    min_layer = num_layers // 4 if options.min_layer is None else options.min_layer
-    return SimilarityPolicy(options.threshold, check_min_layer(min_layer, num_layers))
-
-
-@takes(SettledOptions)
-def settled_policy(options: SettledOptions, num_layers: int) -> SettledPolicy:
-    """The paper's rule: exit once attention and MLP both have cos(input, output) > tau."""
-    return SettledPolicy(options.tau, check_min_layer(options.min_layer, num_layers))
 
 
 @attrs.frozen
@@ -35,7 +21,6 @@ class TransitionOptions:
                              "transition", between(0.0, 1.0))
 
 
-@takes(TransitionOptions)
 def transition_predictor(options: TransitionOptions, stand_in_error,
                          prompt_similarity) -> TransitionPredictor:
     """First-order stand-in error model over block transitions sqrt(2 - 2 cos)."""
@@ -44,15 +29,16 @@ def transition_predictor(options: TransitionOptions, stand_in_error,
 
 @hookimpl
 def river_exit_policies():
-    return {"similarity": similarity_policy, "settled": settled_policy}
+    return {"similarity": PolicyPlugin(SimilarityPolicy, SimilarityOptions),
+            "settled": PolicyPlugin(SettledPolicy, SettledOptions)}
 
 
 @hookimpl
 def river_predictors():
-    return {"transition": transition_predictor}
+    return {"transition": PredictorPlugin(transition_predictor, TransitionOptions)}
 
 
 @hookimpl
 def river_kv_strategies():
-    return {"river": River, "propagate": Propagate, "monotonic": Monotonic,
-            "mask": Mask, "recompute": Recompute, "full": Full}
+    return {s.name: KVStrategyPlugin(s) for s in (River, Propagate, Monotonic, Mask, Recompute,
+                                                  Full)}

@@ -16,9 +16,9 @@ from .backend import Backend, Rows
 from .config import GenerationConfig
 from .errors import ConfigError
 from .kv import KVStrategy
-from .policy import ExitPolicy
+from .policy import ExitPolicy, RowView
 from .predictor import SimilarityPredictor
-from .sampling import Sampler, make_sampler
+from .sampling import Sampler, log_softmax, make_sampler
 
 PredictorFactory = Callable[[Sequence[float], Sequence[float]], SimilarityPredictor]
 
@@ -98,85 +98,135 @@ class DecodeResult:
         return np.bincount(self._all_exits + 1, minlength=self.num_layers + 1)
 
 
-def _rows(rows: list[int], batch: int) -> Rows:
+@attrs.frozen
+class Run:
+    """What one generation runs: a fresh KV strategy (strategies may keep state across steps),
+    the exit policy, and the predictor factory, (stand_in_error, prompt_similarity) ->
+    predictor. `Plan.run()` makes one; tests and measurements may build their own."""
+
+    strategy: KVStrategy
+    policy: ExitPolicy
+    new_predictor: PredictorFactory
+
+
+@attrs.define
+class Row:
+    """One sequence's own state across steps: its predictor and its policy's state."""
+
+    predictor: SimilarityPredictor
+    policy_state: object
+
+
+def start_rows(backend: Backend, run: Run, prompt_similarity: np.ndarray) -> list[Row]:
+    return [Row(run.new_predictor(backend.stand_in_error, s), run.policy.new_row())
+            for s in prompt_similarity]
+
+
+def _subset(rows: list[int], batch: int) -> Rows:
     return None if len(rows) == batch else rows
 
 
-def decode_step(backend: Backend, tokens: Sequence[int], strategy: KVStrategy,
-                policy: ExitPolicy, predictors: Sequence[SimilarityPredictor],
+class _Walk:
+    """One decode step's way through the layers: which rows are still in the backbone
+    (`deep`), which have left (`gone`), and what the policy reads on the way."""
+
+    def __init__(self, backend: Backend, run: Run, rows: list[Row], step: int) -> None:
+        self.backend, self.run, self.rows, self.step = backend, run, rows, step
+        strategy, needs = run.strategy, run.policy.needs
+        self.batch = len(rows)
+        self.deep, self.gone = list(range(self.batch)), []
+        self.exits = [backend.num_layers - 1] * self.batch
+        self.watch = strategy.allows_exit and needs.similarity
+        self.sub_blocks = self.watch and needs.sub_blocks
+        # once every row has left, the rest is one call unless the predictor watches exited rows
+        self.watch_exited = self.watch and strategy.moves_state and not self.sub_blocks
+        self.rechecks = strategy.allows_exit and needs.recheck
+        self.left: dict[int, object] = {}   # exit layer -> the state then, for a recheck
+
+    def layer(self, i: int, h):
+        """Layer i: the backbone for deep rows, the strategy's stand-in for rows that left."""
+        before, strategy = h, self.run.strategy
+        if self.deep:
+            h = strategy.deep_layer(self.backend, i, h, _subset(self.deep, self.batch))
+            if self.sub_blocks:   # the rule reads the backbone's sub-blocks, deep rows only
+                pairs = self.backend.sub_block_similarity(_subset(self.deep, self.batch))
+                for r, (attention, mlp) in zip(self.deep, pairs):
+                    self.rows[r].predictor.observe(i, min(attention, mlp))
+        if self.gone:
+            h = strategy.skipped_layer(self.backend, i, h, self.gone)
+        if self.watch and not self.sub_blocks:   # with propagate, left rows no longer move
+            seen = sorted(self.deep + self.gone if strategy.moves_state else self.deep)
+            if seen:
+                cosines = self.backend.similarity(before, h, _subset(seen, self.batch))
+                for r, s in zip(seen, cosines):
+                    self.rows[r].predictor.observe(i, s)
+        return h
+
+    def leave(self, i: int, h) -> bool:
+        """Rows whose policy says so leave after layer i; True when the rest is one call."""
+        strategy = self.run.strategy
+        if not strategy.allows_exit or not self.deep or i == self.backend.num_layers - 1:
+            return False
+        early = functools.cache(lambda: self.backend.logits(h))   # only if a policy reads it
+        leaving = [r for r in self.deep if _capped(strategy.ceiling(r), i) or
+                   self.run.policy.should_exit(self._view(r, i, early))]
+        for r in leaving:
+            self.exits[r] = i
+            self.deep.remove(r)
+        if leaving and self.rechecks:
+            self.left[i] = h
+        self.gone = sorted(self.gone + leaving)
+        return not self.deep and not self.watch_exited
+
+    def _view(self, r: int, i: int, early) -> RowView:
+        row = self.rows[r]
+        return RowView(i, self.step, row.predictor, row.policy_state, lambda: early()[r])
+
+    def finish(self, logits: np.ndarray) -> None:
+        if self.watch:
+            for row in self.rows:
+                row.predictor.end_token()
+        if self.rechecks:
+            self._recheck(logits)
+        for r, k in enumerate(self.exits):
+            self.run.strategy.exited(r, k)
+
+    def _recheck(self, logits: np.ndarray) -> None:
+        """A cascade: exited rows the policy doubts run the backbone from their exit on, which
+        overwrites the river's K/V in those layers; their logits and exits become full
+        depth's."""
+        n = self.backend.num_layers
+        for r, k in enumerate(self.exits):
+            if k < n - 1 and self.run.policy.recheck(logits[r]):
+                h = self.left[k]
+                for i in range(k + 1, n):
+                    h = self.backend.layer(i, h, [r])
+                logits[r] = self.backend.logits(h)[r]
+                self.exits[r] = n - 1
+
+
+def decode_step(backend: Backend, tokens: Sequence[int], run: Run, rows: list[Row],
                 step: int, draft: bool = False) -> tuple[np.ndarray, list[int]]:
     """Run one token per sequence through the layers; return logits and each exit layer.
     A `draft` step's logits come from the head's stand-in where the backend has one."""
-    n, batch = backend.num_layers, len(tokens)
-    exits = [n - 1] * batch
-    deep, gone = list(range(batch)), []
-    watch = strategy.allows_exit and policy.uses_similarity
-    sub_blocks = watch and getattr(policy, "sub_blocks", False)
-    # once every row has left, the rest is one call unless the predictor watches exited rows
-    watch_exited = watch and strategy.moves_state and not sub_blocks
-    rechecks = strategy.allows_exit and getattr(policy, "rechecks", False)
-    reads_logits = getattr(policy, "reads_logits", False)
-    left: dict[int, object] = {}   # exit layer -> the state then, for a cascade's recheck
+    walk = _Walk(backend, run, rows, step)
     h = backend.embed(tokens)
     # i = -1: a policy may exit a token before the first layer, so it runs stand-ins only
     # (the whole model quantized: the baseline River is measured against)
-    for i in range(-1, n):
-        if i >= 0:
-            before = h
-            if deep:
-                h = strategy.deep_layer(backend, i, h, _rows(deep, batch))
-                if sub_blocks:   # the rule reads the backbone's sub-blocks, deep rows only
-                    pairs = backend.sub_block_similarity(_rows(deep, batch))
-                    for r, (attention, mlp) in zip(deep, pairs):
-                        predictors[r].observe(i, min(attention, mlp))
-            if gone:
-                h = strategy.skipped_layer(backend, i, h, gone)
-            seen = sorted(deep + gone if strategy.moves_state else deep) \
-                if watch and not sub_blocks else []
-            if seen:   # with propagate, rows that left no longer move the state
-                for r, s in zip(seen, backend.similarity(before, h, _rows(seen, batch))):
-                    predictors[r].observe(i, s)
-        if strategy.allows_exit and deep and i < n - 1:
-            if reads_logits:   # the state here through the final norm and LM head, once,
-                early = functools.cache(lambda h=h: backend.logits(h))   # if a policy looks
-                wants = lambda r: policy.should_exit(i, step, predictors[r],
-                                                     lambda: early()[r])
-            else:
-                wants = lambda r: policy.should_exit(i, step, predictors[r])
-            leaving = [r for r in deep if _capped(strategy.ceiling(r), i) or wants(r)]
-            for r in leaving:
-                exits[r] = i
-                deep.remove(r)
-            if leaving and rechecks:
-                left[i] = h
-            gone = sorted(gone + leaving)
-            if not deep and not watch_exited:
-                h = strategy.skipped_tail(backend, i + 1, h, _rows(gone, batch))
+    if walk.leave(-1, h):
+        h = run.strategy.skipped_tail(backend, 0, h, _subset(walk.gone, walk.batch))
+    else:
+        for i in range(backend.num_layers):
+            h = walk.layer(i, h)
+            if walk.leave(i, h):
+                h = run.strategy.skipped_tail(backend, i + 1, h,
+                                              _subset(walk.gone, walk.batch))
                 break
-    if watch:
-        for p in predictors:
-            p.end_token()
-    logits = backend.stand_in_logits(h) if draft and backend.capabilities.stand_in_head \
-        else backend.logits(h)
-    if rechecks:
-        _recheck(backend, policy, logits, exits, left)
-    for r, k in enumerate(exits):
-        strategy.exited(r, k)
-    return logits, exits
-
-
-def _recheck(backend: Backend, policy: ExitPolicy, logits: np.ndarray, exits: list[int],
-             left: dict) -> None:
-    """A cascade: exited rows the policy doubts run the backbone from their exit on, which
-    overwrites the river's K/V in those layers; their logits and exits become full depth's."""
-    n = backend.num_layers
-    for r, k in enumerate(exits):
-        if k < n - 1 and policy.recheck(logits[r]):
-            h = left[k]
-            for i in range(k + 1, n):
-                h = backend.layer(i, h, [r])
-            logits[r] = backend.logits(h)[r]
-            exits[r] = n - 1
+    head = backend.stand_in_logits if draft and backend.capabilities.stand_in_head \
+        else backend.logits
+    logits = head(h)
+    walk.finish(logits)
+    return logits, walk.exits
 
 
 def _capped(ceiling: int | None, layer: int) -> bool:
@@ -222,17 +272,14 @@ def drain(stream: Stream) -> DecodeResult:
 
 
 def generate_ids(backend: Backend, prompts: Sequence[Sequence[int]], gen: GenerationConfig,
-                 strategy: KVStrategy, policy: ExitPolicy, make_predictor: PredictorFactory,
-                 prefill_exit: int | None = None) -> DecodeResult:
+                 run: Run, prefill_exit: int | None = None) -> DecodeResult:
     """Generate up to gen.max_new_tokens per prompt; each sequence stops on EOS or a stop
     string. The prompt runs the backbone up to `prefill_exit` (None: all of it)."""
-    return drain(stream_ids(backend, prompts, gen, strategy, policy, make_predictor,
-                            prefill_exit))
+    return drain(stream_ids(backend, prompts, gen, run, prefill_exit))
 
 
 def stream_ids(backend: Backend, prompts: Sequence[Sequence[int]], gen: GenerationConfig,
-               strategy: KVStrategy, policy: ExitPolicy, make_predictor: PredictorFactory,
-               prefill_exit: int | None = None, sample: Sampler | None = None,
+               run: Run, prefill_exit: int | None = None, sample: Sampler | None = None,
                eos: Collection[int] | None = None) -> Stream:
     """`generate_ids` as a stream. Ctrl-C (or `throw(KeyboardInterrupt)`) ends it early with
     what was generated so far, marked `interrupted`. A caller with its own token choice and
@@ -242,15 +289,15 @@ def stream_ids(backend: Backend, prompts: Sequence[Sequence[int]], gen: Generati
     capacity = check_capacity(backend, prompts, gen.max_new_tokens)
     if len(prompts) > 1 and not backend.capabilities.batch:
         raise ConfigError(f"backend {backend.name!r} runs one sequence at a time")
-    if len(prompts) > 1 and not strategy.batch:
-        raise ConfigError(f"kv strategy {strategy.name!r} runs one sequence at a time")
+    if len(prompts) > 1 and not run.strategy.batch:
+        raise ConfigError(f"kv strategy {run.strategy.name!r} runs one sequence at a time")
     sample = sample or make_sampler(gen.temperature, gen.top_p, gen.seed)
     eos = backend.tokenizer.eos_ids if eos is None else eos
 
     start = time.perf_counter()
     pre = backend.prefill(prompts, capacity, prefill_exit)
     prefill_seconds = time.perf_counter() - start
-    predictors = [make_predictor(backend.stand_in_error, row) for row in pre.similarity]
+    rows = start_rows(backend, run, pre.similarity)
 
     batch = len(prompts)
     tokens: list[list[int]] = [[] for _ in range(batch)]
@@ -271,8 +318,7 @@ def stream_ids(backend: Backend, prompts: Sequence[Sequence[int]], gen: Generati
             if all(done) or step == gen.max_new_tokens - 1:
                 break
             start = time.perf_counter()
-            logits, chose = decode_step(backend, [row[-1] for row in tokens], strategy,
-                                        policy, predictors, step)
+            logits, chose = decode_step(backend, [row[-1] for row in tokens], run, rows, step)
             backend.commit()
             steps.append(time.perf_counter() - start)
             for r in range(batch):
@@ -293,42 +339,30 @@ class Forced:
 
     def token_nll(self, continuation: Sequence[int]) -> list[float]:
         """Negative log-likelihood of each token of `continuation` (nats)."""
-        out = []
-        for logits, token in zip(self.logits, continuation):
-            z = logits.astype(np.float64)
-            top = z.max()
-            out.append(float(top + np.log(np.exp(z - top).sum()) - z[token]))
-        return out
+        return [float(-log_softmax(logits)[token])
+                for logits, token in zip(self.logits, continuation)]
 
     def nll(self, continuation: Sequence[int]) -> float:
         """Mean negative log-likelihood of `continuation` (nats per token)."""
         return sum(self.token_nll(continuation)) / max(len(continuation), 1)
 
 
-def teacher_force(backend: Backend, prompt: Sequence[int], continuation: Sequence[int],
-                  strategy: KVStrategy, policy: ExitPolicy, make_predictor: PredictorFactory,
-                  prefill_exit: int | None = None) -> Forced:
-    """Prefill `prompt`, then feed `continuation` a token a step, exiting as `policy` says."""
-    return teacher_force_batch(backend, [prompt], [continuation], strategy, policy,
-                               make_predictor, prefill_exit)[0]
-
-
-def teacher_force_batch(backend: Backend, prompts: Sequence[Sequence[int]],
-                        continuations: Sequence[Sequence[int]], strategy: KVStrategy,
-                        policy: ExitPolicy, make_predictor: PredictorFactory,
-                        prefill_exit: int | None = None) -> list[Forced]:
-    """`teacher_force` for several sequences at once, each exiting on its own (fewer, larger
-    engine calls). A row whose continuation is used up keeps repeating its last token, and
-    what it then writes or returns is dropped."""
+def teacher_force(backend: Backend, prompts: Sequence[Sequence[int]],
+                  continuations: Sequence[Sequence[int]], run: Run,
+                  prefill_exit: int | None = None) -> list[Forced]:
+    """Prefill each prompt, then feed its continuation a token a step, every row exiting on
+    its own as the policy says (several sequences at once: fewer, larger engine calls). A row
+    whose continuation is used up keeps repeating its last token, and what it then writes or
+    returns is dropped."""
     longest = max(len(c) for c in continuations)
     capacity = max(len(p) for p in prompts) + longest
     pre = backend.prefill(prompts, capacity, prefill_exit)
-    predictors = [make_predictor(backend.stand_in_error, row) for row in pre.similarity]
+    rows = start_rows(backend, run, pre.similarity)
     logits = [[row] for row in pre.logits]
     exits: list[list[int]] = [[] for _ in prompts]
     for step in range(longest):
         fed = [c[min(step, len(c) - 1)] if c else 0 for c in continuations]
-        out, layers = decode_step(backend, fed, strategy, policy, predictors, step)
+        out, layers = decode_step(backend, fed, run, rows, step)
         backend.commit()
         for r, c in enumerate(continuations):
             if step < len(c):

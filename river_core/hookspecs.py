@@ -1,4 +1,5 @@
-"""Plugin hooks. One project name serves as pluggy marker, plugin name and entry-point group.
+"""Plugin hooks, and the typed entries they return. One project name serves as pluggy marker,
+plugin name and entry-point group.
 
 A plugin is any module or object with `@hookimpl` functions, listed under the entry-point group
 `river_core` in its distribution's metadata:
@@ -6,41 +7,83 @@ A plugin is any module or object with `@hookimpl` functions, listed under the en
     [project.entry-points.river_core]
     mybackend = "my_package.plugin"
 
-Each hook returns a mapping of names to factories; names must be unique across plugins. A
-policy, predictor or KV strategy factory takes its options first: an instance of its `Options`
-attribute (an attrs class, see options.py), or of `NoOptions` when it declares none.
+Each hook returns a mapping of names to entries; names must be unique across plugins. The core's
+own policies, predictor and KV strategies come through the same hooks (builtins.py).
 """
 
 from __future__ import annotations
 
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
+import attrs
 import pluggy
+
+from .backend import Capabilities, ModelShape
+from .options import NoOptions
 
 PROJECT = "river_core"
 hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)
 
 
-@hookspec
-def river_backends() -> Mapping[str, Callable]:
-    """name -> load(model, *, device, dtype, quant, progress) returning a Backend."""
+def _shape_unknown(model: str | None) -> ModelShape | None:
+    return None
+
+
+@attrs.frozen
+class BackendPlugin:
+    """An engine. What it can do and the model's shape are known before anything loads, so a
+    plan is checked first and a bad setting never waits for a long load."""
+
+    load: Callable[..., Any]
+    """load(model, *, device, dtype, quant, progress) -> Backend; model None: the default."""
+    capabilities: Capabilities
+    shape: Callable[[str | None], ModelShape | None] = _shape_unknown
+    """The model's depth and context read cheaply (a config file, a header); None when it
+    cannot be read before loading."""
+
+
+@attrs.frozen
+class PolicyPlugin:
+    make: Callable[[Any, int], Any]
+    """make(options, num_layers) -> ExitPolicy."""
+    options: type = NoOptions
+    """Its options, an attrs class (options.py); `river plugins` lists them."""
+
+
+@attrs.frozen
+class PredictorPlugin:
+    make: Callable[[Any, Any, Any], Any]
+    """make(options, stand_in_error, prompt_similarity) -> SimilarityPredictor."""
+    options: type = NoOptions
+
+
+@attrs.frozen
+class KVStrategyPlugin:
+    make: type
+    """A KVStrategy class (kv.py): its class attributes say what it needs of a backend, and it
+    is made afresh from its options for every generation."""
+    options: type = NoOptions
 
 
 @hookspec
-def river_exit_policies() -> Mapping[str, Callable]:
-    """name -> make(options, num_layers) returning an ExitPolicy."""
+def river_backends() -> Mapping[str, BackendPlugin]:
+    """name -> BackendPlugin."""
 
 
 @hookspec
-def river_predictors() -> Mapping[str, Callable]:
-    """name -> make(options, stand_in_error, prompt_similarity) returning a
-    SimilarityPredictor."""
+def river_exit_policies() -> Mapping[str, PolicyPlugin]:
+    """name -> PolicyPlugin."""
 
 
 @hookspec
-def river_kv_strategies() -> Mapping[str, Callable]:
-    """name -> make(options) returning a KVStrategy."""
+def river_predictors() -> Mapping[str, PredictorPlugin]:
+    """name -> PredictorPlugin."""
+
+
+@hookspec
+def river_kv_strategies() -> Mapping[str, KVStrategyPlugin]:
+    """name -> KVStrategyPlugin."""
 
 
 @hookspec

@@ -51,7 +51,6 @@ class Strategy:
 
     batch = True
     drafts = False
-    Options = NoOptions
 
     def __init__(self, options=NoOptions()) -> None:
         self.options = options

@@ -2,24 +2,19 @@
 
 from __future__ import annotations
 
-import functools
 import threading
-import typing
 from typing import Any, Collection, Mapping, Sequence
 
 import attrs
 
-from .backend import Backend, Capabilities
+from .backend import Backend, ModelShape
 from .config import ExitConfig, GenerationConfig, QuantSpec
-from .decode import (DecodeResult, Forced, PredictorFactory, Stream, Token, drain, stream_ids,
-                     teacher_force)
-from .errors import CapabilityError, ConfigError
-from .kv import KVStrategy
-from .options import bind
+from .decode import DecodeResult, Forced, Stream, Token, drain, stream_ids, teacher_force
+from .errors import ConfigError
+from .plan import Plan, resolve
 from .plugins import Registry, default_registry
-from .policy import ExitPolicy
 from .sampling import Sampler
-from .speculative import DraftLength, check as check_speculative, speculative_stream
+from .speculative import speculative_stream
 
 _EXIT_FIELDS = {f.name for f in attrs.fields(ExitConfig)} - {"options"}
 _GEN_FIELDS = {f.name for f in attrs.fields(GenerationConfig)}
@@ -35,96 +30,25 @@ class Completion:
         return self.texts[0]
 
 
-@attrs.frozen
-class Plan:
-    """What runs a generation: the KV strategy, the exit policy and the predictor factory."""
-
-    strategy: KVStrategy
-    policy: ExitPolicy
-    make_predictor: PredictorFactory
-    prefill_exit: int | None
-    draft_length: DraftLength | None   # speculative mode only
-
-
-def bound_options(registry: Registry, config: ExitConfig) -> dict[str, Any]:
-    """Each chosen plugin's options instance; fails on unknown names or bad values without
-    needing a model."""
-    return bind(config.options, {"policy": registry.policy(config.policy),
-                                 "predictor": registry.predictor(config.predictor),
-                                 "kv": registry.kv_strategy(config.kv)})
-
-
-def check(registry: Registry, config: ExitConfig, caps: Capabilities, backend_name: str) -> None:
-    """Everything about `config` that needs no model, against a backend's declared
-    capabilities, before it loads (the policy's flags from its factory's return annotation;
-    `plan` checks the made policy again)."""
-    strategy = registry.kv_strategy(config.kv)(bound_options(registry, config)["kv"])
-    _check(config, strategy, _returns(registry.policy(config.policy)), caps, backend_name)
-
-
-def _check(config: ExitConfig, strategy: KVStrategy, policy, caps: Capabilities,
-           backend_name: str) -> None:
-    if strategy.allows_exit and not caps.exits:
-        raise CapabilityError(f"backend {backend_name!r} cannot exit early; "
-                              f"use kv strategy 'full'")
-    if strategy.requires and not getattr(caps, strategy.requires):
-        raise CapabilityError(f"backend {backend_name!r} does not support the "
-                              f"{config.kv!r} kv strategy")
-    if strategy.allows_exit and getattr(policy, "sub_blocks", False) and not caps.sub_blocks:
-        raise CapabilityError(f"the {config.policy!r} policy reads sub-block similarities, "
-                              f"which backend {backend_name!r} does not report")
-    if strategy.allows_exit and getattr(policy, "rechecks", False) and not strategy.drafts:
-        raise ConfigError(f"the {config.policy!r} policy recomputes doubtful tokens through "
-                          f"the backbone, which the {config.kv!r} kv strategy cannot take "
-                          f"(river or propagate can)")
-    if config.prefill_exit is not None and strategy.skipped_reads != "stand_in":
-        raise ConfigError(f"prefill_exit runs the prompt's deep layers as stand-ins; the "
-                          f"{config.kv!r} kv strategy has none")
-    if config.mode == "speculative":
-        check_speculative(caps, backend_name, strategy, 1)
-        if config.prefill_exit is not None:
-            raise ConfigError("speculative mode is lossless, but prefill_exit would leave "
-                              "stand-in K/V in the prompt's slots; drop one of them")
-
-
-def _returns(factory) -> Any:
-    """The class a plugin factory is annotated to return (None: not annotated)."""
-    try:
-        made = typing.get_type_hints(factory).get("return")
-    except Exception:   # annotations a plugin did not make resolvable
-        return None
-    return made if isinstance(made, type) else None
-
-
-def plan(registry: Registry, config: ExitConfig, backend: Backend) -> Plan:
-    """The plugins `config` names, made with their options and checked against the backend."""
-    options = bound_options(registry, config)
-    strategy = registry.kv_strategy(config.kv)(options["kv"])
-    policy = registry.policy(config.policy)(options["policy"], backend.num_layers)
-    _check(config, strategy, policy, backend.capabilities, backend.name)
-    predictor = functools.partial(registry.predictor(config.predictor), options["predictor"])
-    if config.prefill_exit is not None and config.prefill_exit >= backend.num_layers:
-        raise ConfigError(f"prefill_exit {config.prefill_exit} is past the model's last "
-                          f"layer ({backend.num_layers - 1})")
-    length = None
-    if config.mode == "speculative":
-        length = DraftLength(config.draft_tokens, config.adaptive)
-    return Plan(strategy, policy, predictor, config.prefill_exit, length)
-
-
-def split_settings(settings: Mapping[str, Any], exit_config: ExitConfig | None,
+def split_settings(settings: Mapping[str, Any], exit_config: ExitConfig | Plan | None,
                    generation_config: GenerationConfig | None,
-                   options: Mapping[str, Any] | None) -> tuple[ExitConfig, GenerationConfig]:
+                   options: Mapping[str, Any] | None
+                   ) -> tuple[ExitConfig | Plan, GenerationConfig]:
     """Keyword settings by name: ExitConfig fields, GenerationConfig fields, and any other
-    name as a plugin option."""
-    exit_config = exit_config or ExitConfig()
-    plugin_options = {**exit_config.options, **(options or {}),
-                      **{k: v for k, v in settings.items()
-                         if k not in _EXIT_FIELDS and k not in _GEN_FIELDS}}
-    exit_config = attrs.evolve(exit_config, options=plugin_options,
-                               **{k: v for k, v in settings.items() if k in _EXIT_FIELDS})
+    name as a plugin option (not beside a resolved plan, which has its settings)."""
     generation_config = attrs.evolve(generation_config or GenerationConfig(),
                                      **{k: v for k, v in settings.items() if k in _GEN_FIELDS})
+    exit_settings = {k: v for k, v in settings.items() if k not in _GEN_FIELDS}
+    if isinstance(exit_config, Plan):
+        if exit_settings or options:
+            raise ConfigError(f"a resolved plan takes no exit settings: "
+                              f"{', '.join(sorted({*exit_settings, *(options or {})}))}")
+        return exit_config, generation_config
+    exit_config = exit_config or ExitConfig()
+    plugin_options = {**exit_config.options, **(options or {}),
+                      **{k: v for k, v in exit_settings.items() if k not in _EXIT_FIELDS}}
+    exit_config = attrs.evolve(exit_config, options=plugin_options,
+                               **{k: v for k, v in exit_settings.items() if k in _EXIT_FIELDS})
     return exit_config, generation_config
 
 
@@ -132,14 +56,17 @@ class RiverModel:
     """A backend plus the plugins that drive it.
 
     >>> model = RiverModel.from_pretrained()          # the embedded SmolLM2-135M-Instruct
-    >>> model.generate("What is 7 * 8?", threshold=0.15, max_new_tokens=32).text
+    >>> model.generate("What is 7 * 8?", tau=0.97, max_new_tokens=32).text
+
+    Every call takes its exit settings as an `ExitConfig` (resolved against this model) or as a
+    `Plan` already resolved, e.g. by the CLI before the model loaded.
     """
 
     def __init__(self, backend: Backend, registry: Registry | None = None) -> None:
         self.backend = backend
         self.registry = registry or default_registry()
         # a backend owns one KV cache: calls on one model take turns, two models run at once
-        self._lock = threading.Lock()
+        self.lock = threading.Lock()
 
     @classmethod
     def from_pretrained(cls, model: str | None = None, *, backend: str = "hf",
@@ -148,12 +75,29 @@ class RiverModel:
                         registry: Registry | None = None) -> "RiverModel":
         """`model`: a local Hugging Face folder or GGUF file; None for the embedded default."""
         registry = registry or default_registry()
-        load = registry.backend(backend)
+        load = registry.backend(backend).load
         return cls(load(model, device=device, dtype=dtype, quant=quant, progress=progress),
                    registry)
 
+    @property
+    def shape(self) -> ModelShape:
+        return ModelShape(self.backend.num_layers, self.backend.max_positions)
+
+    def plan(self, exit_config: ExitConfig | Plan) -> Plan:
+        """`exit_config` resolved against this model (a plan made elsewhere is checked to be
+        for this model's backend and depth)."""
+        if isinstance(exit_config, Plan):
+            plan = exit_config
+            if (plan.backend, plan.shape.num_layers) != (self.backend.name, self.shape.num_layers):
+                raise ConfigError(f"this plan was resolved for backend {plan.backend!r} and "
+                                  f"{plan.shape.num_layers} layers, not {self.backend.name!r} "
+                                  f"and {self.shape.num_layers}")
+            return plan
+        return resolve(exit_config, self.registry, self.backend.capabilities, self.shape,
+                       self.backend.name)
+
     def generate(self, prompt: str | Sequence[str], *, chat: bool = True,
-                 exit_config: ExitConfig | None = None,
+                 exit_config: ExitConfig | Plan | None = None,
                  generation_config: GenerationConfig | None = None,
                  options: Mapping[str, Any] | None = None, **settings) -> Completion:
         """Generate for one prompt or a batch. `settings` name ExitConfig fields (kv="full"),
@@ -166,7 +110,7 @@ class RiverModel:
         return Completion(texts, stats)
 
     def stream(self, prompt: str | Sequence[str], *, chat: bool = True,
-               exit_config: ExitConfig | None = None,
+               exit_config: ExitConfig | Plan | None = None,
                generation_config: GenerationConfig | None = None,
                options: Mapping[str, Any] | None = None, **settings) -> "TokenStream":
         """`generate`, a token at a time: iterate the result for `Token`s (id, row, exit
@@ -192,11 +136,11 @@ class RiverModel:
         tok = self.backend.tokenizer
         return _cut(tok.decode(_until_eos(list(tokens), tok.eos_ids)), stop)
 
-    def generate_ids(self, prompts: Sequence[Sequence[int]], exit_config: ExitConfig,
+    def generate_ids(self, prompts: Sequence[Sequence[int]], exit_config: ExitConfig | Plan,
                      generation_config: GenerationConfig) -> DecodeResult:
         return drain(self._stream(prompts, exit_config, generation_config))
 
-    def stream_ids(self, prompts: Sequence[Sequence[int]], exit_config: ExitConfig,
+    def stream_ids(self, prompts: Sequence[Sequence[int]], exit_config: ExitConfig | Plan,
                    generation_config: GenerationConfig, *, sample: Sampler | None = None,
                    eos: Collection[int] | None = None) -> "TokenStream":
         """`stream` over token ids. A caller with its own token choice and stopping rules
@@ -204,32 +148,34 @@ class RiverModel:
         `interrupt()`s the stream once it is done."""
         return TokenStream(self._stream(prompts, exit_config, generation_config, sample, eos))
 
-    def _stream(self, prompts: Sequence[Sequence[int]], exit_config: ExitConfig,
+    def _stream(self, prompts: Sequence[Sequence[int]], exit_config: ExitConfig | Plan,
                 generation_config: GenerationConfig, sample: Sampler | None = None,
                 eos: Collection[int] | None = None) -> Stream:
-        p = plan(self.registry, exit_config, self.backend)
-        if p.draft_length is not None:
+        plan = self.plan(exit_config)
+        length = plan.draft_length()
+        if length is not None:
             if sample is not None or eos is not None:
                 raise ConfigError("speculative mode chooses tokens by its own verification "
                                   "rule: it takes no caller's sampler or EOS set")
-            stream = speculative_stream(self.backend, prompts, generation_config, p.strategy,
-                                        p.policy, p.make_predictor, p.draft_length)
+            stream = speculative_stream(self.backend, prompts, generation_config, plan.run(),
+                                        length)
         else:
-            stream = stream_ids(self.backend, prompts, generation_config, p.strategy,
-                                p.policy, p.make_predictor, p.prefill_exit, sample, eos)
-        return _holding(self._lock, stream)
+            stream = stream_ids(self.backend, prompts, generation_config, plan.run(),
+                                plan.config.prefill_exit, sample, eos)
+        return _holding(self.lock, stream)
 
     def teacher_force(self, prompt: Sequence[int], continuation: Sequence[int],
-                      exit_config: ExitConfig) -> Forced:
+                      exit_config: ExitConfig | Plan) -> Forced:
         """Feed `continuation` after `prompt` token by token under `exit_config`'s policy and
-        strategy: logits at every position (for NLL) and where each token left."""
-        if exit_config.mode == "speculative":
+        strategy: logits at every position (for NLL) and where each token left. Many
+        sequences at once: `decode.teacher_force` with `plan(...).run()` under `lock`."""
+        plan = self.plan(exit_config)
+        if plan.config.mode == "speculative":
             raise ConfigError("speculative mode scores exactly as full depth: teacher-force "
                               "with kv='full'")
-        p = plan(self.registry, exit_config, self.backend)
-        with self._lock:
-            return teacher_force(self.backend, prompt, continuation, p.strategy, p.policy,
-                                 p.make_predictor, p.prefill_exit)
+        with self.lock:
+            return teacher_force(self.backend, [prompt], [continuation], plan.run(),
+                                 plan.config.prefill_exit)[0]
 
 
 def _holding(lock: threading.Lock, stream: Stream) -> Stream:

@@ -1,12 +1,14 @@
 """Plugin options. Each policy, predictor and KV strategy declares its own as an attrs class
-(defaults, ranges, a one-line doc per field) and receives an instance of it:
+(defaults, ranges, a one-line doc per field), names it in its plugin entry, and receives an
+instance of it:
 
     @attrs.frozen
     class Options:
-        threshold: float = option(0.15, "largest predicted error to exit with", at_least(0.0))
+        threshold: float = option(0.15, "largest predicted error to exit with", between(0, 1))
 
-    @takes(Options)
-    def my_policy(options, num_layers): ...
+    def my_policy(options: Options, num_layers: int): ...
+
+    PolicyPlugin(my_policy, Options)
 
 Users set them by name: `river generate -o threshold=0.2` or `options={"threshold": 0.2}`; each
 name goes to every chosen plugin that declares it, and a name none declares is an error.
@@ -50,30 +52,16 @@ def at_least(lo: int) -> Callable:
     return _check(lambda v: isinstance(v, int) and v >= lo, f"an integer >= {lo}")
 
 
-def takes(options_class: type) -> Callable:
-    """Declare the options class of a factory function."""
-    def mark(factory):
-        factory.Options = options_class
-        return factory
-    return mark
+def describe(options: type) -> list[tuple[str, Any, str]]:
+    """(name, default, doc) of each field of an options class."""
+    return [(f.name, f.default, f.metadata.get("doc", "")) for f in attrs.fields(options)]
 
 
-def options_class(factory) -> type:
-    return getattr(factory, "Options", NoOptions)
-
-
-def describe(factory) -> list[tuple[str, Any, str]]:
-    """(name, default, doc) of each option a factory takes."""
-    return [(f.name, f.default, f.metadata.get("doc", ""))
-            for f in attrs.fields(options_class(factory))]
-
-
-def tuned(factory) -> tuple[str, float, float] | None:
-    """(name, strict, permissive) of the option a factory's calibration fits, if any."""
-    for f in attrs.fields(options_class(factory)):
-        if "tune" in f.metadata:
-            return (f.name, *f.metadata["tune"])
-    return None
+def tuned(options: type) -> tuple[str, float, float] | None:
+    """(name, strict, permissive) of the option calibration fits, if the class marks one; of
+    a subclass that marks its own, that one (cascade fits its margin, not the rule's tau)."""
+    marked = [f for f in attrs.fields(options) if "tune" in f.metadata]
+    return (marked[-1].name, *marked[-1].metadata["tune"]) if marked else None
 
 
 def parse(pairs: Sequence[str]) -> dict[str, Any]:
@@ -91,14 +79,14 @@ def parse(pairs: Sequence[str]) -> dict[str, Any]:
     return out
 
 
-def bind(values: Mapping[str, Any], factories: Mapping[str, Callable]) -> dict[str, Any]:
-    """One options instance per role (policy, predictor, ...) from user values."""
-    declared = {role: {f.name for f in attrs.fields(options_class(f))}
-                for role, f in factories.items()}
+def bind(values: Mapping[str, Any], roles: Mapping[str, type]) -> dict[str, Any]:
+    """One options instance per role (policy, predictor, kv_strategy) from user values, each
+    name going to every role whose options class declares it."""
+    declared = {role: {f.name for f in attrs.fields(cls)} for role, cls in roles.items()}
     for key in values:
         if not any(key in names for names in declared.values()):
             known = sorted(set().union(*declared.values()))
             raise ConfigError(f"unknown option {key!r}; the chosen plugins take: "
                               f"{', '.join(known) or 'none'}")
-    return {role: options_class(f)(**{k: v for k, v in values.items() if k in declared[role]})
-            for role, f in factories.items()}
+    return {role: cls(**{k: v for k, v in values.items() if k in declared[role]})
+            for role, cls in roles.items()}

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import functools
 from importlib.metadata import version
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
 import attrs
 import pluggy
 
 from . import builtins, hookspecs
 from .errors import ConfigError, unknown
+from .hookspecs import BackendPlugin, KVStrategyPlugin, PolicyPlugin, PredictorPlugin
 from .options import describe
 
 KINDS = {
@@ -28,17 +29,20 @@ BUILTIN = "core"   # the core's own plugin, under the name of its entry point
 class Entry:
     kind: str
     name: str
-    factory: Callable
+    plugin: Any     # what the hook returned: a BackendPlugin, PolicyPlugin, ... or a callable
     provider: str   # "distribution version", or the plugin's own name when not installed
 
     @property
     def summary(self) -> str:
-        return ((self.factory.__doc__ or "").strip().splitlines() or [""])[0]
+        made_by = getattr(self.plugin, "make", None) or getattr(self.plugin, "load", None) \
+            or self.plugin
+        return ((made_by.__doc__ or "").strip().splitlines() or [""])[0]
 
     @property
     def options(self) -> list[tuple[str, Any, str]]:
         """(name, default, doc) of each option it takes."""
-        return describe(self.factory)
+        options = getattr(self.plugin, "options", None)
+        return describe(options) if options is not None else []
 
 
 def _core_provider() -> str:
@@ -66,32 +70,32 @@ class Registry:
             table: dict[str, Entry] = {}
             for impl in getattr(pm.hook, hook).get_hookimpls():
                 provider = dists.get(id(impl.plugin), impl.plugin_name)
-                for name, factory in impl.function().items():
+                for name, plugin in impl.function().items():
                     if name in table:
                         raise ConfigError(f"{kind} {name!r} is registered by both "
                                           f"{table[name].provider} and {provider}")
-                    table[name] = Entry(kind, name, factory, provider)
+                    table[name] = Entry(kind, name, plugin, provider)
             self._entries[kind] = table
 
     def entries(self, kind: str) -> dict[str, Entry]:
         return self._entries[kind]
 
-    def get(self, kind: str, name: str) -> Callable:
+    def get(self, kind: str, name: str) -> Any:
         table = self._entries[kind]
         if name not in table:
             raise unknown(kind, name, table)
-        return table[name].factory
+        return table[name].plugin
 
-    def backend(self, name: str) -> Callable:
+    def backend(self, name: str) -> BackendPlugin:
         return self.get("backend", name)
 
-    def policy(self, name: str) -> Callable:
+    def policy(self, name: str) -> PolicyPlugin:
         return self.get("policy", name)
 
-    def predictor(self, name: str) -> Callable:
+    def predictor(self, name: str) -> PredictorPlugin:
         return self.get("predictor", name)
 
-    def kv_strategy(self, name: str) -> Callable:
+    def kv_strategy(self, name: str) -> KVStrategyPlugin:
         return self.get("kv strategy", name)
 
 

@@ -1,14 +1,130 @@
-"""Exit policies: per decoding token and layer, does the token leave the backbone now?"""
+"""Exit policies: per decoding token and layer, does the token leave the backbone now?
+
+A policy declares what it reads (`Needs`), so the decode step measures only that, and decides
+from one row's view at one layer (`RowView`). Whatever a policy keeps per sequence lives in the
+state its `new_row` makes, which the view carries; a policy object itself holds only its
+settings, so one serves every row and every generation.
+"""
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Callable, Protocol, Sequence
 
 import attrs
+import numpy as np
 
 from .errors import ConfigError
 from .options import at_least, between, option
 from .predictor import SimilarityPredictor
+
+
+@attrs.frozen
+class Needs:
+    """What a policy reads besides the layer and step."""
+
+    similarity: bool = False
+    """Each block's input/output cosine, fed to the row's predictor (`RowView.similarity`,
+    `RowView.predicted_error`)."""
+    sub_blocks: bool = False
+    """The predictor observes, per backbone layer, the smaller of its attention and MLP
+    sub-blocks' cosines instead of the whole block's (`Capabilities.sub_blocks`)."""
+    logits: bool = False
+    """The token's logits at the layer (the final norm and LM head: a head-sized matmul, made
+    on the first `RowView.logits()` call at that layer)."""
+    recheck: bool = False
+    """A second look at exited tokens' river logits (`ExitPolicy.recheck`): True sends a
+    token back through the backbone from its exit (only where the KV strategy drafts)."""
+
+
+@attrs.frozen
+class RowView:
+    """One sequence's token after backbone layer `layer` of decode step `step`."""
+
+    layer: int
+    step: int
+    predictor: SimilarityPredictor
+    state: Any   # what the policy's `new_row` made for this sequence
+    _logits: Callable[[], np.ndarray] = attrs.field(alias="logits")
+
+    @property
+    def similarity(self) -> float:
+        """The cosine observed last (the block's, or the smaller sub-block's)."""
+        return self.predictor.last
+
+    def predicted_error(self) -> float:
+        """The predictor's cumulative K/V error of exiting now."""
+        return self.predictor.predicted_error(self.layer)
+
+    def logits(self) -> np.ndarray:
+        """The token's [vocab] logits of its state here (only with `Needs.logits`)."""
+        return self._logits()
+
+
+class ExitPolicy(Protocol):
+    needs: Needs
+
+    def new_row(self) -> Any:
+        """A sequence's own state, made when it starts (None: the policy keeps none)."""
+
+    def should_exit(self, row: RowView) -> bool:
+        """Leave the backbone after `row.layer`?"""
+
+    def recheck(self, logits: np.ndarray) -> bool:
+        """With `Needs.recheck`: send an exited token with these river logits back through
+        the backbone?"""
+
+
+class Policy:
+    """Defaults for the optional parts of `ExitPolicy`."""
+
+    needs = Needs()
+
+    def new_row(self) -> Any:
+        return None
+
+    def recheck(self, logits: np.ndarray) -> bool:
+        return False
+
+
+# -- options the policies share, declared once ----------------------------------------------
+
+def min_layer_option(default: int | None = 1,
+                     doc: str = "earliest layer a token may exit after") -> Any:
+    return option(default, doc, at_least(-1))
+
+
+def tau_option(default: float = 0.97, doc: str = "exit once both sub-blocks' input/output "
+               "cosine exceed this", tune: tuple[float, float] | None = None) -> Any:
+    return option(default, doc, between(-1.0, 1.0), tune=tune)
+
+
+@attrs.frozen
+class Exits:
+    """Where a policy may let tokens out."""
+
+    min_layer: int
+    allowed: frozenset[int] | None   # None: any layer from min_layer on
+
+    def open(self, layer: int) -> bool:
+        return layer >= self.min_layer and (self.allowed is None or layer in self.allowed)
+
+
+@attrs.frozen
+class WhereOptions:
+    """Where a policy may let tokens out: `min_layer`, and optionally a set of `layers`."""
+
+    min_layer: int = min_layer_option()
+    layers: list | None = option(None, "exit only after these layers, e.g. [3,7,11] "
+                                 "(default: any)")
+
+    def where(self, num_layers: int) -> Exits:
+        check_min_layer(self.min_layer, num_layers)
+        layers = self.layers
+        if layers is not None and (not isinstance(layers, (list, tuple)) or not all(
+                isinstance(k, int) and -1 <= k < num_layers - 1 for k in layers)):
+            raise ConfigError(f"layers must be a list of exit layers in [-1, {num_layers - 2}], "
+                              f"e.g. -o layers=[3,7,11]; got {layers!r}")
+        return Exits(self.min_layer, None if layers is None else frozenset(layers))
 
 
 def check_min_layer(min_layer: int, num_layers: int) -> int:
@@ -18,66 +134,53 @@ def check_min_layer(min_layer: int, num_layers: int) -> int:
     return min_layer
 
 
-class ExitPolicy(Protocol):
-    uses_similarity: bool
-    """True when `should_exit` reads the predictor (the core then measures transitions)."""
-    sub_blocks: bool
-    """True when the predictor should observe, per backbone layer, the smaller of its attention
-    and MLP sub-blocks' input/output cosines instead of the whole block's (the backend must
-    declare `Capabilities.sub_blocks`)."""
+# -- the core's policies ----------------------------------------------------------------------
 
-    def should_exit(self, layer: int, step: int, predictor: SimilarityPredictor) -> bool:
-        """After backbone layer `layer` of the `step`-th generated token: exit now?"""
+@attrs.frozen
+class SettledOptions(WhereOptions):
+    tau: float = tau_option(tune=(1.0, 0.5))
 
-    # Optional, for confidence rules (CALM): a policy with `reads_logits = True` is called as
-    #     should_exit(layer, step, predictor, logits)
-    # where logits() returns the token's [vocab] logits of its state after `layer` (the final
-    # norm and LM head: a head-sized matmul, made on the first call at that layer).
-    #
-    # Optional, for a cascade: a policy with `rechecks = True` also has
-    #     def recheck(self, logits: np.ndarray) -> bool
-    # called with an exited token's [vocab] logits from the river: True sends the token back
-    # through the backbone from its exit layer, whose K/V then overwrite the river's, and
-    # its logits become full depth's (only with strategies that can draft: river, propagate).
+
+class SettledPolicy(Policy):
+    """The paper's rule: exit once attention and MLP both have cos(input, output) > tau."""
+
+    needs = Needs(similarity=True, sub_blocks=True)
+
+    def __init__(self, options: SettledOptions, num_layers: int) -> None:
+        self.tau, self.exits = options.tau, options.where(num_layers)
+
+    def should_exit(self, row: RowView) -> bool:
+        return self.exits.open(row.layer) and row.similarity > self.tau
 
 
 @attrs.frozen
 class SimilarityOptions:
     threshold: float = option(0.15, "largest predicted cumulative KV error a token may exit "
                               "with", between(0.0, 10.0), tune=(0.0, 5.0))
-    min_layer: int | None = option(None, "earliest layer a token may exit after (default: a "
-                                   "quarter of the depth)", at_least(0))
+    min_layer: int | None = min_layer_option(None, "earliest layer a token may exit after "
+                                             "(default: a quarter of the depth)")
 
 
-class SimilarityPolicy:
-    """River's policy: leave at the first layer >= min_layer whose predicted error fits."""
+class SimilarityPolicy(Policy):
+    """Exit at the first layer whose predicted cumulative KV error is <= threshold."""
 
-    uses_similarity, sub_blocks = True, False
+    needs = Needs(similarity=True)
 
-    def __init__(self, threshold: float, min_layer: int) -> None:
-        self.threshold = threshold
-        self.min_layer = min_layer
+    def __init__(self, options: SimilarityOptions, num_layers: int) -> None:
+        self.threshold = options.threshold
+        self.min_layer = check_min_layer(num_layers // 4 if options.min_layer is None
+                                         else options.min_layer, num_layers)
 
-    def should_exit(self, layer: int, step: int, predictor: SimilarityPredictor) -> bool:
-        return layer >= self.min_layer and predictor.predicted_error(layer) <= self.threshold
-
-
-@attrs.frozen
-class SettledOptions:
-    tau: float = option(0.97, "exit once both sub-blocks' input/output cosine exceed this",
-                        between(-1.0, 1.0), tune=(1.0, 0.5))
-    min_layer: int = option(1, "earliest layer a token may exit after", at_least(0))
+    def should_exit(self, row: RowView) -> bool:
+        return row.layer >= self.min_layer and row.predicted_error() <= self.threshold
 
 
-class SettledPolicy:
-    """The paper's rule: leave after the first layer >= min_layer whose attention and MLP
-    sub-blocks both keep the state's direction, cos(input, output) > tau."""
+class ScriptedExits(Policy):
+    """Step s leaves after layer `exits[s]` (None, or past the last layer: full depth). For
+    measurements that must choose exits themselves: calibration's per-layer table, the kit."""
 
-    uses_similarity, sub_blocks = True, True
+    def __init__(self, exits: Sequence[int | None]) -> None:
+        self.exits = list(exits)
 
-    def __init__(self, tau: float, min_layer: int) -> None:
-        self.tau = tau
-        self.min_layer = min_layer
-
-    def should_exit(self, layer: int, step: int, predictor: SimilarityPredictor) -> bool:
-        return layer >= self.min_layer and predictor.last > self.tau
+    def should_exit(self, row: RowView) -> bool:
+        return row.step < len(self.exits) and self.exits[row.step] == row.layer

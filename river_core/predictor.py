@@ -13,11 +13,12 @@ Default predictor ("transition"), a first-order error model of the stand-ins:
 So the relative K/V error the stand-ins leave at layer j > k is about
     eps_j + sum_{k<i<j} eps_i * t_i,
 and summed over the skipped layers (the cumulative KV error of exiting after k):
-    E(k) = sum_{j>k} eps_j + c * sum_{k<i<L-1} eps_i * tau_i * (L - 1 - i)
-tau_i is the typical t_i: its running mean over earlier tokens (started from the prompt,
+    E(k) = sum_{j>k} eps_j + c * sum_{k<i<L-1} eps_i * m_i * (L - 1 - i)
+m_i is the typical t_i: its running mean over earlier tokens (started from the prompt,
 updated with every layer a token really ran, backbone or stand-in). The token's own future
-transitions are unknown when it decides, so c scales tau by how much this token has moved so
-far compared with a typical one: c = sum_{j<=k} t_j / sum_{j<=k} tau_j.
+transitions are unknown when it decides, so c scales m by how much this token has moved so
+far compared with a typical one: c = sum_{j<=k} t_j / sum_{j<=k} m_j. (The paper's `tau` is
+another thing: the cosine threshold of its exit rule, policy.py.)
 
 Properties (tested): E >= 0; E(L-1) = 0; for fixed transitions E is non-increasing in k and
 non-decreasing in every eps. How well E tracks the measured K/V error is measured by
@@ -29,11 +30,18 @@ from __future__ import annotations
 import math
 from typing import Protocol, Sequence
 
+import numpy as np
+
 
 # The stand-in K/V bound (docs/river.md, "Stand-in K/V error"): at the d-th stand-in layer j
 # a token runs, relative K/V error <= STAND_IN_BOUND_C * eps_j * d. C measured by
 # benchmarks/river_kv_error.py (largest ratio seen 3.28) and rounded up; the kit checks it.
 STAND_IN_BOUND_C = 4.0
+
+
+def relative_error(approx: np.ndarray, exact: np.ndarray) -> float:
+    """||approx - exact|| / ||exact|| (Frobenius): how K/V errors are measured everywhere."""
+    return float(np.linalg.norm(approx - exact) / max(np.linalg.norm(exact), 1e-30))
 
 
 def transition(similarity: float) -> float:
@@ -65,7 +73,7 @@ class TransitionPredictor:
         if len(stand_in_error) != len(prompt_similarity):
             raise ValueError("stand_in_error and prompt_similarity need one entry per layer")
         self.eps = [float(e) for e in stand_in_error]
-        self.tau = [transition(float(s)) for s in prompt_similarity]
+        self.typical = [transition(float(s)) for s in prompt_similarity]
         self.momentum = momentum
         self._seen: dict[int, float] = {}
         self.last = 1.0
@@ -73,26 +81,26 @@ class TransitionPredictor:
 
     def _refresh(self) -> None:
         # Suffix sums make E(k) O(1): base[k] = sum_{j>k} eps_j,
-        # drift[k] = sum_{k<i<L-1} eps_i * tau_i * (L-1-i).
+        # drift[k] = sum_{k<i<L-1} eps_i * m_i * (L-1-i).
         n = len(self.eps)
         self._base = [0.0] * n
         self._drift = [0.0] * n
         for k in range(n - 2, -1, -1):
             i = k + 1
             self._base[k] = self._base[i] + self.eps[i]
-            self._drift[k] = self._drift[i] + self.eps[i] * self.tau[i] * (n - 1 - i)
-        self._moved = self._typical = 0.0
+            self._drift[k] = self._drift[i] + self.eps[i] * self.typical[i] * (n - 1 - i)
+        self._moved = self._moved_typically = 0.0
 
     def observe(self, layer: int, similarity: float) -> None:
         self.last = similarity
         t = transition(similarity)
         self._seen[layer] = t
         self._moved += t
-        self._typical += self.tau[layer]
+        self._moved_typically += self.typical[layer]
 
     def scale(self) -> float:
         """c: this token's movement so far relative to a typical token's (1 before any layer)."""
-        return self._moved / self._typical if self._typical > 0 else 1.0
+        return self._moved / self._moved_typically if self._moved_typically > 0 else 1.0
 
     def predicted_error(self, layer: int) -> float:
         return self._base[layer] + self.scale() * self._drift[layer]
@@ -100,6 +108,6 @@ class TransitionPredictor:
     def end_token(self) -> None:
         m = self.momentum
         for layer, t in self._seen.items():
-            self.tau[layer] = m * self.tau[layer] + (1 - m) * t
+            self.typical[layer] = m * self.typical[layer] + (1 - m) * t
         self._seen = {}
         self._refresh()

@@ -1,5 +1,6 @@
 """Token choice: samplers (factories returning a callable from [batch, vocab] logits to one
-token per row), the distribution they draw from, and the speculative-sampling rule."""
+token per row), the distribution they draw from, the speculative-sampling rule, and the one
+softmax every part of River uses."""
 
 from __future__ import annotations
 
@@ -14,12 +15,24 @@ def greedy(logits: np.ndarray) -> list[int]:
     return logits.argmax(axis=-1).tolist()
 
 
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """Of one row of logits, in float64."""
+    z = logits.astype(np.float64)
+    top = z.max()
+    return z - (top + np.log(np.exp(z - top).sum()))
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    """Of one row of logits, in float64."""
+    z = logits.astype(np.float64)
+    p = np.exp(z - z.max())
+    return p / p.sum()
+
+
 def probabilities(logits: np.ndarray, temperature: float, top_p: float = 1.0) -> np.ndarray:
     """The distribution a sampler draws one row's token from: softmax(logits / temperature)
     cut to the nucleus (the smallest most-likely set with mass >= top_p), renormalised."""
-    z = logits.astype(np.float64) / temperature
-    p = np.exp(z - z.max())
-    p /= p.sum()
+    p = softmax(logits.astype(np.float64) / temperature)
     if top_p < 1.0:
         order = np.argsort(-p)
         cut = np.zeros_like(p)

@@ -22,11 +22,10 @@ import numpy as np
 
 from .backend import Backend, Capabilities
 from .config import GenerationConfig
-from .decode import (DecodeResult, PredictorFactory, Stream, Token, check_capacity, decode_step,
+from .decode import (DecodeResult, Run, Stream, Token, start_rows, check_capacity, decode_step,
                      drain, stopped)
 from .errors import CapabilityError, ConfigError
 from .kv import KVStrategy
-from .policy import ExitPolicy
 from .sampling import draw, probabilities, verify_draft
 
 
@@ -73,7 +72,8 @@ class DraftLength:
             self._next = min(self.most, r.drafted + 1) if grow else max(1, r.drafted - 1)
 
 
-def check(caps: Capabilities, backend_name: str, strategy: KVStrategy, batch: int) -> None:
+def check_can_draft(caps: Capabilities, backend_name: str,
+                    strategy: type[KVStrategy] | KVStrategy, batch: int) -> None:
     if not caps.verify:
         raise CapabilityError(f"backend {backend_name!r} cannot verify drafts (extend, "
                               f"rewind); speculative mode needs it")
@@ -85,12 +85,11 @@ def check(caps: Capabilities, backend_name: str, strategy: KVStrategy, batch: in
         raise ConfigError("speculative mode runs one sequence at a time")
 
 
-def rounds(backend: Backend, prompt: Sequence[int], gen: GenerationConfig,
-           strategy: KVStrategy, policy: ExitPolicy, make_predictor: PredictorFactory,
+def rounds(backend: Backend, prompt: Sequence[int], gen: GenerationConfig, run: Run,
            length: DraftLength) -> Iterator[Round]:
     """Prefill `prompt`, then draft-and-verify rounds until EOS, a stop string or
     gen.max_new_tokens; each round's tokens end at whichever comes first."""
-    check(backend.capabilities, backend.name, strategy, 1)
+    check_can_draft(backend.capabilities, backend.name, run.strategy, 1)
     check_capacity(backend, [prompt], gen.max_new_tokens)
     rng = np.random.default_rng(gen.seed)
     sampled = gen.temperature > 0
@@ -114,7 +113,7 @@ def rounds(backend: Backend, prompt: Sequence[int], gen: GenerationConfig,
 
     start = time.perf_counter()
     pre = backend.prefill([prompt], len(prompt) + gen.max_new_tokens)
-    predictors = [make_predictor(backend.stand_in_error, pre.similarity[0])]
+    rows = start_rows(backend, run, pre.similarity)
     tokens, done = stand([choose(pre.logits[0])])
     yield Round(tokens, 0, 0, [], time.perf_counter() - start, 0.0)
     x, step = tokens[-1], 0
@@ -125,8 +124,7 @@ def rounds(backend: Backend, prompt: Sequence[int], gen: GenerationConfig,
         start = time.perf_counter()
         drafts, draft_probs, exits, token = [], [], [], x
         for _ in range(gamma):
-            logits, layers = decode_step(backend, [token], strategy, policy, predictors, step,
-                                         draft=True)
+            logits, layers = decode_step(backend, [token], run, rows, step, draft=True)
             backend.commit()
             step += 1
             exits.append(layers[0])
@@ -158,22 +156,19 @@ def rounds(backend: Backend, prompt: Sequence[int], gen: GenerationConfig,
 
 
 def speculative_ids(backend: Backend, prompts: Sequence[Sequence[int]], gen: GenerationConfig,
-                    strategy: KVStrategy, policy: ExitPolicy, make_predictor: PredictorFactory,
-                    length: DraftLength) -> DecodeResult:
+                    run: Run, length: DraftLength) -> DecodeResult:
     """Generate like `generate_ids` at full depth, with the river drafting (batch 1)."""
-    return drain(speculative_stream(backend, prompts, gen, strategy, policy, make_predictor,
-                                    length))
+    return drain(speculative_stream(backend, prompts, gen, run, length))
 
 
 def speculative_stream(backend: Backend, prompts: Sequence[Sequence[int]],
-                       gen: GenerationConfig, strategy: KVStrategy, policy: ExitPolicy,
-                       make_predictor: PredictorFactory, length: DraftLength) -> Stream:
+                       gen: GenerationConfig, run: Run, length: DraftLength) -> Stream:
     """`speculative_ids` as a stream: each round's tokens as it ends (every one the
     backbone's choice; `drafted` marks the drafts it kept). Ctrl-C ends it early."""
-    check(backend.capabilities, backend.name, strategy, len(prompts))
+    check_can_draft(backend.capabilities, backend.name, run.strategy, len(prompts))
     done, interrupted, last = [], False, backend.num_layers - 1
     try:
-        for r in rounds(backend, prompts[0], gen, strategy, policy, make_predictor, length):
+        for r in rounds(backend, prompts[0], gen, run, length):
             done.append(r)
             for n, t in enumerate(r.tokens):
                 yield Token(0, t, last, drafted=n < r.accepted)

@@ -1,10 +1,12 @@
 """A minimal third-party backend in plain numpy: what an author writes to plug into River.
 
-Everything a backend does is here, in the order the core calls it, for the Llama, Mistral and
-Qwen2 families (no per-head norms, no sandwich norms). It reads the model from the model
-package (`river_models`), takes padding, positions and masks from the core's `Layout`, and keeps
-its own KV cache. Its stand-ins run the model package's quantized weights, dequantized: correct,
-not fast. The conformance kit runs it like any other backend (test_example_backend.py).
+Everything a backend computes is here, for the Llama, Mistral and Qwen2 families (no per-head
+norms, no sandwich norms): the core's `LayerEngine` keeps the cache's bookkeeping (positions,
+prefill, verification, rewinds, absent entries), so this file holds only numerics. It reads
+the model from the model package (`river_models`) and takes padding, positions and masks from
+the core's `Layout`. Its stand-ins run the model package's quantized weights, dequantized:
+correct, not fast. The conformance kit runs it like any other backend
+(test_example_backend.py).
 
 Registered in the author's pyproject.toml:
 
@@ -14,15 +16,13 @@ Registered in the author's pyproject.toml:
 
 from __future__ import annotations
 
-from collections import Counter
-from typing import Sequence
 
 import numpy as np
 
-from river_core.backend import Capabilities, Footprint, Prefill
+from river_core.backend import Capabilities, Footprint
+from river_core.engine import KVCache, LayerEngine
 from river_core.errors import CapabilityError
 from river_core.hookspecs import hookimpl
-from river_core.layout import Layout
 from river_models import Checkpoint, StandIns, tiny
 
 
@@ -39,7 +39,7 @@ def cosine(a, b):
                                          1e-30)
 
 
-class NumpyBackend:
+class NumpyBackend(LayerEngine):
     name = "example"
 
     def __init__(self, checkpoint: Checkpoint, quantized: StandIns) -> None:
@@ -53,22 +53,32 @@ class NumpyBackend:
         self.stand_in_error = list(quantized.errors)
         self.stand_in_head = quantized.head.dequantize()
         self.num_layers, self.max_positions = spec.num_layers, spec.max_positions
-        self.capabilities = Capabilities(mask=True, recompute=True, verify=True, stand_in_head=True,
-                                         devices=("cpu",))
+        self.capabilities = Capabilities(exits=True, stand_in=True, propagate=True, mask=True,
+                                         recompute=True, verify=True, stand_in_head=True,
+                                         batch=True)
         self.runs_on = ("cpu",)
         self.tokenizer = checkpoint.tokenizer
-        self.calls: Counter = Counter()   # which primitives the core called, for the tests
-        self._offset = 0
 
-    @property
-    def offset(self) -> int:
-        return self._offset
+    # -- what the engine base asks for ------------------------------------------------------
 
-    # -- one step's context ---------------------------------------------------------------
+    def new_cache(self, batch: int, capacity: int) -> KVCache:
+        shape = (self.num_layers, batch, self.spec.kv_heads, capacity, self.spec.head_dim)
+        return KVCache(np.full(shape, np.nan, np.float32), np.full(shape, np.nan, np.float32))
 
-    def _begin(self, ids: np.ndarray) -> np.ndarray:
-        self._start, self._end = self._offset, self._offset + ids.shape[1]
+    def begin(self, start: int, end: int) -> None:
+        """Nothing to prepare: rotary angles and masks are computed per layer (slow, plain)."""
+
+    def embed_ids(self, ids: np.ndarray) -> np.ndarray:
         return self.w.embed[ids] * self.spec.embed_scale
+
+    def token_similarity(self, before, after) -> np.ndarray:
+        return cosine(before, after)
+
+    def position_logits(self, h) -> np.ndarray:
+        return self._head(h[0])
+
+    def to_numpy(self, array) -> np.ndarray:
+        return array.copy()
 
     def _rope(self, x, rows, start, end):
         positions = self.layout.positions(start, end)[rows]
@@ -93,13 +103,12 @@ class NumpyBackend:
         """This layer's K/V of the normalised inputs `xn` of `rows`, into the cache."""
         k = self._rope(self._heads(self._linear(i, "k", xn, proj), self.spec.kv_heads), rows,
                        start, end)
-        self.k[i][rows, :, start:end] = k
-        self.v[i][rows, :, start:end] = self._heads(self._linear(i, "v", xn, proj),
-                                                    self.spec.kv_heads)
+        v = self._heads(self._linear(i, "v", xn, proj), self.spec.kv_heads)
+        self.cache.write(i, rows, start, end, k, v)
 
     def _block(self, i, h, rows, proj, start=None):
         """Layer i (backbone or stand-in weights `proj`) for `rows`, queries start..end-1."""
-        start, end = self._start if start is None else start, self._end
+        start, end = self.start if start is None else start, self.end
         rows = list(range(h.shape[0])) if rows is None else list(rows)
         layer, spec = self.w.layers[i], self.spec
         x = h[rows]
@@ -108,8 +117,8 @@ class NumpyBackend:
         self._write_kv(i, xn, rows, proj, start, end)
         window = spec.windows[i]
         lo = self.layout.first_key(start, end, window)
-        keys = np.repeat(self.k[i][rows, :, lo:end], spec.group, axis=1)
-        values = np.repeat(self.v[i][rows, :, lo:end], spec.group, axis=1)
+        keys = np.repeat(self.cache.k[i, rows, :, lo:end], spec.group, axis=1)
+        values = np.repeat(self.cache.v[i, rows, :, lo:end], spec.group, axis=1)
         scores = q @ keys.transpose(0, 1, 3, 2) * spec.attn_scale
         scores = np.where(self.layout.mask(start, end, window, i)[rows][:, None], scores, -np.inf)
         p = np.exp(scores - scores.max(-1, keepdims=True))
@@ -123,88 +132,35 @@ class NumpyBackend:
 
     # -- the contract -----------------------------------------------------------------------
 
-    def prefill(self, prompts: Sequence[Sequence[int]], capacity: int,
-                exit_after: int | None = None) -> Prefill:
-        self.calls["prefill"] += 1
-        self.layout = Layout([len(p) for p in prompts], capacity, self.num_layers)
-        shape = (self.layout.batch, self.spec.kv_heads, capacity, self.spec.head_dim)
-        self.k = [np.full(shape, np.nan, np.float32) for _ in range(self.num_layers)]
-        self.v = [np.full(shape, np.nan, np.float32) for _ in range(self.num_layers)]
-        self._offset = 0
-        h = self._begin(self.layout.ids(prompts))
-        similarity = np.zeros((self.layout.batch, self.num_layers))
-        for i in range(self.num_layers):
-            deep = exit_after is None or i <= exit_after
-            weights = self.w.layers[i].projections if deep else self.stand_in_weights[i]
-            out = self._block(i, h, None, weights)
-            similarity[:, i] = self.layout.prompt_mean(cosine(h, out))
-            h = out
-        self._offset = self.layout.width
-        return Prefill(self.logits(h), similarity)
-
-    def embed(self, tokens: Sequence[int]) -> np.ndarray:
-        self.calls["embed"] += 1
-        return self._begin(np.asarray(tokens)[:, None])
-
     def layer(self, i: int, h, rows):
-        self.calls["layer"] += 1
         return self._block(i, h, rows, self.w.layers[i].projections)
 
     def stand_in_layer(self, i: int, h, rows):
-        self.calls["stand_in_layer"] += 1
         return self._block(i, h, rows, self.stand_in_weights[i])
 
     def project_kv(self, i: int, h, rows) -> None:
         rows = list(range(h.shape[0])) if rows is None else list(rows)
         xn = rms_norm(h[rows], self.w.layers[i].input_norm, self.spec.norm_eps)
-        self._write_kv(i, xn, rows, self.w.layers[i].projections, self._start, self._end)
-
-    def skip(self, i: int, rows) -> None:
-        self.layout.skip(i, rows, self._start)
-        sel = slice(None) if rows is None else list(rows)
-        self.k[i][sel, :, self._start] = 0.0   # finite: masked, never read
-        self.v[i][sel, :, self._start] = 0.0
+        self._write_kv(i, xn, rows, self.w.layers[i].projections, self.start, self.end)
 
     def layer_span(self, i: int, states, start: int):
         out = self._block(i, np.concatenate(states, axis=1), None, self.w.layers[i].projections,
                           start)
         return np.split(out, out.shape[1], axis=1)
 
-    def extend(self, tokens) -> np.ndarray:
-        self.calls["extend"] += 1
-        h = self._begin(np.asarray([list(tokens)]))
-        for i in range(self.num_layers):
-            h = self._block(i, h, None, self.w.layers[i].projections)
-        self._offset += len(tokens)
-        return self._head(h[0])
-
-    def rewind(self, offset: int) -> None:
-        self.calls["rewind"] += 1
-        self.layout.rewind(offset)
-        for k, v in zip(self.k, self.v):   # forgotten slots are NaN again, as never written
-            k[:, :, offset:self._offset] = np.nan
-            v[:, :, offset:self._offset] = np.nan
-        self._offset = offset
-
     def similarity(self, before, after, rows) -> list[float]:
         cos = cosine(before[:, -1], after[:, -1])
         return (cos if rows is None else cos[list(rows)]).tolist()
 
     def logits(self, h) -> np.ndarray:
-        self.calls["logits"] += 1
         return self._head(h[:, -1])
 
     def stand_in_logits(self, h) -> np.ndarray:
-        self.calls["stand_in_logits"] += 1
         return self._head(h[:, -1], self.stand_in_head)
 
     def _head(self, x, weight=None):
         weight = self.w.head if weight is None else weight
         return rms_norm(x, self.w.final_norm, self.spec.norm_eps) @ weight.T
-
-    def commit(self) -> None:
-        self.calls["commit"] += 1
-        self._offset += 1
 
     def footprint(self) -> Footprint:
         layers = self.w.layers
@@ -212,9 +168,6 @@ class NumpyBackend:
                          tuple(sum(w.nbytes for w in s.values()) for s in self.stand_in_weights),
                          tuple(l.projection_bytes(("k", "v")) for l in layers), self.w.head.nbytes,
                          2 * self.spec.kv_heads * self.spec.head_dim * 4, self.stand_in_head.nbytes)
-
-    def kv(self, i: int):
-        return self.k[i][:, :, :self._offset].copy(), self.v[i][:, :, :self._offset].copy()
 
 
 def make(family: str, seed: int, bits: int) -> NumpyBackend:

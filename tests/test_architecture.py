@@ -1,5 +1,7 @@
-"""The layering rule (docs/architecture.md): the core imports no adapter, no backend imports
-another, and the model package and the kit import no backend."""
+"""The layering rule (docs/architecture.md): the core imports no other package, the model
+package only the core, the application and the kit the core and the model package, no backend
+another; no package imports itself in a circle; nothing imports another package's private
+names; the core's public API is exported on purpose."""
 
 import ast
 from pathlib import Path
@@ -7,27 +9,40 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = {p.name: p for p in [*ROOT.glob("river_*"), *(ROOT / "adapters").glob("river_*"),
-                                *(ROOT / "plugins").glob("river_*")] if (p / "__init__.py").is_file()}
+PACKAGES = {p.name: p
+            for p in [*ROOT.glob("river_*"), *(ROOT / "adapters").glob("river_*"),
+                      *(ROOT / "plugins").glob("river_*")] if (p / "__init__.py").is_file()}
 BACKENDS = {"river_hf", "river_onnx", "river_llamacpp"}
 ALLOWED = {
     "river_core": set(),
     "river_models": {"river_core"},
+    "river_cli": {"river_core", "river_models"},
     "river_conformance": {"river_core", "river_models"},
     "river_policies": {"river_core"},
     **{b: {"river_core", "river_models"} for b in BACKENDS},
 }
 
 
-def imported_packages(package: Path) -> set[str]:
-    found = set()
+def imports(package: Path):
+    """(module, imported module, names) for every import statement in the package, relative
+    ones resolved; module names are dotted from the package."""
     for source in package.rglob("*.py"):
+        parts = source.relative_to(package).with_suffix("").parts
+        module = ".".join((package.name, *parts[:-1], *([] if parts[-1] == "__init__"
+                                                         else [parts[-1]])))
+        here = module.split(".") if parts[-1] == "__init__" else module.split(".")[:-1]
         for node in ast.walk(ast.parse(source.read_text())):
             if isinstance(node, ast.Import):
-                found |= {a.name.split(".")[0] for a in node.names}
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                found.add(node.module.split(".")[0])
-    return {name for name in found if name in PACKAGES} - {package.name}
+                for alias in node.names:
+                    yield module, alias.name, []
+            elif isinstance(node, ast.ImportFrom):
+                base = here[:len(here) - node.level + 1] if node.level else []
+                target = ".".join([*base, *([node.module] if node.module else [])])
+                names = [a.name for a in node.names]
+                if node.module is None:   # `from . import x`: x may be a module
+                    for name in names:
+                        yield module, f"{target}.{name}", []
+                yield module, target, names
 
 
 def test_every_package_is_covered_by_the_rule():
@@ -36,4 +51,50 @@ def test_every_package_is_covered_by_the_rule():
 
 @pytest.mark.parametrize("name", sorted(ALLOWED))
 def test_package_imports_only_what_the_layering_allows(name):
-    assert imported_packages(PACKAGES[name]) <= ALLOWED[name]
+    found = {target.split(".")[0] for _, target, _ in imports(PACKAGES[name])}
+    assert {p for p in found if p in PACKAGES} - {name} <= ALLOWED[name]
+
+
+@pytest.mark.parametrize("name", sorted(ALLOWED))
+def test_no_module_imports_itself_in_a_circle(name):
+    modules = {m for m, _, _ in imports(PACKAGES[name])}
+    graph = {m: set() for m in modules}
+    for module, target, _ in imports(PACKAGES[name]):
+        if target in modules and target != module and not module.startswith(target + "."):
+            graph[module].add(target)
+
+    def circle_from(start):
+        path, seen = [start], set()
+
+        def visit(m):
+            for n in graph[m]:
+                if n == start:
+                    return path + [n]
+                if n not in seen:
+                    seen.add(n)
+                    path.append(n)
+                    if found := visit(n):
+                        return found
+                    path.pop()
+            return None
+        return visit(start)
+
+    circles = [c for c in map(circle_from, sorted(graph)) if c]
+    assert not circles, " -> ".join(circles[0])
+
+
+@pytest.mark.parametrize("name", sorted(ALLOWED))
+def test_no_package_imports_another_packages_private_names(name):
+    private = [f"{module}: {target}.{n}" for module, target, names in imports(PACKAGES[name])
+               if target.split(".")[0] in PACKAGES and target.split(".")[0] != name
+               for n in [*names, *target.split(".")[1:]] if n.startswith("_")]
+    assert not private
+
+
+def test_the_core_exports_its_public_api_on_purpose():
+    import river_core
+
+    assert set(river_core.__all__) <= set(dir(river_core))
+    for name in ("RiverModel", "ExitConfig", "Plan", "resolve", "Backend", "LayerEngine",
+                 "KVCache", "ExitPolicy", "Needs", "RowView", "KVStrategy"):
+        assert name in river_core.__all__

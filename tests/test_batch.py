@@ -5,9 +5,10 @@ import pytest
 from river_hf.plugin import tiny_backend
 from river_models import tiny
 from river_core.config import GenerationConfig
-from river_core.decode import generate_ids
+from river_core.decode import Run, generate_ids
 from river_core.errors import ConfigError
 from river_core.kv import Full, Propagate, Recompute, River
+from river_core.policy import Policy, RowView
 from river_core.predictor import TransitionPredictor
 from river_policies import FixedDepth
 
@@ -20,39 +21,35 @@ GEN = GenerationConfig(max_new_tokens=8)
                                              (Propagate(), FixedDepth(3))])
 def test_batched_rows_match_single_runs(family, strategy, policy):
     b = tiny_backend(family, 0, 8)
-    batched = generate_ids(b, PROMPTS, GEN, strategy, policy, TransitionPredictor)
+    run = Run(strategy, policy, TransitionPredictor)
+    batched = generate_ids(b, PROMPTS, GEN, run)
     for r, prompt in enumerate(PROMPTS):
-        alone = generate_ids(b, [prompt], GEN, strategy, policy, TransitionPredictor)
+        alone = generate_ids(b, [prompt], GEN, run)
         assert batched.tokens[r] == alone.tokens[0]
         assert batched.exit_layers[r] == alone.exit_layers[0]
 
 
-class PerRow:
-    """Each sequence's predictor carries its own exit layer; the policy reads it."""
+class PerRow(Policy):
+    """Each sequence's own state is its exit layer, handed out in row order."""
 
-    uses_similarity = False
+    def __init__(self, layers) -> None:
+        self.layers = iter(layers)
 
-    def should_exit(self, layer, step, predictor):
-        return layer == predictor.exit_at
+    def new_row(self):
+        return next(self.layers)
 
-
-def predictors_exiting_at(layers):
-    layers = iter(layers)
-
-    def make(stand_in_error, prompt_similarity):
-        p = TransitionPredictor(stand_in_error, prompt_similarity)
-        p.exit_at = next(layers)
-        return p
-    return make
+    def should_exit(self, row: RowView) -> bool:
+        return row.layer == row.state
 
 
 @pytest.mark.parametrize("strategy", [River(), Propagate()])
 def test_rows_exiting_at_different_layers_in_one_step_match_single_runs(strategy):
     b = tiny_backend("qwen3", 0, 8)
     own = [1, 4, None]
-    batched = generate_ids(b, PROMPTS, GEN, strategy, PerRow(), predictors_exiting_at(own))
+    batched = generate_ids(b, PROMPTS, GEN, Run(strategy, PerRow(own), TransitionPredictor))
     for r, prompt in enumerate(PROMPTS):
-        alone = generate_ids(b, [prompt], GEN, strategy, PerRow(), predictors_exiting_at([own[r]]))
+        alone = generate_ids(b, [prompt], GEN,
+                             Run(strategy, PerRow([own[r]]), TransitionPredictor))
         assert batched.tokens[r] == alone.tokens[0]
         assert set(batched.exit_layers[r]) == {tiny.LAYERS - 1
                                                if own[r] is None else own[r]}
@@ -72,8 +69,8 @@ def test_similarity_policy_runs_once_every_row_has_left(kv):
 
 def test_recompute_runs_one_sequence_at_a_time():
     with pytest.raises(ConfigError, match="one sequence at a time"):
-        generate_ids(tiny_backend("llama", 0, 8), PROMPTS, GEN, Recompute(), FixedDepth(2),
-                     TransitionPredictor)
+        generate_ids(tiny_backend("llama", 0, 8), PROMPTS, GEN,
+                     Run(Recompute(), FixedDepth(2), TransitionPredictor))
 
 
 @pytest.mark.parametrize("strategy,policy", [(River(), FixedDepth(2)), (Full(), FixedDepth(-1))])
@@ -84,13 +81,13 @@ def test_batched_teacher_forcing_matches_single_runs(strategy, policy):
     import numpy as np
 
     import example_backend
-    from river_core.decode import teacher_force, teacher_force_batch
+    from river_core.decode import teacher_force
 
     b = example_backend.make("llama", 0, 8)
     continuations = [[5, 6, 7, 8], [9], [10, 11, 12]]
-    batched = teacher_force_batch(b, PROMPTS, continuations, strategy, policy,
-                                  TransitionPredictor)
+    run = Run(strategy, policy, TransitionPredictor)
+    batched = teacher_force(b, PROMPTS, continuations, run)
     for prompt, cont, forced in zip(PROMPTS, continuations, batched):
-        alone = teacher_force(b, prompt, cont, strategy, policy, TransitionPredictor)
+        [alone] = teacher_force(b, [prompt], [cont], run)
         assert forced.exit_layers == alone.exit_layers and len(forced.logits) == len(cont) + 1
         assert all(np.allclose(x, y, atol=1e-4) for x, y in zip(forced.logits, alone.logits))

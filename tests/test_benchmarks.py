@@ -86,7 +86,7 @@ def test_paper_summary_picks_the_fastest_river_that_recovers_half_the_gap():
     assert tasks.paper_summary({"full": rows["full"]}) is None
 
 
-@pytest.mark.parametrize("command", [["-m", "benchmarks"], ["-m", "river_core.cli", "bench"]])
+@pytest.mark.parametrize("command", [["-m", "benchmarks"], ["-m", "river_cli.main", "bench"]])
 def test_every_benchmark_explains_itself_from_any_folder(command, tmp_path):
     """`python -m benchmarks` in a checkout, `river bench` anywhere (the installed package)."""
     import subprocess

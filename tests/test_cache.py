@@ -156,7 +156,7 @@ def test_entries_lists_sizes_and_states_and_removes(tmp_path, monkeypatch):
 
 
 def test_river_cache_lists_and_removes(tmp_path, monkeypatch, capsys):
-    from river_core.cli import main
+    from river_cli.main import main
 
     monkeypatch.setenv("RIVER_CACHE", str(tmp_path))
     cached(tmp_path / "onnx" / "m-1", _build, "1")

@@ -8,12 +8,12 @@ import pytest
 
 import example_backend
 from river_core import ConfigError, ExitConfig, RiverModel
-from river_core.calibrate import calibrate, tuned_option
-from river_core.cli import main
+from river_cli.calibrate import calibrate, tuned_option
+from river_cli.main import main
 from river_core.options import tuned
 from river_core.plugins import default_registry
-from river_core.profile import Profile, Target, fingerprint
-from river_core.prompts import GSM8K_TEST_DEV, GSM8K_TRAIN, read_prompts
+from river_cli.profile import Profile, Target, fingerprint
+from river_cli.prompts import GSM8K_TEST_DEV, GSM8K_TRAIN, read_prompts
 
 PROMPTS = [[3, 17, 5, 9], [11, 2, 40, 7, 7], [1, 30, 12], [25, 4, 19, 8]]
 
@@ -99,11 +99,11 @@ def test_every_tuned_option_is_valid_at_both_ends():
     registry = default_registry()
     marked = {}
     for name, entry in registry.entries("policy").items():
-        mark = tuned(entry.factory)
+        mark = tuned(entry.plugin.options)
         if mark:
             option, strict, permissive = mark
             for value in (strict, permissive):
-                entry.factory.Options(**{option: value})   # in range: no ConfigError
+                entry.plugin.options(**{option: value})   # in range: no ConfigError
             marked[name] = option
     assert marked == {"settled": "tau", "similarity": "threshold", "cascade": "margin",
                       "confidence": "threshold", "entropy": "threshold"}

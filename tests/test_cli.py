@@ -5,10 +5,10 @@ import sys
 
 import pytest
 
-from river_core.cli import main
+from river_cli.main import main
 
 def run(*args):
-    return subprocess.run([sys.executable, "-m", "river_core.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "river_cli.main", *args], capture_output=True,
                           text=True, timeout=300)
 
 

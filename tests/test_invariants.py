@@ -13,8 +13,7 @@ from river_models import tiny
 from river_core.config import GenerationConfig
 from river_core.decode import generate_ids
 from river_core.kv import Full, River
-from river_core.predictor import TransitionPredictor
-from river_core.testing import ScriptedPolicy
+from river_conformance.scripted import forced_logits, scripted_run
 
 prompts = st.lists(st.integers(3, tiny.VOCAB - 1), min_size=1, max_size=24).map(lambda p: [1] + p)
 
@@ -24,7 +23,7 @@ prompts = st.lists(st.integers(3, tiny.VOCAB - 1), min_size=1, max_size=24).map(
 def test_full_depth_matches_transformers_generate(family, prompt, n):
     ref = tiny.model(family).generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=n)
     ours = generate_ids(tiny_backend(family, 0, 8), [prompt], GenerationConfig(max_new_tokens=n),
-                        Full(), ScriptedPolicy([]), TransitionPredictor)
+                        scripted_run(Full(), []))
     assert ours.tokens[0] == ref[0, len(prompt):].tolist()
 
 
@@ -34,11 +33,10 @@ def test_bfloat16_full_depth_matches_generate_and_river_runs(family):
     ref = tiny.model(family, dtype="bfloat16").generate(torch.tensor([prompt]),
                                                             do_sample=False, max_new_tokens=n)
     b = tiny_backend(family, 0, 8, dtype="bfloat16")
-    full = generate_ids(b, [prompt], GenerationConfig(max_new_tokens=n), Full(),
-                        ScriptedPolicy([]), TransitionPredictor)
+    gen = GenerationConfig(max_new_tokens=n)
+    full = generate_ids(b, [prompt], gen, scripted_run(Full(), []))
     assert full.tokens[0] == ref[0, len(prompt):].tolist()
-    river = generate_ids(b, [prompt], GenerationConfig(max_new_tokens=n), River(),
-                         ScriptedPolicy([2] * n), TransitionPredictor)
+    river = generate_ids(b, [prompt], gen, scripted_run(River(), [2] * n))
     assert len(river.tokens[0]) >= 1 and set(river.exit_layers[0]) <= {2}
 
 
@@ -46,14 +44,13 @@ def test_bfloat16_full_depth_matches_generate_and_river_runs(family):
        exits=st.lists(st.integers(0, 4), min_size=8, max_size=8))
 def test_mask_never_reads_an_absent_entry(prompt, cont, exits):
     """Whatever an absent entry holds, later tokens' outputs do not change."""
-    from river_hf import cache
+    from river_core.engine import KVCache
     from river_core.kv import Mask
-    from river_core.testing import teacher_force
 
     b = tiny_backend("qwen3", 0, 8)
-    clean = teacher_force(b, prompt, cont, Mask(), exits)
+    clean = forced_logits(b, prompt, cont, Mask(), exits)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(cache, "ABSENT_FILL", 1e4)
-        poisoned = teacher_force(b, prompt, cont, Mask(), exits)
+        patch.setattr(KVCache, "ABSENT", 1e4)
+        poisoned = forced_logits(b, prompt, cont, Mask(), exits)
     for a, p in zip(clean, poisoned):
         assert np.array_equal(a, p)

@@ -3,11 +3,19 @@
 import pytest
 
 from river_core import ConfigError, ExitConfig, RiverModel
-from river_core.cli import main
-from river_core.model import bound_options
+from river_cli.main import main
+from river_core.backend import ModelShape
 from river_core.options import parse
+from river_core.plan import resolve
 from river_core.plugins import default_registry
 from river_hf.plugin import tiny_backend
+
+
+def resolved(config: ExitConfig):
+    """`config` resolved as the CLI does before loading: the backend's declared capabilities
+    and the model's shape, no model."""
+    registry = default_registry()
+    return resolve(config, registry, registry.backend("hf").capabilities, ModelShape(6, 64), "hf")
 
 
 @pytest.fixture(scope="module")
@@ -22,8 +30,8 @@ def test_values_are_read_as_json_where_they_parse():
 
 def test_each_option_goes_to_the_plugin_that_declares_it():
     config = ExitConfig(policy="similarity", options={"threshold": 0.3, "momentum": 0.5})
-    bound = bound_options(default_registry(), config)
-    assert bound["policy"].threshold == 0.3 and bound["predictor"].momentum == 0.5
+    plan = resolved(config)
+    assert plan.policy.threshold == 0.3 and plan.predictor_options.momentum == 0.5
 
 
 @pytest.mark.parametrize("options, message", [
@@ -31,12 +39,12 @@ def test_each_option_goes_to_the_plugin_that_declares_it():
                    "threshold"),
     ({"tau": 2}, "unknown option 'tau'"),
     ({"threshold": 11}, "threshold must be in [0.0, 10.0]"),
-    ({"min_layer": -2}, "min_layer must be an integer >= 0"),
+    ({"min_layer": -2}, "min_layer must be an integer >= -1"),
     ({"momentum": "high"}, "momentum must be in [0.0, 1.0]"),
 ])
 def test_bad_options_fail_before_any_model_is_needed(options, message):
     with pytest.raises(ConfigError) as e:
-        bound_options(default_registry(), ExitConfig(policy="similarity", options=options))
+        resolved(ExitConfig(policy="similarity", options=options))
     assert str(e.value).startswith(message)
 
 
@@ -55,13 +63,8 @@ def test_fixed_policy_takes_its_layer(model):
 
 
 def test_predictor_momentum_is_passed_to_the_predictor(model):
-    made = []
-    registry = model.registry
-    config = ExitConfig(options={"momentum": 0.25})
-    from river_core.model import plan
-    predictor = plan(registry, config, model.backend).make_predictor([0.1] * 6, [0.9] * 6)
-    made.append(predictor.momentum)
-    assert made == [0.25]
+    plan = model.plan(ExitConfig(options={"momentum": 0.25}))
+    assert plan.run().new_predictor([0.1] * 6, [0.9] * 6).momentum == 0.25
 
 
 def test_cli_sets_options_of_every_kind(tiny_folder, capsys):

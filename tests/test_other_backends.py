@@ -5,7 +5,7 @@ import importlib.util
 import pytest
 
 from river_core import ModelError
-from river_core.cli import main
+from river_cli.main import main
 
 
 @pytest.fixture(scope="module")

@@ -58,17 +58,17 @@ def _cascade(b, margin, prompt=(1, 30, 31, 32, 33), n=8):
 def test_a_cascade_that_doubts_everything_is_full_depth():
     """margin 1: every exited token is recomputed from its exit, so output, exits and every
     layer's K/V are full depth's (the river's K/V never survive the recheck)."""
-    from river_core.testing import relative_error
+    from river_core.predictor import relative_error
 
     b = tiny_backend("llama", 0, 4)
     full = RiverModel(b).generate_ids([[1, 30, 31, 32, 33]], ExitConfig(kv="full"),
                                       GenerationConfig(max_new_tokens=8))
-    want = [b.kv(i) for i in range(b.num_layers)]
+    want = [b.read_kv(i) for i in range(b.num_layers)]
     out = _cascade(b, margin=1.0)
     assert out.tokens == full.tokens
     assert set(out.exit_layers[0]) == {b.num_layers - 1}
     for i in range(b.num_layers):
-        for got, exact in zip(b.kv(i), want[i]):
+        for got, exact in zip(b.read_kv(i), want[i]):
             assert relative_error(got, exact) <= 1e-5
 
 
@@ -119,25 +119,26 @@ def test_confidence_rules_exit_where_the_early_softmax_says(policy, sure, never)
 def test_a_policy_that_reads_logits_sees_the_state_after_each_layer():
     import numpy as np
 
-    class Watching:
-        uses_similarity, sub_blocks, reads_logits = False, False, True
+    from river_core.decode import Run, generate_ids
+    from river_core.kv import River
+    from river_core.policy import Needs, Policy
+    from river_core.predictor import TransitionPredictor
+
+    class Watching(Policy):
+        needs = Needs(logits=True)
 
         def __init__(self):
             self.seen = {}
 
-        def should_exit(self, layer, step, predictor, logits):
-            self.seen.setdefault(step, {})[layer] = logits().copy()
+        def should_exit(self, row):
+            self.seen.setdefault(row.step, {})[row.layer] = row.logits().copy()
             return False
 
-    from river_core.kv import River
-    from river_core.predictor import TransitionPredictor
-    from river_core.decode import generate_ids
-
     b, policy = tiny_backend("llama", 0, 4), Watching()
-    generate_ids(b, [[1, 30, 31]], GenerationConfig(max_new_tokens=2), River(), policy,
-                 TransitionPredictor)
-    token = generate_ids(b, [[1, 30, 31]], GenerationConfig(max_new_tokens=1), River(), policy,
-                         TransitionPredictor).tokens[0][0]
+    run = Run(River(), policy, TransitionPredictor)
+    generate_ids(b, [[1, 30, 31]], GenerationConfig(max_new_tokens=2), run)
+    token = generate_ids(b, [[1, 30, 31]], GenerationConfig(max_new_tokens=1),
+                         run).tokens[0][0]
     b.prefill([[1, 30, 31]], 5)
     h = b.embed([token])
     assert np.allclose(policy.seen[0][-1], b.logits(h)[0], atol=1e-6)

@@ -4,7 +4,7 @@ import math
 
 from hypothesis import given, strategies as st
 
-from river_core.policy import SimilarityPolicy
+from river_core.policy import RowView, SimilarityOptions, SimilarityPolicy
 from river_core.predictor import TransitionPredictor, transition
 
 cosines = st.floats(-1.0, 1.0)
@@ -62,13 +62,15 @@ def test_running_statistics_follow_observed_tokens():
         for i in range(3):
             p.observe(i, 1.0)
         p.end_token()
-    assert max(p.tau) < 1e-6   # blocks that stopped moving are expected to stay still
+    assert max(p.typical) < 1e-6   # blocks that stopped moving are expected to stay still
 
 
 def test_similarity_policy_exits_at_first_allowed_layer_that_fits():
     p = predictor_for([0.5] * 8, [0.02] * 8)
     threshold = p.predicted_error(4)
-    policy = SimilarityPolicy(threshold, min_layer=2)
-    decisions = [policy.should_exit(k, 0, p) for k in range(8)]
+    policy = SimilarityPolicy(SimilarityOptions(threshold, min_layer=2), num_layers=8)
+    view = lambda k: RowView(k, 0, p, None, lambda: None)
+    decisions = [policy.should_exit(view(k)) for k in range(8)]
     assert decisions.index(True) == 4
-    assert not SimilarityPolicy(threshold, min_layer=6).should_exit(4, 0, p)
+    later = SimilarityPolicy(SimilarityOptions(threshold, min_layer=6), num_layers=8)
+    assert not later.should_exit(view(4))

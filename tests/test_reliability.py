@@ -9,7 +9,8 @@ import pytest
 from river_core import ConfigError, ExitConfig, GenerationConfig, RiverModel
 from river_core.kv import Full, Mask, Monotonic, Propagate, Recompute, River
 from river_core.predictor import STAND_IN_BOUND_C
-from river_core.testing import relative_error, teacher_force
+from river_core.predictor import relative_error
+from river_conformance.scripted import forced_logits
 from river_hf.plugin import tiny_backend
 from river_models import tiny
 
@@ -35,13 +36,13 @@ def test_two_thousand_steps_with_exits_stay_finite_and_bounded(strategy):
     prompt = [1] + rng.integers(3, tiny.VOCAB, 16).tolist()
     tokens = rng.integers(3, tiny.VOCAB, STEPS).tolist()
     exits = [1 if t % 3 == 0 else None for t in range(STEPS)]
-    logits = teacher_force(b, prompt, tokens, strategy, exits)
+    logits = forced_logits(b, prompt, tokens, strategy, exits)
     assert all(np.isfinite(l).all() for l in logits)
     assert b.offset == len(prompt) + STEPS
     if not isinstance(strategy, River):
         return
-    got = [b.kv(i) for i in range(b.num_layers)]
-    teacher_force(b, prompt, tokens, Full())
+    got = [b.read_kv(i) for i in range(b.num_layers)]
+    forced_logits(b, prompt, tokens, Full())
     stretch = STEPS // 4
     for i in range(2, b.num_layers):   # layer i: a token leaving after layer 1 runs d = i - 1
         bound = STAND_IN_BOUND_C * b.stand_in_error[i] * (i - 1)
@@ -49,7 +50,7 @@ def test_two_thousand_steps_with_exits_stay_finite_and_bounded(strategy):
         for lo in range(len(prompt), len(prompt) + STEPS, stretch):
             part = slice(lo, lo + stretch)
             errors.append(max(relative_error(g[:, :, part], w[:, :, part])
-                              for g, w in zip(got[i], b.kv(i))))
+                              for g, w in zip(got[i], b.read_kv(i))))
         assert max(errors) <= bound, (i, errors)
         assert errors[-1] <= 2 * errors[0] + 1e-6, (i, errors)
 
@@ -121,7 +122,7 @@ def test_ctrl_c_returns_what_was_generated_and_its_statistics(mode):
 
 def test_ctrl_c_in_the_cli_prints_the_text_so_far_and_the_statistics(tiny_folder,
                                                                      ctrl_c_at_commit, capsys):
-    from river_core.cli import main
+    from river_cli.main import main
 
     ctrl_c_at_commit(5)
     assert main(["generate", "abc", "--model", tiny_folder("llama"), "--no-chat",

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from river_core import RiverModel
-from river_core.cli import main
+from river_cli.main import main
 from river_core.sampling import verify_draft
 from river_core.speculative import DraftLength, Round
 

@@ -3,7 +3,7 @@
 import pytest
 
 from river_core import RiverModel
-from river_core.cli import main
+from river_cli.main import main
 
 
 @pytest.fixture(scope="module")

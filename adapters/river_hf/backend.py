@@ -2,23 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from river_core.backend import Footprint, Prefill
-from river_core.errors import CapabilityError
-from river_core.layout import Layout
+from river_core.backend import Footprint
+from river_core.engine import KVCache, LayerEngine
 from river_models import Checkpoint, StandIns
 
 from .blocks import Block, Dense, Norm, forward, packed, project_kv
-from .cache import KVCache, Step
-from .plugin import CAPABILITIES
+from . import CAPABILITIES
+from .step import Step
 
 
-class HFBackend:
+class HFBackend(LayerEngine):
     """Runs a model layer by layer over River's own preallocated cache."""
 
     name = "hf"
@@ -44,49 +42,44 @@ class HFBackend:
         self.capabilities = CAPABILITIES
         self.runs_on = (str(self.device),)
         self.tokenizer = checkpoint.tokenizer
-        self._cache: KVCache | None = None
-        self._layout: Layout | None = None
         self._step: Step | None = None
-        self._offset = 0
         self._packed = False   # the backbone's prepacked copy, made on the first `extend`
 
-    @property
-    def offset(self) -> int:
-        return self._offset
+    # -- what the engine base asks for ------------------------------------------------------
+
+    def new_cache(self, batch: int, capacity: int) -> KVCache:
+        shape = (self.num_layers, batch, self.spec.kv_heads, capacity, self.spec.head_dim)
+        return KVCache(*(torch.full(shape, float("nan"), dtype=self.dtype, device=self.device)
+                         for _ in "kv"))
+
+    def begin(self, start: int, end: int) -> None:
+        self._step = self._make_step(start, end)
 
     @torch.inference_mode()
-    def prefill(self, prompts, capacity: int, exit_after: int | None = None) -> Prefill:
-        self._layout = layout = Layout([len(p) for p in prompts], capacity, self.num_layers)
-        self._cache = KVCache(self.spec, layout.batch, capacity, self.dtype, self.device)
-        self._offset = 0
-        h = self._begin(torch.from_numpy(layout.ids(prompts)).to(self.device))
-        similarity = []
-        for i, block in enumerate(self.blocks):
-            if exit_after is not None and i > exit_after:
-                block = self.stand_ins[i]
-            out = forward(block, i, h, self._step, self._cache.k[i], self._cache.v[i], None)
-            similarity.append(F.cosine_similarity(h.float(), out.float(), dim=-1).cpu().numpy())
-            h = out
-        self._offset = layout.width
-        sim = np.stack([layout.prompt_mean(s) for s in similarity], 1)
-        return Prefill(self.logits(h), sim)
-
-    def _begin(self, ids: torch.Tensor) -> torch.Tensor:
-        h = self._embed[ids]
+    def embed_ids(self, ids: np.ndarray) -> torch.Tensor:
+        h = self._embed[torch.from_numpy(ids).to(self.device)]
         if self.spec.embed_scale != 1.0:
             h = h * torch.tensor(self.spec.embed_scale).to(self.dtype)
-        self._step = self._make_step(self._offset, self._offset + ids.shape[1])
         return h
 
-    def _make_step(self, start: int, end: int) -> Step:
-        return Step(self._layout, start, end, self.spec, self._inv_freq, self.dtype, self.device)
+    @torch.inference_mode()
+    def token_similarity(self, before, after) -> np.ndarray:
+        return F.cosine_similarity(before.float(), after.float(), dim=-1).cpu().numpy()
 
     @torch.inference_mode()
-    def embed(self, tokens: Sequence[int]) -> torch.Tensor:
-        return self._begin(torch.tensor(tokens, device=self.device)[:, None])
+    def position_logits(self, h) -> np.ndarray:
+        return self._head_of(h[0], self._head)
+
+    def to_numpy(self, array) -> np.ndarray:
+        return array.float().cpu().numpy()
+
+    # -- the contract -----------------------------------------------------------------------
+
+    def _make_step(self, start: int, end: int) -> Step:
+        return Step(self.layout, start, end, self.spec, self._inv_freq, self.dtype, self.device)
 
     def _run(self, block: Block, i: int, h: torch.Tensor, rows, mids=None) -> torch.Tensor:
-        k, v = self._cache.k[i], self._cache.v[i]
+        k, v = self.cache.k[i], self.cache.v[i]
         if rows is None:
             return forward(block, i, h, self._step, k, v, None, mids)
         idx = torch.tensor(rows, device=self.device)
@@ -110,32 +103,17 @@ class HFBackend:
     def layer_span(self, i: int, states, start: int):
         h = torch.cat(states, dim=1)
         span = self._make_step(start, self._step.end)
-        out = forward(self.blocks[i], i, h, span, self._cache.k[i], self._cache.v[i], None)
+        out = forward(self.blocks[i], i, h, span, self.cache.k[i], self.cache.v[i], None)
         return list(out.split(1, dim=1))
 
     @torch.inference_mode()
-    def extend(self, tokens):
-        if self._layout.batch != 1:
-            raise CapabilityError("extend runs one sequence; this cache holds "
-                                  f"{self._layout.batch}")
-        if not self._packed:
+    def extend(self, tokens) -> np.ndarray:
+        if not self._packed:   # verification runs several rows: oneDNN's prepacked kernel
             for block in self.blocks:
                 block.pack()
             self._head.pack()
             self._packed = True
-        h = self._begin(torch.tensor([list(tokens)], device=self.device))
-        for i, block in enumerate(self.blocks):
-            h = forward(block, i, h, self._step, self._cache.k[i], self._cache.v[i], None)
-        self._offset += len(tokens)
-        return self._head_of(h[0], self._head)
-
-    @torch.inference_mode()
-    def rewind(self, offset: int) -> None:
-        # the forgotten slots go back to NaN, so a read of one cannot pass unnoticed
-        self._cache.k[:, :, :, offset:self._offset] = float("nan")
-        self._cache.v[:, :, :, offset:self._offset] = float("nan")
-        self._layout.rewind(offset)
-        self._offset = offset
+        return super().extend(tokens)
 
     @torch.inference_mode()
     def project_kv(self, i: int, h, rows) -> None:
@@ -144,12 +122,7 @@ class HFBackend:
         x = h if idx is None else h[idx]
         cos, sin = self._step.rope(block.rope_key, idx)
         _, k, v = project_kv(block, block.input_norm(x), cos, sin)
-        self._step.write(self._cache.k[i], self._cache.v[i], k, v, idx)
-
-    @torch.inference_mode()
-    def skip(self, i: int, rows) -> None:
-        self._layout.skip(i, rows, self._step.start)
-        self._cache.fill_absent(i, None if rows is None else torch.tensor(rows), self._step.start)
+        self._step.write(self.cache.k[i], self.cache.v[i], k, v, idx)
 
     @torch.inference_mode()
     def similarity(self, before, after, rows) -> list[float]:
@@ -186,9 +159,6 @@ class HFBackend:
             y = torch.tanh(y / cap) * cap
         return y.float().cpu().numpy()
 
-    def commit(self) -> None:
-        self._offset += 1
-
     def footprint(self) -> Footprint:
         element = torch.empty(0, dtype=self.dtype).element_size()
         return Footprint(tuple(b.weight_bytes() for b in self.blocks),
@@ -197,8 +167,3 @@ class HFBackend:
                          self._head.nbytes,
                          2 * self.spec.kv_heads * self.spec.head_dim * element,
                          self._stand_in_head.nbytes)
-
-    def kv(self, i: int):
-        n = self._offset
-        return (self._cache.k[i, :, :, :n].float().cpu().numpy(),
-                self._cache.v[i, :, :, :n].float().cpu().numpy())

@@ -2,7 +2,7 @@
 
     from transformers import AutoModelForCausalLM
     from river_core import ExitConfig
-    from river_hf import custom_generate
+    from river_hf.generate import custom_generate
 
     model = AutoModelForCausalLM.from_pretrained(folder)
     out = model.generate(input_ids, max_new_tokens=64, custom_generate=custom_generate,

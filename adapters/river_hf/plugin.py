@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from river_core.backend import Capabilities
 from river_core.config import QuantSpec
 from river_core.errors import CapabilityError, ConfigError
-from river_core.hookspecs import hookimpl
-from river_models.source import context_length
+from river_core.hookspecs import BackendPlugin, hookimpl
+from river_models.source import model_shape
+
+from . import CAPABILITIES
 
 DTYPES = ("float32", "bfloat16", "float16")
-CAPABILITIES = Capabilities(mask=True, recompute=True, sub_blocks=True, verify=True,
-                            stand_in_head=True, devices=("cpu", "cuda"))
 
 
 def _torch_device(device: str):
@@ -40,9 +39,6 @@ def load(model: str | None = None, *, device: str = "cpu", dtype: str = "float32
                      device)
 
 
-# known before anything loads: the CLI checks a plan and the context first
-load.capabilities, load.context_length = CAPABILITIES, context_length
-
 
 def tiny_backend(family: str, seed: int, bits: int, dtype: str = "float32"):
     """The hf backend over a tiny random model: the conformance kit's reference."""
@@ -58,7 +54,7 @@ def tiny_backend(family: str, seed: int, bits: int, dtype: str = "float32"):
 
 @hookimpl
 def river_backends():
-    return {"hf": load}
+    return {"hf": BackendPlugin(load, CAPABILITIES, model_shape)}
 
 
 @hookimpl

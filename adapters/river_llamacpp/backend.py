@@ -18,7 +18,7 @@ import numpy as np
 from river_core.backend import Footprint, Prefill
 from river_core.errors import CapabilityError
 
-from .plugin import CAPABILITIES
+from . import CAPABILITIES
 
 UNSUPPORTED = "llama.cpp cannot run single layers or exit early; use the full kv strategy"
 
@@ -79,8 +79,8 @@ class LlamaCppBackend:
         logits = llama_cpp.llama_get_logits_ith(self._llm.ctx, -1)
         return np.ctypeslib.as_array(logits, shape=(1, self._llm.n_vocab())).copy()
 
-    def prefill(self, prompts, capacity: int, exit_after: int | None = None) -> Prefill:
-        if exit_after is not None:
+    def prefill(self, prompts, capacity: int, prefill_exit: int | None = None) -> Prefill:
+        if prefill_exit is not None:
             raise CapabilityError(UNSUPPORTED)
         (prompt,) = prompts   # batch=False: the core never sends more than one
         self._llm.reset()
@@ -130,5 +130,5 @@ class LlamaCppBackend:
         return Footprint(tuple(layers), (0,) * self.num_layers, tuple(kv), head,
                          2 * kv_heads * head_dim * 2)
 
-    def kv(self, i: int):
+    def read_kv(self, i: int):
         raise CapabilityError("llama.cpp does not expose its KV cache")

@@ -6,14 +6,14 @@ import atexit
 import os
 from pathlib import Path
 
-from river_core.backend import Capabilities
+from river_core.backend import ModelShape
 from river_core.config import QuantSpec
 from river_core.errors import CapabilityError, ConfigError, ModelError
-from river_core.hookspecs import hookimpl
+from river_core.hookspecs import BackendPlugin, hookimpl
+
+from . import CAPABILITIES
 
 CONTEXT = 8192   # positions allocated; smaller than most models' trained context, to save memory
-CAPABILITIES = Capabilities(exits=False, stand_in=False, propagate=False, batch=False,
-                            devices=("cpu",))
 
 
 def _llama(path: Path, context: int, exact: bool):
@@ -67,12 +67,17 @@ def tiny_backend(family: str, seed: int, bits: int):
     return LlamaCppBackend(llm, layers, path)
 
 
-load.capabilities = CAPABILITIES   # known before anything loads: the CLI checks a plan first
+def shape(model: str | None) -> ModelShape | None:
+    """The GGUF's depth, and the context this backend allocates."""
+    from river_models.source import model_shape
+
+    found = model_shape(model)
+    return None if found is None else ModelShape(found.num_layers, CONTEXT)
 
 
 @hookimpl
 def river_backends():
-    return {"llamacpp": load}
+    return {"llamacpp": BackendPlugin(load, CAPABILITIES, shape)}
 
 
 @hookimpl

@@ -1,1 +1,8 @@
 """ONNX Runtime backend: a model package checkpoint exported into per-layer ONNX graphs."""
+
+from river_core.backend import Capabilities
+
+# known before anything loads (no engine imported): a plan is checked before a long load
+CAPABILITIES = Capabilities(exits=True, stand_in=True, propagate=True, mask=True, recompute=True,
+                            sub_blocks=True, stand_in_tail=True, batch=True,
+                            verify=True, stand_in_head=True, devices=("cpu", "cuda"))

@@ -9,17 +9,16 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import onnxruntime as ort
 
-from river_core.backend import Footprint, Prefill
+from river_core.backend import Footprint
+from river_core.engine import KVCache, LayerEngine
 from river_core.errors import CapabilityError
-from river_core.layout import Layout
 
 from .export import Manifest
-from .plugin import CAPABILITIES
+from . import CAPABILITIES
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 
@@ -67,7 +66,7 @@ class _Step:
     def __init__(self, backend: "OnnxBackend", start: int, end: int) -> None:
         self.start, self.end = start, end
         self._b = backend
-        positions = backend._layout.positions(start, end)
+        positions = backend.layout.positions(start, end)
         self.rope = {}
         for key, rotary in backend.spec.rotary.items():
             cos, sin = rotary.angles(positions)
@@ -76,7 +75,7 @@ class _Step:
 
     def masks(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
         """(past [B, 1, G*T, capacity], new [B, 1, G*T, T]) additive masks of `layer`."""
-        layout, window = self._b._layout, self._b.spec.windows[layer]
+        layout, window = self._b.layout, self._b.spec.windows[layer]
         key = layout.mask_key(window, layer)
         if key not in self._masks:
             lo = layout.first_key(self.start, self.end, window)
@@ -91,7 +90,7 @@ class _Step:
         return self._masks[key]
 
 
-class OnnxBackend:
+class OnnxBackend(LayerEngine):
     """Runs exported per-layer graphs with ONNX Runtime. float32 only."""
 
     name = "onnx"
@@ -113,53 +112,44 @@ class OnnxBackend:
         self.stand_in_error = list(manifest.stand_in_error)
         self.capabilities = CAPABILITIES
         self.tokenizer = tokenizer
-        self._k: list[np.ndarray] = []
-        self._v: list[np.ndarray] = []
-        self._layout: Layout | None = None
         self._step: _Step | None = None
-        self._offset = 0
 
-    @property
-    def offset(self) -> int:
-        return self._offset
+    # -- what the engine base asks for ------------------------------------------------------
 
-    def prefill(self, prompts: Sequence[Sequence[int]], capacity: int,
-                exit_after: int | None = None) -> Prefill:
-        self._layout = layout = Layout([len(p) for p in prompts], capacity, self.num_layers)
-        shape = (layout.batch, self.spec.kv_heads, capacity, self.spec.head_dim)
-        self._k = [np.zeros(shape, np.float32) for _ in range(self.num_layers)]
-        self._v = [np.zeros(shape, np.float32) for _ in range(self.num_layers)]
-        self._offset = 0
-        h = self._begin(layout.ids(prompts))
-        similarity = np.zeros((layout.batch, self.num_layers))
-        for i in range(self.num_layers):
-            deep = exit_after is None or i <= exit_after
-            out = self.layer(i, h, None) if deep else self.stand_in_layer(i, h, None)
-            similarity[:, i] = layout.prompt_mean(_cosine(h, out))
-            h = out
-        self._offset = layout.width
-        return Prefill(self.logits(h), similarity)
+    def new_cache(self, batch: int, capacity: int) -> KVCache:
+        """Unwritten slots hold 0, not NaN: every layer's graph attends over the whole
+        capacity under an additive mask, and NaN * 0 would poison every row."""
+        shape = (self.num_layers, batch, self.spec.kv_heads, capacity, self.spec.head_dim)
+        return KVCache(np.zeros(shape, np.float32), np.zeros(shape, np.float32), unwritten=0.0)
 
-    def _begin(self, ids: np.ndarray) -> np.ndarray:
-        self._step = _Step(self, self._offset, self._offset + ids.shape[1])
+    def begin(self, start: int, end: int) -> None:
+        self._step = _Step(self, start, end)
+
+    def embed_ids(self, ids: np.ndarray) -> np.ndarray:
         return self._embed.run(None, {"ids": ids})[0]
 
-    def embed(self, tokens: Sequence[int]) -> np.ndarray:
-        return self._begin(np.asarray(tokens, dtype=np.int64)[:, None])
+    def token_similarity(self, before, after) -> np.ndarray:
+        return _cosine(before, after)
+
+    def position_logits(self, h) -> np.ndarray:
+        return self._head.run(None, {"h": h})[0][0]
+
+    def to_numpy(self, array) -> np.ndarray:
+        return array.copy()
+
+    # -- the contract -----------------------------------------------------------------------
 
     def _feeds(self, s: _Step, i: int, h: np.ndarray, idx, attention: bool = True) -> dict:
         cos, sin = s.rope[self.spec.rope_keys[i]]
         feeds = {"h": h, "cos": cos, "sin": sin}
         if attention:
             past_mask, self_mask = s.masks(i)
-            feeds.update(past_k=self._k[i], past_v=self._v[i], past_mask=past_mask,
+            feeds.update(past_k=self.cache.k[i], past_v=self.cache.v[i], past_mask=past_mask,
                          self_mask=self_mask)
         return feeds if idx is None else {k: v[idx] for k, v in feeds.items()}
 
     def _write(self, s: _Step, i: int, k: np.ndarray, v: np.ndarray, idx) -> None:
-        rows = slice(None) if idx is None else idx
-        self._k[i][rows, :, s.start:s.end] = k
-        self._v[i][rows, :, s.start:s.end] = v
+        self.cache.write(i, idx, s.start, s.end, k, v)
 
     def _run(self, sess, i: int, h: np.ndarray, rows, step: _Step | None = None) -> np.ndarray:
         step = step or self._step
@@ -217,29 +207,10 @@ class OnnxBackend:
         full[idx] = out
         return full
 
-    def extend(self, tokens) -> np.ndarray:
-        if self._layout.batch != 1:
-            raise CapabilityError("extend runs one sequence; this cache holds "
-                                  f"{self._layout.batch}")
-        h = self._begin(np.asarray([list(tokens)], dtype=np.int64))
-        for i in range(self.num_layers):
-            h = self.layer(i, h, None)
-        self._offset += len(tokens)
-        return self._head.run(None, {"h": h})[0][0]
-
-    def rewind(self, offset: int) -> None:
-        # forgotten slots need no clearing: the masks never let a step read past its own end
-        self._layout.rewind(offset)
-        self._offset = offset
-
     def project_kv(self, i: int, h, rows) -> None:
         idx = None if rows is None else np.asarray(rows)
         k, v = self._kv_proj[i].run(None, self._feeds(self._step, i, h, idx, attention=False))
         self._write(self._step, i, k, v, idx)
-
-    def skip(self, i: int, rows) -> None:
-        """Layer i keeps no entry for this position: its slot stays zero and is masked."""
-        self._layout.skip(i, rows, self._step.start)
 
     def similarity(self, before, after, rows) -> list[float]:
         cos = _cosine(before[:, -1:], after[:, -1:])[:, 0]
@@ -250,9 +221,6 @@ class OnnxBackend:
 
     def stand_in_logits(self, h) -> np.ndarray:
         return self._stand_in_head.run(None, {"h": np.ascontiguousarray(h[:, -1:])})[0][:, 0]
-
-    def commit(self) -> None:
-        self._offset += 1
 
     def footprint(self) -> Footprint:
         """Weight files as stored. Attention reads the whole allocated cache (masked), so a
@@ -265,10 +233,6 @@ class OnnxBackend:
                          tuple(size(f"stand_in_{i}") for i in layers),
                          tuple(size(f"kv_{i}") for i in layers), size("head"),
                          2 * self.spec.kv_heads * self.spec.head_dim * 4, size("stand_in_head"))
-
-    def kv(self, i: int):
-        n = self._offset
-        return self._k[i][:, :, :n].copy(), self._v[i][:, :, :n].copy()
 
 
 def _cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:

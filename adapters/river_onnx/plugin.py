@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from river_core.backend import Capabilities
 from river_core.config import QuantSpec
 from river_core.errors import ConfigError
-from river_core.hookspecs import hookimpl
-from river_models.source import context_length
+from river_core.hookspecs import BackendPlugin, hookimpl
+from river_models.source import model_shape
 
-CAPABILITIES = Capabilities(mask=True, recompute=True, sub_blocks=True, stand_in_tail=True,
-                            verify=True, stand_in_head=True, devices=("cpu", "cuda"))
+from . import CAPABILITIES
+
 
 
 def load(model: str | None = None, *, device: str = "cpu", dtype: str = "float32",
@@ -33,9 +32,6 @@ def load(model: str | None = None, *, device: str = "cpu", dtype: str = "float32
     return OnnxBackend(folder, manifest, Tokenizer(tokenizer, manifest.spec.eos_ids), device)
 
 
-# known before anything loads: the CLI checks a plan and the context first
-load.capabilities, load.context_length = CAPABILITIES, context_length
-
 
 def tiny_backend(family: str, seed: int, bits: int):
     """The onnx backend over a tiny random model, exported on the fly."""
@@ -56,7 +52,7 @@ def tiny_backend(family: str, seed: int, bits: int):
 
 @hookimpl
 def river_backends():
-    return {"onnx": load}
+    return {"onnx": BackendPlugin(load, CAPABILITIES, model_shape)}
 
 
 @hookimpl

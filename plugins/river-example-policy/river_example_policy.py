@@ -1,13 +1,14 @@
 """`halfway`: every token leaves after the layer at `fraction` of the depth.
 
 The whole of a third-party exit policy: an options class, a policy with `should_exit`, a
-factory that takes the options and the model's depth, and the hook that names it.
+factory that takes the options and the model's depth, and the hook that names them.
 """
 
 import attrs
 
-from river_core.hookspecs import hookimpl
-from river_core.options import between, option, takes
+from river_core.hookspecs import PolicyPlugin, hookimpl
+from river_core.options import between, option
+from river_core.policy import Policy, RowView
 
 
 @attrs.frozen
@@ -15,17 +16,14 @@ class HalfwayOptions:
     fraction: float = option(0.5, "share of the depth a token runs", between(0.0, 1.0))
 
 
-class Halfway:
-    uses_similarity, sub_blocks = False, False   # reads no similarities, no sub-blocks
-
+class Halfway(Policy):   # needs nothing: no similarities, no sub-blocks, no logits
     def __init__(self, layer: int) -> None:
         self.layer = layer
 
-    def should_exit(self, layer: int, step: int, predictor) -> bool:
-        return layer == self.layer
+    def should_exit(self, row: RowView) -> bool:
+        return row.layer == self.layer
 
 
-@takes(HalfwayOptions)
 def halfway(options: HalfwayOptions, num_layers: int) -> Halfway:
     """Exit every token after the layer at -o fraction=F of the depth (default a half)."""
     return Halfway(min(round(options.fraction * num_layers) - 1, num_layers - 1))
@@ -33,4 +31,4 @@ def halfway(options: HalfwayOptions, num_layers: int) -> Halfway:
 
 @hookimpl
 def river_exit_policies():
-    return {"halfway": halfway}
+    return {"halfway": PolicyPlugin(halfway, HalfwayOptions)}

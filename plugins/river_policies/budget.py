@@ -2,36 +2,43 @@
 
 import attrs
 
-from river_core.options import between, option, takes
+from river_core.options import between, option
+from river_core.policy import Exits, Needs, Policy, RowView, WhereOptions, tau_option
 
-from .confidence import Layers, WhereOptions
+
+@attrs.define
+class Steering:
+    """One sequence's tau, and what its current token has run so far."""
+
+    tau: float
+    step: int = -1
+    layers: int | None = None   # backbone layers the last token ran
 
 
-class DepthBudget:
+class DepthBudget(Policy):
     """Exit where both sub-blocks' cosines exceed tau (the paper's rule); after each token,
     tau moves by `rate` * (target - layers it ran) / L, so a token deeper than the budget
     lowers the bar for the next one. Per sequence (a batch row keeps its own tau)."""
 
-    uses_similarity, sub_blocks = True, True
+    needs = Needs(similarity=True, sub_blocks=True)
 
-    def __init__(self, target: float, rate: float, tau: float, layers: Layers,
+    def __init__(self, target: float, rate: float, tau: float, exits: Exits,
                  num_layers: int) -> None:
         self.target, self.rate, self.start = target, rate, tau
-        self.layers, self.num_layers = layers, num_layers
-        self._rows: dict[int, list] = {}   # id(predictor) -> [tau, step, layers run]
+        self.exits, self.num_layers = exits, num_layers
 
-    def tau(self, predictor) -> float:
-        return self._rows.get(id(predictor), [self.start])[0]
+    def new_row(self) -> Steering:
+        return Steering(self.start)
 
-    def should_exit(self, layer, step, predictor) -> bool:
-        row = self._rows.setdefault(id(predictor), [self.start, step, None])
-        if row[1] != step:   # a new token: the last one's depth steers tau
-            if row[2] is not None:
-                row[0] += self.rate * (self.target - row[2]) / self.num_layers
-                row[0] = min(max(row[0], -1.0), 1.0)
-            row[1] = step
-        leave = self.layers.open(layer) and predictor.last > row[0]
-        row[2] = layer + 1 if leave else layer + 2   # runs on: at least one more layer
+    def should_exit(self, row: RowView) -> bool:
+        s: Steering = row.state
+        if s.step != row.step:   # a new token: the last one's depth steers tau
+            if s.layers is not None:
+                s.tau += self.rate * (self.target - s.layers) / self.num_layers
+                s.tau = min(max(s.tau, -1.0), 1.0)
+            s.step = row.step
+        leave = self.exits.open(row.layer) and row.similarity > s.tau
+        s.layers = row.layer + 1 if leave else row.layer + 2   # runs on: at least one more layer
         return leave
 
 
@@ -40,10 +47,9 @@ class BudgetOptions(WhereOptions):
     target: float = option(4.0, "mean number of backbone layers a token should run",
                            between(0.0, 1000.0))
     rate: float = option(0.05, "how fast tau follows the depth error", between(0.0, 1.0))
-    tau: float = option(0.97, "the threshold to start from", between(-1.0, 1.0))
+    tau: float = tau_option(doc="the threshold to start from")
 
 
-@takes(BudgetOptions)
 def budget(options: BudgetOptions, num_layers: int) -> DepthBudget:
     """The paper's rule, tau steered online to hold -o target=MEAN backbone layers."""
     return DepthBudget(options.target, options.rate, options.tau, options.where(num_layers),

@@ -3,19 +3,18 @@
 import attrs
 
 from river_core.errors import ConfigError
-from river_core.options import option, takes
+from river_core.options import option
+from river_core.policy import Policy, RowView
 
 
-class FixedDepth:
+class FixedDepth(Policy):
     """Every token leaves after the same layer (a static depth baseline; handy for tests)."""
-
-    uses_similarity, sub_blocks = False, False
 
     def __init__(self, layer: int) -> None:
         self.layer = layer
 
-    def should_exit(self, layer, step, predictor) -> bool:
-        return layer == self.layer
+    def should_exit(self, row: RowView) -> bool:
+        return row.layer == self.layer
 
 
 @attrs.frozen
@@ -24,7 +23,6 @@ class FixedOptions:
                                "model quantized)")
 
 
-@takes(FixedOptions)
 def fixed(options: FixedOptions, num_layers: int) -> FixedDepth:
     """Exit every token after layer `layer` (-o layer=K; -1: the whole model quantized)."""
     if not isinstance(options.layer, int) or not -1 <= options.layer < num_layers:

@@ -25,14 +25,17 @@ from typing import Callable, Iterator
 
 import attrs
 
-from river_core.profile import user_cache
-
 FORMAT = 1   # the layout of an entry and its manifest: entries of another format are rebuilt
 MANIFEST = "river-cache.json"
 PARTIAL = ".partial-"
 
 
-cache_root = user_cache   # one root for converted models, stand-ins and profiles
+def cache_root() -> Path:
+    """River's user cache, one root for converted models, stand-ins and calibration profiles:
+    $RIVER_CACHE, else $XDG_CACHE_HOME/river or ~/.cache/river."""
+    if "RIVER_CACHE" in os.environ:
+        return Path(os.environ["RIVER_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "river"
 
 
 def digest(*parts: object) -> str:

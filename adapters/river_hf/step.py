@@ -1,4 +1,4 @@
-"""Preallocated KV cache, and the per-step context every block of one forward pass shares."""
+"""The per-step context every block of one forward pass shares."""
 
 from __future__ import annotations
 
@@ -6,29 +6,6 @@ import torch
 
 from river_core.layout import Layout
 from river_models import ModelSpec
-
-ABSENT_FILL = 0.0
-
-
-class KVCache:
-    """K/V for every layer: [layers, batch, kv_heads, capacity, head_dim], written by index.
-
-    Starts as NaN: a slot no layer wrote poisons whatever reads it, so a broken strategy
-    cannot pass for a working one. Entries a skipped layer leaves out on purpose (the `mask`
-    strategy; the layout's holes) hold ABSENT_FILL and are masked from reads.
-    """
-
-    def __init__(self, spec: ModelSpec, batch: int, capacity: int, dtype, device) -> None:
-        shape = (spec.num_layers, batch, spec.kv_heads, capacity, spec.head_dim)
-        self.k = torch.full(shape, float("nan"), dtype=dtype, device=device)
-        self.v = torch.full(shape, float("nan"), dtype=dtype, device=device)
-
-    def fill_absent(self, i: int, rows, position: int) -> None:
-        # finite: masked weights are 0, and 0 * NaN would still poison the output
-        rows = slice(None) if rows is None else rows
-        self.k[i, rows, :, position] = ABSENT_FILL
-        self.v[i, rows, :, position] = ABSENT_FILL
-
 
 class Step:
     """Cache slots start..end-1 of every sequence: rotary tables, masks, cache reads and writes,

@@ -20,14 +20,16 @@ import attrs
 import numpy as np
 from tqdm import tqdm
 
-from .backend import Backend
-from .config import ExitConfig, GenerationConfig
-from .decode import Forced, teacher_force_batch
-from .errors import CapabilityError, ConfigError
-from .model import RiverModel, plan
-from .options import tuned
+from river_core.backend import Backend
+from river_core.config import ExitConfig, GenerationConfig
+from river_core.decode import Forced, teacher_force
+from river_core.errors import CapabilityError, ConfigError
+from river_core.model import RiverModel
+from river_core.options import tuned
+from river_core.policy import ScriptedExits
+from river_core.predictor import relative_error
+
 from .profile import LayerRow, Profile, Quality, Target, Trial, fingerprint
-from .testing import ScriptedPolicy, relative_error
 
 FULL = ExitConfig(kv="full")
 STEPS = 7   # bisection halvings: the fitted value within 1/128 of the search range
@@ -39,7 +41,7 @@ class Reference:
     prompt: list[int]
     continuation: list[int]        # full depth's greedy tokens
     full_nll: float                # summed over continuation[1:]: the positions exits change
-    kv: list[np.ndarray] | None    # per layer, full depth's K and V of the continuation
+    full_kv: list[np.ndarray] | None   # per layer, full depth's K and V of the continuation
 
     @property
     def scored(self) -> int:
@@ -51,12 +53,14 @@ def _nll(forced: Forced, continuation: Sequence[int]) -> float:
     return sum(forced.token_nll(continuation)[1:])
 
 
-def _kv(backend: Backend, start: int, lengths: Sequence[int]) -> list[list[np.ndarray]] | None:
+def _read_kv(backend: Backend, start: int,
+             lengths: Sequence[int]) -> list[list[np.ndarray]] | None:
     """Per row, per layer: K and V side by side of the row's `lengths[r]` positions from slot
     `start` on (continuations start together after the left-padded prompts); None if the
     engine hides its cache."""
     try:
-        layers = [np.concatenate(backend.kv(i), axis=-1) for i in range(backend.num_layers)]
+        layers = [np.concatenate(backend.read_kv(i), axis=-1)
+                  for i in range(backend.num_layers)]
     except CapabilityError:
         return None
     return [[kv[r, :, start:start + n] for kv in layers] for r, n in enumerate(lengths)]
@@ -79,35 +83,36 @@ def full_depth_references(model: RiverModel, prompts: Sequence[Sequence[int]], t
         for _ in chunk:
             tick()
     untick = lambda: None
-    runs, states = force(model, found[:keep_kv], FULL, untick, kv=True)
+    runs, states = force(model, found[:keep_kv], FULL, untick, keep_kv=True)
     runs += force(model, found[keep_kv:], FULL, untick)[0]
     states += [None] * (len(runs) - len(states))
-    return [attrs.evolve(ref, full_nll=_nll(forced, ref.continuation), kv=kv)
+    return [attrs.evolve(ref, full_nll=_nll(forced, ref.continuation), full_kv=kv)
             for (ref, forced), kv in zip(runs, states)]
 
 
 def force(model: RiverModel, refs: Sequence[Reference], config: ExitConfig,
           tick: Callable[[], None], exits: int | None = None,
-          kv: bool = False) -> tuple[list[tuple[Reference, Forced]], list[list] | None]:
+          keep_kv: bool = False) -> tuple[list[tuple[Reference, Forced]], list[list] | None]:
     """Every reference's continuation teacher-forced under `config` (every token exiting after
-    layer `exits` instead, if given), in batches; with `kv`, each row's K/V afterwards."""
-    p = plan(model.registry, config, model.backend)
+    layer `exits` instead, if given), in batches; with `keep_kv`, each row's K/V afterwards."""
+    plan = model.plan(config)
     runs, states = [], []
-    for chunk in _chunks(model, refs, p.strategy.batch):
-        policy = p.policy if exits is None else ScriptedPolicy([exits] * max(r.scored
-                                                                             for r in chunk))
-        with model._lock:
-            forced = teacher_force_batch(model.backend, [r.prompt for r in chunk],
-                                         [r.continuation[:-1] for r in chunk], p.strategy,
-                                         policy, p.make_predictor, p.prefill_exit)
-            if kv:
-                found = _kv(model.backend, max(len(r.prompt) for r in chunk),
-                            [r.scored for r in chunk])
+    for chunk in _chunks(model, refs, plan.kv_strategy.make.batch):
+        run = plan.run()
+        if exits is not None:
+            run = attrs.evolve(run, policy=ScriptedExits([exits] * max(r.scored for r in chunk)))
+        with model.lock:
+            forced = teacher_force(model.backend, [r.prompt for r in chunk],
+                                   [r.continuation[:-1] for r in chunk], run,
+                                   plan.config.prefill_exit)
+            if keep_kv:
+                found = _read_kv(model.backend, max(len(r.prompt) for r in chunk),
+                                 [r.scored for r in chunk])
                 states += found if found is not None else [None] * len(chunk)
         runs += zip(chunk, forced)
         for _ in chunk:
             tick()
-    return runs, states if kv else None
+    return runs, states if keep_kv else None
 
 
 def quality(runs: Sequence[tuple[Reference, Forced]]) -> Quality:
@@ -128,9 +133,9 @@ def layer_table(model: RiverModel, refs: Sequence[Reference], config: ExitConfig
     n = model.backend.num_layers
     rows = []
     for k in range(-1, n - 1):
-        runs, states = force(model, refs, config, tick, exits=k, kv=True)
-        errors = [relative_error(river[i], ref.kv[i])
-                  for ref, river in zip(refs, states) if river is not None and ref.kv
+        runs, states = force(model, refs, config, tick, exits=k, keep_kv=True)
+        errors = [relative_error(river[i], ref.full_kv[i])
+                  for ref, river in zip(refs, states) if river is not None and ref.full_kv
                   for i in range(k + 1, n)]
         rows.append(LayerRow(k, quality(runs), float(np.mean(errors)) if errors else None))
     return rows
@@ -163,7 +168,7 @@ def fit(model: RiverModel, references: Sequence[Reference], config: ExitConfig, 
 
 
 def tuned_option(registry, config: ExitConfig) -> tuple[str, float, float]:
-    mark = tuned(registry.policy(config.policy))
+    mark = tuned(registry.policy(config.policy).options)
     if mark is None:
         raise ConfigError(f"policy {config.policy} marks no option for calibration "
                           "(option(..., tune=(strict, permissive)))")

@@ -11,19 +11,13 @@ from typing import Any, Mapping
 
 import attrs
 
-from .backend import Backend
-from .config import ExitConfig
-from .errors import ConfigError
+from river_core.backend import Backend
+from river_core.config import ExitConfig
+from river_core.errors import ConfigError
+from river_models import cache_root
 
 FORMAT = 1
 METRICS = ("agreement", "nll")
-
-
-def user_cache() -> Path:
-    """River's user cache: $RIVER_CACHE, else $XDG_CACHE_HOME/river or ~/.cache/river."""
-    if "RIVER_CACHE" in os.environ:
-        return Path(os.environ["RIVER_CACHE"])
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "river"
 
 
 def fingerprint(backend: Backend) -> str:
@@ -35,7 +29,7 @@ def fingerprint(backend: Backend) -> str:
 
 
 def default_path(backend: Backend, policy: str) -> Path:
-    return user_cache() / "profiles" / f"{fingerprint(backend)}-{policy}.json"
+    return cache_root() / "profiles" / f"{fingerprint(backend)}-{policy}.json"
 
 
 @attrs.frozen

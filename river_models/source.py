@@ -11,6 +11,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
+from river_core.backend import ModelShape
 from river_core.errors import ModelError
 
 from . import families
@@ -95,20 +96,23 @@ def locate(model: str | None, progress: bool = False) -> Path:
     return path
 
 
-def context_length(model: str | None) -> int | None:
-    """The model's context in positions, from its config.json or GGUF header, without loading
-    or converting it (None: not readable; the checks after loading still apply)."""
+def model_shape(model: str | None) -> ModelShape | None:
+    """The model's depth and context, from its config.json or GGUF header, without loading or
+    converting it (None: not readable; the checks after loading still apply)."""
     path = default_gguf() if model is None else Path(model).expanduser()
     try:
         folder = path if path.is_dir() else _converted(path)[0]
         if (folder / "config.json").is_file():
-            return int(json.loads((folder / "config.json").read_text())["max_position_embeddings"])
+            config = json.loads((folder / "config.json").read_text())
+            return ModelShape(int(config["num_hidden_layers"]),
+                              int(config["max_position_embeddings"]))
         import gguf   # not converted yet: the header (seconds, once, before a longer conversion)
 
         reader = gguf.GGUFReader(str(path))
         field = lambda key: reader.fields[key].parts[reader.fields[key].data[0]]
         arch = bytes(field("general.architecture")).decode()
-        return int(field(f"{arch}.context_length")[0])
+        return ModelShape(int(field(f"{arch}.block_count")[0]),
+                          int(field(f"{arch}.context_length")[0]))
     except Exception:   # a bad path or file gets its own clear error when the model loads
         return None
 

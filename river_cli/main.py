@@ -13,12 +13,13 @@ import numpy as np
 
 from .calibrate import calibrate, tuned_option
 from .calibrate import __doc__ as calibrate_doc_text
-from .config import MODES, ExitConfig, GenerationConfig, QuantSpec
-from .decode import DecodeResult
-from .errors import ConfigError, RiverError
-from .model import RiverModel, bound_options, check
-from .options import parse
-from .plugins import KINDS, default_registry
+from river_core.config import MODES, ExitConfig, GenerationConfig, QuantSpec
+from river_core.decode import DecodeResult
+from river_core.errors import ConfigError, RiverError
+from river_core.model import RiverModel
+from river_core.options import parse
+from river_core.plan import Plan, resolve
+from river_core.plugins import KINDS, default_registry
 from .profile import Profile, Target, default_path
 from .prompts import GSM8K_TRAIN, read_prompts
 
@@ -41,7 +42,7 @@ def _model_arguments(p: argparse.ArgumentParser) -> None:
                    help="KV strategy: river, propagate, mask, monotonic, recompute, full")
     p.add_argument("-o", "--option", action="append", default=[], metavar="KEY=VALUE",
                    help="an option of the chosen policy, predictor or KV strategy, e.g. "
-                   "-o threshold=0.2 (repeatable; river plugins lists them)")
+                   "-o tau=0.95 (repeatable; river plugins lists them)")
     p.add_argument("--bits", type=int, default=_default(QuantSpec, "bits"),
                    help="stand-in weight precision: 4 (default) or 8")
     p.add_argument("--group-size", type=int, default=_default(QuantSpec, "group_size"))
@@ -102,7 +103,7 @@ def _parser(registry) -> argparse.ArgumentParser:
                    "commands and their options")
     for entry in registry.entries("command").values():   # commands plugins add
         command = sub.add_parser(entry.name, help=entry.summary, description=entry.summary)
-        command.set_defaults(run=entry.factory(command))
+        command.set_defaults(run=entry.plugin(command))
     return p
 
 
@@ -141,23 +142,22 @@ def _quant(args) -> QuantSpec:
     return QuantSpec(bits=args.bits, group_size=args.group_size, method=args.quantizer)
 
 
-def _load(args, exit_config: ExitConfig, max_new_tokens: int = 1) -> RiverModel:
-    """The model, once every setting has been checked: bad input fails before it loads."""
-    quant = _quant(args)
+def _load(args, exit_config: ExitConfig, max_new_tokens: int = 1) -> tuple[RiverModel, Plan]:
+    """The plan, resolved before the model loads wherever the backend can read the model's
+    shape first (bad input fails in a second, not after a load), then the model."""
     registry = default_registry()
-    load = registry.backend(args.backend)
-    caps = getattr(load, "capabilities", None)   # a loader may declare them
-    if caps is not None:
-        check(registry, exit_config, caps, args.backend)
-    else:
-        bound_options(registry, exit_config)
-    context = getattr(load, "context_length", lambda model: None)(args.model)
-    if context is not None and max_new_tokens >= context:
-        raise ConfigError(f"max_new_tokens ({max_new_tokens}) leaves no room for a prompt "
-                          f"in the model's context of {context} positions")
-    return RiverModel.from_pretrained(args.model, backend=args.backend, device=args.device,
-                                      dtype=args.dtype, quant=quant, progress=True,
-                                      registry=registry)
+    backend = registry.backend(args.backend)
+    shape = backend.shape(args.model)
+    plan = None
+    if shape is not None:
+        plan = resolve(exit_config, registry, backend.capabilities, shape, args.backend)
+        if max_new_tokens >= shape.max_positions:
+            raise ConfigError(f"max_new_tokens ({max_new_tokens}) leaves no room for a prompt "
+                              f"in the model's context of {shape.max_positions} positions")
+    model = RiverModel.from_pretrained(args.model, backend=args.backend, device=args.device,
+                                       dtype=args.dtype, quant=_quant(args), progress=True,
+                                       registry=registry)
+    return model, model.plan(plan or exit_config)
 
 
 def _generate(args) -> None:
@@ -168,23 +168,25 @@ def _generate(args) -> None:
                            top_p=args.top_p, stop=args.stop, seed=args.seed)
     if not args.prompt.strip():
         raise RiverError("empty prompt")
-    model = _load(args, exit_config, gen.max_new_tokens)
+    model, plan = _load(args, exit_config, gen.max_new_tokens)
     backend = model.backend
     if profile:
         profile.check(backend, args.profile)
     elif not args.no_profile and exit_config.mode == "exit":
+        # a saved profile is found by the loaded model's fingerprint: the one case resolved
+        # twice, since its options change the plan
         profile = Profile.find(backend, exit_config.policy)
         if profile and not set(profile.options) <= set(exit_config.options):
             profile.check(backend, default_path(backend, exit_config.policy))
-            exit_config = profile.exit_config(exit_config)
+            plan = model.plan(profile.exit_config(exit_config))
         else:
             profile = None
     if profile:
         print(f"calibrated: {profile.describe()}", file=sys.stderr)
     if args.stream:
-        stats = _stream(model, args.prompt, not args.no_chat, exit_config, gen)
+        stats = _stream(model, args.prompt, not args.no_chat, plan, gen)
     else:
-        out = model.generate(args.prompt, chat=not args.no_chat, exit_config=exit_config,
+        out = model.generate(args.prompt, chat=not args.no_chat, exit_config=plan,
                              generation_config=gen)
         print(out.text)
         stats = out.stats
@@ -199,7 +201,7 @@ def _calibrate(args) -> None:
     exit_config = _exit_config(args)
     tuned_option(default_registry(), exit_config)   # fails before the model loads
     prompts = read_prompts(args.prompts, args.limit, args.offset)
-    model = _load(args, exit_config)
+    model, _ = _load(args, exit_config)
     source = "GSM8K train (bundled)" if args.prompts == GSM8K_TRAIN else str(args.prompts)
     [profile] = calibrate(model, [model._encode(p, not args.no_chat)[0] for p in prompts],
                           exit_config, [args.target], tokens=args.tokens,
@@ -227,10 +229,10 @@ def _layer_report(profile: Profile) -> str:
     return "\n".join(lines)
 
 
-def _stream(model: RiverModel, prompt: str, chat: bool, exit_config: ExitConfig,
+def _stream(model: RiverModel, prompt: str, chat: bool, plan: Plan,
             gen: GenerationConfig) -> DecodeResult:
     """Print the text as it grows, holding back what could still turn into a stop string."""
-    tokens = model.stream(prompt, chat=chat, exit_config=exit_config, generation_config=gen)
+    tokens = model.stream(prompt, chat=chat, exit_config=plan, generation_config=gen)
     hold = max((len(s) for s in gen.stop), default=1) - 1
     shown = ""
     try:

@@ -1,0 +1,93 @@
+"""Resolve once: from an `ExitConfig` (names and options) to a typed, immutable `Plan`.
+
+`resolve` binds each chosen plugin's options, makes the exit policy for the model's depth and
+checks the whole against the backend's capabilities. It needs no loaded model, only the
+backend's declared capabilities and the model's shape, so the CLI resolves before a long load
+and hands the plan to the model; `RiverModel` resolves the same way from a loaded backend.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import attrs
+
+from .backend import Capabilities, ModelShape
+from .config import ExitConfig
+from .decode import Run
+from .errors import CapabilityError, ConfigError
+from .hookspecs import KVStrategyPlugin, PredictorPlugin
+from .options import bind
+from .plugins import Registry
+from .policy import ExitPolicy
+from .speculative import DraftLength, check_can_draft
+
+
+@attrs.frozen
+class Plan:
+    """What a generation runs, resolved and checked. Policies keep no state of their own, so the
+    plan holds the made policy; KV strategies and predictors may keep state, so it makes them
+    afresh for every generation (`run`)."""
+
+    config: ExitConfig
+    backend: str
+    shape: ModelShape
+    policy: ExitPolicy
+    kv_strategy: KVStrategyPlugin
+    kv_options: Any
+    predictor: PredictorPlugin
+    predictor_options: Any
+
+    def run(self) -> Run:
+        return Run(self.kv_strategy.make(self.kv_options), self.policy,
+                   functools.partial(self.predictor.make, self.predictor_options))
+
+    def draft_length(self) -> DraftLength | None:
+        """Speculative mode's draft length rule, fresh for a generation (None: exit mode)."""
+        if self.config.mode != "speculative":
+            return None
+        return DraftLength(self.config.draft_tokens, self.config.adaptive)
+
+
+def resolve(config: ExitConfig, registry: Registry, capabilities: Capabilities,
+            shape: ModelShape, backend: str) -> Plan:
+    """The plugins `config` names, with their options bound and checked against the backend's
+    capabilities and the model's shape."""
+    policy, kv, predictor = (registry.policy(config.policy), registry.kv_strategy(config.kv),
+                             registry.predictor(config.predictor))
+    options = bind(config.options, {"policy": policy.options, "predictor": predictor.options,
+                                    "kv_strategy": kv.options})
+    made = policy.make(options["policy"], shape.num_layers)
+    _check(config, kv.make, made, capabilities, shape, backend)
+    return Plan(config, backend, shape, made, kv, options["kv_strategy"], predictor,
+                options["predictor"])
+
+
+def _check(config: ExitConfig, strategy, policy: ExitPolicy, caps: Capabilities,
+           shape: ModelShape, backend: str) -> None:
+    needs = policy.needs
+    if strategy.allows_exit and not caps.exits:
+        raise CapabilityError(f"backend {backend!r} cannot exit early; use kv strategy 'full'")
+    if strategy.requires and not getattr(caps, strategy.requires):
+        raise CapabilityError(f"backend {backend!r} does not support the {config.kv!r} kv "
+                              f"strategy")
+    if strategy.allows_exit and needs.sub_blocks and not caps.sub_blocks:
+        raise CapabilityError(f"the {config.policy!r} policy reads sub-block similarities, "
+                              f"which backend {backend!r} does not report")
+    if strategy.allows_exit and needs.recheck and not strategy.drafts:
+        raise ConfigError(f"the {config.policy!r} policy recomputes doubtful tokens through "
+                          f"the backbone, which the {config.kv!r} kv strategy cannot take "
+                          f"(river or propagate can)")
+    if config.prefill_exit is not None:
+        if strategy.skipped_reads != "stand_in":
+            raise ConfigError(f"prefill_exit runs the prompt's deep layers as stand-ins; the "
+                              f"{config.kv!r} kv strategy has none")
+        if config.prefill_exit >= shape.num_layers:
+            raise ConfigError(f"prefill_exit {config.prefill_exit} is past the model's last "
+                              f"layer ({shape.num_layers - 1})")
+    if config.mode == "speculative":
+        check_can_draft(caps, backend, strategy, 1)
+        if config.prefill_exit is not None:
+            raise ConfigError("speculative mode is lossless, but prefill_exit would leave "
+                              "stand-in K/V in the prompt's slots; drop one of them")
