@@ -107,27 +107,27 @@ def _parser(registry) -> argparse.ArgumentParser:
     return p
 
 
-def _report(stats: DecodeResult) -> str:
+def report_stats(stats: DecodeResult) -> str:
     n = sum(len(t) for t in stats.tokens)
+    median = "" if stats.speculative else f" (median step {stats.median_step_ms:.1f})"
+    lines = [f"{n} tokens | {stats.ms_per_token:.1f} ms/token{median} | "
+             f"{stats.tokens_per_second:.1f} tokens/s | "
+             f"{'drafts ran' if stats.speculative else 'tokens ran'} "
+             f"{stats.mean_layers_run:.1f}/{stats.num_layers} backbone layers on average"]
     if stats.speculative:
-        lines = [f"{n} tokens | {stats.ms_per_token:.1f} ms/token (mean) | "
-                 f"{stats.tokens_per_second:.1f} tokens/s | speculative: "
-                 f"{100 * stats.acceptance_rate:.1f}% of {sum(stats.drafted)} drafts kept, "
-                 f"{stats.tokens_per_round:.2f} tokens per verification | drafts' mean exit "
-                 f"layer {stats.mean_exit_layer:.1f}/{stats.num_layers}"]
+        lines[0] += (f" | speculative: {100 * stats.acceptance_rate:.1f}% of "
+                     f"{sum(stats.drafted)} drafts kept, {stats.tokens_per_round:.2f} tokens "
+                     f"per verification")
     else:
-        lines = [f"{n} tokens | {stats.ms_per_token:.1f} ms/token (median decode step) | "
-                 f"{stats.tokens_per_second:.1f} tokens/s | mean exit layer "
-                 f"{stats.mean_exit_layer:.1f}/{stats.num_layers} | "
-                 f"{100 * stats.skipped_share:.1f}% of layers skipped"]
-    hist = stats.histogram()
+        lines[0] += f" | {100 * stats.skipped_share:.1f}% of layers skipped"
+    hist = stats.layers_run_histogram()
     if hist.sum():
         what = "draft step" if stats.speculative else "token"
         lines.append(f"histogram of backbone layers run per {what}:")
         scale = 40 / hist.max()
-        for layer in np.nonzero(hist)[0]:
-            lines.append(f"  {layer:3d} | {'#' * max(1, round(hist[layer] * scale))} "
-                         f"{hist[layer]}")
+        for layers in np.nonzero(hist)[0]:
+            lines.append(f"  {layers:3d} | {'#' * max(1, round(hist[layers] * scale))} "
+                         f"{hist[layers]}")
     return "\n".join(lines)
 
 
@@ -192,7 +192,7 @@ def _generate(args) -> None:
         stats = out.stats
     stopped = "\ninterrupted: what came before Ctrl-C" if stats.interrupted else ""
     print(f"{stopped}\nbackend {backend.name} on {', '.join(backend.runs_on)}\n"
-          f"{_report(stats)}", file=sys.stderr)
+          f"{report_stats(stats)}", file=sys.stderr)
     if stats.interrupted:
         raise KeyboardInterrupt
 

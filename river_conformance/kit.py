@@ -314,7 +314,7 @@ def test_exit_before_the_first_layer_runs_the_whole_model_quantized(conformance_
                              ExitConfig(kv="river", policy="fixed", options={"layer": -1}),
                              GenerationConfig(max_new_tokens=4))
     assert out.exit_layers[0] == [-1] * len(out.exit_layers[0])
-    assert out.skipped_share == 1.0 and out.histogram()[0] == len(out.exit_layers[0])
+    assert out.skipped_share == 1.0 and out.layers_run_histogram()[0] == len(out.exit_layers[0])
 
 
 @pytest.mark.parametrize("strategy", [River(), Propagate()])

@@ -25,11 +25,21 @@ PredictorFactory = Callable[[Sequence[float], Sequence[float]], SimilarityPredic
 
 @attrs.frozen
 class DecodeResult:
-    """Generated ids per sequence, and where each decode step's token left the backbone."""
+    """Generated ids per sequence, where each decode step's token left the backbone, and times.
+
+    Layers, one convention everywhere: a token's **exit layer** is the 0-based index of the
+    last backbone layer it ran (L-1: full depth; -1: none, stand-ins only), as in
+    `exit_layers`, `Token.exit_layer`, `prefill_exit`, `min_layer` and the fixed policy's
+    `layer`; **layers run** is the count, exit layer + 1 (`mean_layers_run`,
+    `layers_run_histogram`).
+
+    Speed, one definition in every mode: `ms_per_token` is all decode time over the tokens
+    decoding produced (the first token comes from prefill); `median_step_ms` is a second
+    figure where a step is one token (exit mode; at batch 1 the median ms/token).
+    """
 
     tokens: list[list[int]]
-    exit_layers: list[list[int]]   # per sequence, per decode step: last backbone layer run
-                                   # (-1: none, the token ran stand-ins only)
+    exit_layers: list[list[int]]   # per sequence, per decode step (speculative: per draft step)
     num_layers: int
     prefill_seconds: float
     step_seconds: list[float]      # wall time of each decode step (the whole batch); in
@@ -44,19 +54,17 @@ class DecodeResult:
 
     @property
     def ms_per_token(self) -> float:
-        """Decode time per token in milliseconds (batch 1): the median step, or in speculative
-        mode, whose rounds yield several tokens, the mean over all rounds."""
-        if not self.step_seconds:
-            return float("nan")
-        if self.speculative:
-            return self.mean_ms_per_token
-        return float(np.median(self.step_seconds)) * 1e3
-
-    @property
-    def mean_ms_per_token(self) -> float:
-        """All decode time over the tokens decoding produced (the first comes from prefill)."""
+        """All decode time over the tokens decoding produced, in milliseconds (every mode)."""
         n = sum(len(t) for t in self.tokens) - len(self.tokens)
         return sum(self.step_seconds) * 1e3 / n if n > 0 else float("nan")
+
+    @property
+    def median_step_ms(self) -> float:
+        """The median decode step in milliseconds, in exit mode (nan in speculative mode,
+        whose rounds yield several tokens each)."""
+        if not self.step_seconds or self.speculative:
+            return float("nan")
+        return float(np.median(self.step_seconds)) * 1e3
 
     @property
     def acceptance_rate(self) -> float:
@@ -80,8 +88,8 @@ class DecodeResult:
         return np.array([k for row in self.exit_layers for k in row], dtype=np.int64)
 
     @property
-    def mean_exit_layer(self) -> float:
-        """Mean number of backbone layers a decoded token ran (L means full depth)."""
+    def mean_layers_run(self) -> float:
+        """Mean number of backbone layers a decode step's token ran (L: full depth)."""
         e = self._all_exits
         return float(e.mean() + 1) if e.size else float("nan")
 
@@ -93,8 +101,8 @@ class DecodeResult:
             return 0.0
         return float((self.num_layers - 1 - e).sum() / (e.size * self.num_layers))
 
-    def histogram(self) -> np.ndarray:
-        """Count of decode steps by number of backbone layers run (index 0..num_layers)."""
+    def layers_run_histogram(self) -> np.ndarray:
+        """Count of decode steps by backbone layers run (index 0..num_layers)."""
         return np.bincount(self._all_exits + 1, minlength=self.num_layers + 1)
 
 
@@ -254,7 +262,7 @@ class Token:
 
     row: int          # which sequence of the batch
     id: int
-    exit_layer: int   # the last backbone layer the step that chose it ran (L-1: full depth)
+    exit_layer: int   # of the step that chose it (DecodeResult: L-1 full depth, -1 none)
     drafted: bool = False   # speculative mode: a draft the backbone kept
 
 

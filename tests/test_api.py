@@ -16,7 +16,7 @@ def test_generate_returns_text_and_stats(folder):
     out = model.generate("abc", chat=False, max_new_tokens=6, min_layer=1)
     assert isinstance(out.text, str)
     assert 1 <= len(out.stats.tokens[0]) <= 6
-    assert out.stats.histogram().sum() == len(out.stats.exit_layers[0])
+    assert out.stats.layers_run_histogram().sum() == len(out.stats.exit_layers[0])
     assert 0.0 <= out.stats.skipped_share <= 1.0
 
 
@@ -58,5 +58,6 @@ def test_cli_generate_prints_text_and_stats(folder, capsys):
     assert main(["generate", "abc", "--model", folder, "--no-chat", "--max-new-tokens", "5",
                  "-o", "min_layer=1"]) == 0
     err = capsys.readouterr().err
-    assert "ms/token" in err and "tokens/s" in err and "mean exit layer" in err
+    assert "ms/token (median step" in err and "tokens/s" in err
+    assert "backbone layers on average" in err
     assert "% of layers skipped" in err and "histogram of backbone layers run" in err

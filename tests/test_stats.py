@@ -1,0 +1,36 @@
+"""Statistics that can be set side by side: one definition of ms/token in every mode, one
+convention for layers (DecodeResult's docstring)."""
+
+import numpy as np
+import pytest
+
+from river_core import DecodeResult, RiverModel
+
+
+def test_ms_per_token_is_all_decode_time_over_decoded_tokens_in_every_mode():
+    # 5 tokens: the first from prefill, 4 from decoding; exit mode: one step a token
+    exit_mode = DecodeResult([[1, 2, 3, 4, 5]], [[0, 1, 2, 3]], 4, 0.5, [0.01, 0.02, 0.03, 0.10])
+    assert exit_mode.ms_per_token == pytest.approx(160 / 4)
+    assert exit_mode.median_step_ms == pytest.approx(25.0)
+    # speculative: two rounds of 0.08 s yield the same 4 decoded tokens
+    rounds = DecodeResult([[1, 2, 3, 4, 5]], [[0, 0, 0]], 4, 0.5, [0.08, 0.08],
+                          drafted=[2, 1], accepted=[1, 1])
+    assert rounds.ms_per_token == pytest.approx(160 / 4)
+    assert np.isnan(rounds.median_step_ms)
+
+
+def test_exit_layers_are_indices_and_layers_run_are_counts():
+    stats = DecodeResult([[1, 2, 3, 4]], [[-1, 0, 3]], 4, 0.1, [0.01] * 3)
+    assert stats.mean_layers_run == pytest.approx(np.mean([0, 1, 4]))
+    assert stats.layers_run_histogram().tolist() == [1, 1, 0, 0, 1]   # 0, 1 and 4 layers run
+
+
+@pytest.mark.parametrize("settings", [dict(policy="fixed", layer=1),
+                                      dict(mode="speculative", policy="fixed", layer=-1)])
+def test_the_cli_reports_both_modes_alike(tiny_folder, settings):
+    model = RiverModel.from_pretrained(tiny_folder("llama"))
+    stats = model.generate("abc", chat=False, max_new_tokens=8, **settings).stats
+    from river_cli.main import report_stats
+    first = report_stats(stats).splitlines()[0]
+    assert f"{stats.ms_per_token:.1f} ms/token" in first
+    assert f"{stats.mean_layers_run:.1f}/{stats.num_layers} backbone layers" in first
