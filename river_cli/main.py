@@ -16,7 +16,7 @@ from .calibrate import __doc__ as calibrate_doc_text
 from river_core.config import MODES, ExitConfig, GenerationConfig, QuantSpec
 from river_core.decode import DecodeResult
 from river_core.errors import ConfigError, RiverError
-from river_core.model import RiverModel
+from river_core.model import RiverModel, check_text
 from river_core.options import parse
 from river_core.plan import Plan, resolve
 from river_core.plugins import KINDS, default_registry
@@ -166,7 +166,7 @@ def _generate(args) -> None:
                                draft_tokens=args.draft_tokens, adaptive=args.adaptive_draft)
     gen = GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                            top_p=args.top_p, stop=args.stop, seed=args.seed)
-    if not args.prompt.strip():
+    if not check_text(args.prompt).strip():
         raise RiverError("empty prompt")
     model, plan = _load(args, exit_config, gen.max_new_tokens)
     backend = model.backend
@@ -203,7 +203,7 @@ def _calibrate(args) -> None:
     prompts = read_prompts(args.prompts, args.limit, args.offset)
     model, _ = _load(args, exit_config)
     source = "GSM8K train (bundled)" if args.prompts == GSM8K_TRAIN else str(args.prompts)
-    [profile] = calibrate(model, [model._encode(p, not args.no_chat)[0] for p in prompts],
+    [profile] = calibrate(model, [model.encode(p, not args.no_chat)[0] for p in prompts],
                           exit_config, [args.target], tokens=args.tokens,
                           layer_prompts=args.layer_prompts, precision=_quant(args).label,
                           model_name=args.model or "default", source=source, progress=True)

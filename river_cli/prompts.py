@@ -18,9 +18,16 @@ def read_prompts(path: Path, limit: int | None = None, offset: int = 0) -> list[
     """Prompts offset..offset+limit-1 of `path`."""
     path = Path(path)
     try:
-        lines = [line for line in path.read_text().splitlines() if line.strip()]
+        raw = path.read_bytes()
     except OSError as e:
         raise ConfigError(f"cannot read prompts from {path}: {e.strerror}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[:e.start].count(b"\n") + 1
+        raise ConfigError(f"{path} is not valid UTF-8: byte 0x{raw[e.start]:02x} at byte offset "
+                          f"{e.start} (line {line})") from None
+    lines = [line for line in text.splitlines() if line.strip()]
     lines = lines[offset:] if limit is None else lines[offset:offset + limit]
     if path.suffix == ".jsonl":
         lines = [_field(line, path, offset + i) for i, line in enumerate(lines)]

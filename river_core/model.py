@@ -105,7 +105,7 @@ class RiverModel:
         `options` may also carry as a dict."""
         exit_config, generation_config = split_settings(settings, exit_config,
                                                         generation_config, options)
-        stats = self.generate_ids(self._encode(prompt, chat), exit_config, generation_config)
+        stats = self.generate_ids(self.encode(prompt, chat), exit_config, generation_config)
         texts = [self.text(t, generation_config.stop) for t in stats.tokens]
         return Completion(texts, stats)
 
@@ -121,12 +121,14 @@ class RiverModel:
         """
         exit_config, generation_config = split_settings(settings, exit_config,
                                                         generation_config, options)
-        return TokenStream(self._stream(self._encode(prompt, chat), exit_config,
+        return TokenStream(self._stream(self.encode(prompt, chat), exit_config,
                                         generation_config))
 
-    def _encode(self, prompt: str | Sequence[str], chat: bool) -> list[list[int]]:
+    def encode(self, prompt: str | Sequence[str], chat: bool = True) -> list[list[int]]:
+        """Token ids of one prompt or a batch, under the chat template unless `chat` is False;
+        refuses empty prompts and text that is not valid UTF-8."""
         prompts = [prompt] if isinstance(prompt, str) else list(prompt)
-        if not prompts or any(not p.strip() for p in prompts):
+        if not prompts or any(not check_text(p).strip() for p in prompts):
             raise ConfigError("empty prompt")
         tok = self.backend.tokenizer
         return [tok.chat(p) if chat else tok.encode(p) for p in prompts]
@@ -218,6 +220,24 @@ class TokenStream:
             except StopIteration as done:
                 self.stats = done.value
         return self.stats
+
+
+def check_text(text: str, what: str = "prompt") -> str:
+    """`text`, if it is text a tokenizer can take. Python decodes bytes that are not UTF-8 (in
+    a command line, say) to lone surrogates; those are refused with the byte's offset."""
+    if not isinstance(text, str):
+        raise ConfigError(f"{what} must be text (str), got {type(text).__name__}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        bad = text[e.start]
+        if "\udc80" <= bad <= "\udcff":   # an undecodable byte, escaped
+            offset = len(text[:e.start].encode("utf-8", "surrogateescape"))
+            raise ConfigError(f"{what} is not valid UTF-8: byte 0x{ord(bad) - 0xdc00:02x} at "
+                              f"byte offset {offset}") from None
+        raise ConfigError(f"{what} holds a lone surrogate U+{ord(bad):04X} at character "
+                          f"{e.start}: not text a tokenizer can take") from None
+    return text
 
 
 def _cut(text: str, stop: Sequence[str]) -> str:

@@ -16,6 +16,7 @@ from river_core.errors import ModelError
 
 from . import families
 from .cache import cache_root, cached, digest, files_key
+from .gguf_header import check_gguf, read_header
 from .spec import Checkpoint
 from .tokenizer import Tokenizer
 
@@ -87,6 +88,7 @@ def locate(model: str | None, progress: bool = False) -> Path:
         target, key = _converted(path)
 
         def convert(tmp: Path) -> None:
+            check_gguf(path)   # a cut-short file is named as such, not by a struct error
             say(progress, f"converting {path.name} once into {target} ...")
             _convert(path, tmp)
         with _quiet_transformers(progress):
@@ -106,13 +108,9 @@ def model_shape(model: str | None) -> ModelShape | None:
             config = json.loads((folder / "config.json").read_text())
             return ModelShape(int(config["num_hidden_layers"]),
                               int(config["max_position_embeddings"]))
-        import gguf   # not converted yet: the header (seconds, once, before a longer conversion)
-
-        reader = gguf.GGUFReader(str(path))
-        field = lambda key: reader.fields[key].parts[reader.fields[key].data[0]]
-        arch = bytes(field("general.architecture")).decode()
-        return ModelShape(int(field(f"{arch}.block_count")[0]),
-                          int(field(f"{arch}.context_length")[0]))
+        meta = read_header(path).metadata   # not converted yet: its header (0.1 s)
+        arch = meta["general.architecture"]
+        return ModelShape(int(meta[f"{arch}.block_count"]), int(meta[f"{arch}.context_length"]))
     except Exception:   # a bad path or file gets its own clear error when the model loads
         return None
 

@@ -97,3 +97,48 @@ def test_checks_that_need_no_model_run_before_it_loads(tiny_folder, monkeypatch,
     monkeypatch.setattr(river_models, "open_model", loaded)
     assert main(["generate", "hi", "--model", tiny_folder("llama"), *args]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_prompt_that_is_not_utf8_is_refused_with_its_byte_offset():
+    for extra in ([], ["--no-chat"]):
+        out = subprocess.run([sys.executable, "-m", "river_cli.main", "generate",
+                              b"ok \xff\xfe bytes", *extra], capture_output=True, timeout=300)
+        err = out.stderr.decode()
+        assert out.returncode == 2 and "Traceback" not in err
+        assert "prompt is not valid UTF-8: byte 0xff at byte offset 3" in err
+
+
+def test_the_api_refuses_text_no_tokenizer_takes(tiny_folder):
+    from river_core import ConfigError, RiverModel
+
+    model = RiverModel.from_pretrained(tiny_folder("llama"))
+    with pytest.raises(ConfigError, match="byte 0xfe at byte offset 2"):
+        model.generate("ab\udcfe", max_new_tokens=2)
+    with pytest.raises(ConfigError, match="lone surrogate U\\+D800 at character 1"):
+        model.generate("a\ud800", max_new_tokens=2)
+
+
+def test_a_prompt_file_that_is_not_utf8_is_refused_with_its_line(tmp_path):
+    from river_cli.prompts import read_prompts
+    from river_core import ConfigError
+
+    bad = tmp_path / "prompts.txt"
+    bad.write_bytes(b"first\nsecond \xc3\x28\n")
+    with pytest.raises(ConfigError, match=r"byte 0xc3 at byte offset 13 \(line 2\)"):
+        read_prompts(bad)
+
+
+@pytest.mark.parametrize("keep", [1000, 30000])
+def test_a_truncated_gguf_is_named_as_such(tmp_path, capsys, monkeypatch, keep):
+    import shutil
+
+    from river_llamacpp.tiny import gguf_file
+
+    cut = tmp_path / "cut.gguf"
+    shutil.copy(gguf_file(0), cut)
+    with cut.open("r+b") as f:
+        f.truncate(keep)
+    monkeypatch.setenv("RIVER_CACHE", str(tmp_path / "cache"))
+    assert main(["generate", "hi", "--model", str(cut)]) == 2
+    err = capsys.readouterr().err
+    assert f"truncated GGUF {cut}: {keep} bytes, its " in err and "Traceback" not in err

@@ -1,0 +1,125 @@
+"""A GGUF file's header, read without loading its tensors: its scalar metadata, and whether the
+file holds all the bytes the header declares (a truncated download is named in one line, not
+left to a struct error deep in a converter)."""
+
+from __future__ import annotations
+
+import mmap
+import struct
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from river_core.errors import ModelError
+
+MAGIC = b"GGUF"
+SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q",
+           12: "d"}
+STRING, ARRAY = 8, 9
+DEFAULT_ALIGNMENT = 32
+
+
+class _Short(Exception):
+    """The file ended: `needs` bytes were wanted."""
+
+    def __init__(self, needs: int) -> None:
+        self.needs = needs
+
+
+class _Cursor:
+    def __init__(self, data, size: int) -> None:
+        self.data, self.size, self.pos = data, size, 0
+
+    def take(self, fmt: str):
+        n = struct.calcsize("<" + fmt)
+        if self.pos + n > self.size:
+            raise _Short(self.pos + n)
+        (value,) = struct.unpack_from("<" + fmt, self.data, self.pos)
+        self.pos += n
+        return value
+
+    def skip(self, n: int) -> None:
+        if self.pos + n > self.size:
+            raise _Short(self.pos + n)
+        self.pos += n
+
+    def string(self) -> str:
+        n = self.take("Q")
+        start = self.pos
+        self.skip(n)
+        return bytes(self.data[start:start + n]).decode("utf-8", errors="replace")
+
+    def value(self, kind: int) -> Any:
+        if kind in SCALARS:
+            return self.take(SCALARS[kind])
+        if kind == STRING:
+            return self.string()
+        if kind == ARRAY:   # kept as its length: only scalars and strings are needed here
+            item, count = self.take("I"), self.take("Q")
+            if item in SCALARS:
+                self.skip(count * struct.calcsize("<" + SCALARS[item]))
+            else:
+                for _ in range(count):
+                    self.value(item)
+            return count
+        raise ModelError(f"unknown GGUF value type {kind}")
+
+
+@attrs.frozen
+class Header:
+    metadata: dict[str, Any]
+    size: int        # the file's bytes
+    needs: int       # the bytes the header declares: tensor data start + the last tensor's end
+
+
+def _tensor_bytes(ggml_type: int, dims: list[int]) -> int:
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
+    count = 1
+    for d in dims:
+        count *= d
+    return count // block * type_size
+
+
+def read_header(path: Path) -> Header:
+    """The header of the GGUF at `path`; ModelError if it is not one or is cut short."""
+    path = Path(path)
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        if size < len(MAGIC) or f.read(len(MAGIC)) != MAGIC:
+            raise ModelError(f"{path} is not a GGUF file (no GGUF magic)")
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            c = _Cursor(data, size)
+            try:
+                c.skip(len(MAGIC))
+                c.take("I")   # version
+                tensors, entries = c.take("Q"), c.take("Q")
+                metadata = {}
+                for _ in range(entries):
+                    key = c.string()
+                    metadata[key] = c.value(c.take("I"))
+                end = 0
+                for _ in range(tensors):
+                    c.string()
+                    dims = [c.take("Q") for _ in range(c.take("I"))]
+                    kind, offset = c.take("I"), c.take("Q")
+                    end = max(end, offset + _tensor_bytes(kind, dims))
+            except _Short as short:
+                raise ModelError(f"truncated GGUF {path}: {size} bytes, its header needs at "
+                                 f"least {short.needs}") from None
+            except (ValueError, KeyError) as e:
+                raise ModelError(f"damaged GGUF {path}: {e}") from None
+    align = int(metadata.get("general.alignment", DEFAULT_ALIGNMENT))
+    start = -(-c.pos // align) * align
+    return Header(metadata, size, start + end)
+
+
+def check_gguf(path: Path) -> Header:
+    """`read_header`, and the file holds every tensor byte the header declares."""
+    header = read_header(path)
+    if header.size < header.needs:
+        raise ModelError(f"truncated GGUF {path}: {header.size} bytes, its tensors need "
+                         f"{header.needs}")
+    return header
