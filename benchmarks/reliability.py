@@ -1,7 +1,8 @@
 """Reliability on the embedded model, what takes minutes (the tests cover the rest on tiny
-models): interrupted and racing builds, a long generation, memory over many generations.
+models): interrupted and racing builds, the cache's sizes and checks, a long generation,
+memory over many generations.
 
-    python -m benchmarks reliability                  # all four parts
+    python -m benchmarks reliability                  # all five parts
     python -m benchmarks reliability --parts memory --generations 1000
 
 - interrupt: `river generate` in a scratch cache, killed with SIGINT and with SIGKILL while it
@@ -9,6 +10,9 @@ models): interrupted and racing builds, a long generation, memory over many gene
   removes, rebuild, and leave every entry valid (checksums verified).
 - race: two `river generate --backend onnx` started together on an empty cache: both succeed,
   one waits, each entry is built once.
+- cache: the embedded model's entries built from an empty cache (the first `river generate` on
+  hf, then on onnx, and a warm run, timed), each entry's size, and what checking it costs:
+  before use (the manifest's seal and every size) and in full (every file's SHA-256).
 - long: 2,048 teacher-forced tokens through River (the paper's rule) against full depth: river
   K/V error per layer over each quarter of the positions (drift shows as growth), NaN/inf.
 - memory: N generations in one process (both modes, alternating prompts): RSS after each,
@@ -35,11 +39,10 @@ from tqdm import tqdm
 import gsm8k
 from common import GSM8K_TRAIN, RESULTS, machine, write
 from river_core import ExitConfig, GenerationConfig, RiverModel
-from river_core.predictor import STAND_IN_BOUND_C
-from river_core.predictor import relative_error
+from river_core.predictor import STAND_IN_BOUND_C, relative_error
 from river_models.cache import entries, problem
 
-PARTS = ("interrupt", "race", "long", "memory")
+PARTS = ("interrupt", "race", "cache", "long", "memory")
 KINDS = {"converted": "hf", "stand-ins": "hf", "onnx": "onnx"}   # what each build is for
 
 
@@ -67,15 +70,31 @@ def _valid(cache: Path) -> dict:
     return {f"{e.kind}/{e.path.name}": e.problem or "ok" for e in entries(checksums=True)}
 
 
-def verify_seconds(cache: Path) -> dict:
-    """What checking an entry before use costs: (size in MB, seconds) per entry."""
+def verify_seconds(cache: Path, checksums: bool = False) -> dict:
+    """What checking an entry costs: (size in MB, seconds) per entry; the check before use
+    (the manifest's seal and every size), or with `checksums` every file's SHA-256."""
     os.environ["RIVER_CACHE"] = str(cache)
     out = {}
     for e in entries():
         start = time.perf_counter()
-        problem(e.path)
+        problem(e.path, checksums=checksums)
         out[e.kind] = (e.size / 2 ** 20, time.perf_counter() - start)
     return out
+
+
+def cache_costs(scratch: Path) -> dict:
+    """The embedded model's entries built from an empty cache (first-run times of `river
+    generate` on hf, then onnx), their sizes, and what checking them costs."""
+    cache = scratch / "sizes"
+    first = {}
+    for backend in ("hf", "onnx"):
+        start = time.perf_counter()
+        _, err = _river(cache, backend).communicate(timeout=3600)
+        first[backend] = time.perf_counter() - start
+    start = time.perf_counter()
+    _river(cache, "hf").communicate(timeout=600)
+    return {"first_run_seconds": first, "warm_run_seconds_hf": time.perf_counter() - start,
+            "load_check": verify_seconds(cache), "full_checksum": verify_seconds(cache, True)}
 
 
 def interrupt(scratch: Path) -> list[dict]:
@@ -172,6 +191,8 @@ def main() -> None:
             results["interrupt"] = interrupt(Path(scratch))
         if "race" in args.parts:
             results["race"] = race(Path(scratch))
+        if "cache" in args.parts:
+            results["cache"] = cache_costs(Path(scratch))
     if "long" in args.parts or "memory" in args.parts:
         model = RiverModel.from_pretrained(backend=args.backend, progress=True)
         if "long" in args.parts:
@@ -207,10 +228,22 @@ def report(results: dict, info: dict, backend: str) -> str:
         lines += ["## Two processes building at once", "",
                   f"Exit statuses {r['status']}; waited {r['waited']}; GGUF conversions "
                   f"{r['conversions']}; {len(r['entries'])} entries, "
-                  f"{'all valid' if ok else r['entries']}. Checking an entry before use "
-                  f"(sizes and SHA-256 of every file): " + ", ".join(
-                      f"{kind} {mb:.0f} MB in {seconds:.2f} s"
-                      for kind, (mb, seconds) in r["verify_seconds"].items()) + ".", ""]
+                  f"{'all valid' if ok else r['entries']}.", ""]
+    if "cache" in results:
+        r = results["cache"]
+        total = sum(mb for mb, _ in r["load_check"].values())
+        lines += ["## The cache of the embedded model", "",
+                  f"From an empty cache, the first `river generate` took "
+                  f"{r['first_run_seconds']['hf']:.0f} s on hf (conversion and quantization "
+                  f"included) and the first on onnx {r['first_run_seconds']['onnx']:.0f} s more "
+                  f"(the export); a warm run {r['warm_run_seconds_hf']:.0f} s (process start and "
+                  f"load included). Entries, {total:.0f} MB in all:", "",
+                  "| entry | MB | check before use (seal and sizes) | full checksum "
+                  "(`river cache --verify`) |", "|---|---|---|---|"]
+        for kind, (mb, seconds) in r["load_check"].items():
+            lines.append(f"| {kind} | {mb:.0f} | {seconds * 1e3:.1f} ms | "
+                         f"{r['full_checksum'][kind][1]:.2f} s |")
+        lines.append("")
     if "long" in results:
         r = results["long"]
         worst = np.array(r["kv_error_by_layer_and_quarter"]).max(0)

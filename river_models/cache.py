@@ -2,13 +2,18 @@
 
 Root: RIVER_CACHE, else $XDG_CACHE_HOME/river, else ~/.cache/river. Every entry (a converted
 GGUF, an ONNX export, quantized stand-in weights) is a folder `KIND/NAME`, NAME ending in a
-digest of its inputs. `cached` builds it under an exclusive lock (`.locks/KIND-NAME.lock`: a
-second process waits, then finds it built), in a temporary sibling `.partial-NAME-PID` that is
-renamed into place with a manifest written last: the cache format, the inputs' digest, and
-each file's size and SHA-256. Before an entry is used its files are checked
-against the manifest; anything that does not match (a partial build a killed run left, a
-truncated or altered file, another format) is reported in one line, removed and built again,
-never loaded.
+digest of its inputs: the content key of the model it was made from (`content_key`: no path,
+no modification time, so a copy of a model or a rebuilt conversion finds the same entries) and
+the settings. `cached` builds it under an exclusive lock (`.locks/KIND-NAME.lock`: a second
+process waits, then finds it built), in a temporary sibling `.partial-NAME-PID` that is renamed
+into place with a manifest written last: the cache format, the inputs' digest, the source it
+was made from, each file's size and SHA-256, and a seal (the SHA-256 of all that).
+
+Before an entry is used, its manifest's seal and every file's size are checked (milliseconds);
+every file's SHA-256 is read only by `river cache --verify` and when a killed run's partial
+build shows the last build was unclean. Anything that does not match is reported in one line,
+removed and built again, never loaded. An entry whose source is gone or has changed is an
+orphan: nothing current refers to it, and `river cache --prune` removes it.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from typing import Callable, Iterator
 
 import attrs
 
-FORMAT = 1   # the layout of an entry and its manifest: entries of another format are rebuilt
+FORMAT = 2   # the layout of an entry and its manifest: entries of another format are rebuilt
 MANIFEST = "river-cache.json"
 PARTIAL = ".partial-"
 
@@ -42,11 +47,28 @@ def digest(*parts: object) -> str:
     return hashlib.sha256("|".join(map(str, parts)).encode()).hexdigest()[:12]
 
 
-def files_key(folder: Path) -> str:
-    """Identifies a model folder by its files' names, sizes and modification times."""
-    stats = [f"{f.name}:{f.stat().st_size}:{f.stat().st_mtime_ns}"
-             for f in sorted(folder.iterdir()) if f.is_file()]
-    return digest(folder.resolve(), *stats)
+SAMPLE = 1 << 20   # bytes hashed at each end of a file for its content key
+
+
+def content_key(path: Path) -> str:
+    """A model file or folder by content: each file's name, size and the SHA-256 of its first
+    and last MiB (weights differ there between models of one shape). Milliseconds for any
+    size; no path or modification time, so copies and rebuilds key alike."""
+    path = Path(path)
+    files = [path] if path.is_file() else sorted(f for f in path.rglob("*") if f.is_file()
+                                                 and f.name != MANIFEST)
+    parts = []
+    for f in files:
+        size = f.stat().st_size
+        h = hashlib.sha256()
+        with f.open("rb") as data:
+            h.update(data.read(SAMPLE))
+            if size > 2 * SAMPLE:
+                data.seek(size - SAMPLE)
+                h.update(data.read(SAMPLE))
+        name = f.name if f == path else f.relative_to(path).as_posix()
+        parts.append(f"{name}:{size}:{h.hexdigest()}")
+    return digest(*parts)
 
 
 def _say(message: str) -> None:
@@ -65,18 +87,35 @@ def _files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST)
 
 
-def problem(target: Path, inputs: str | None = None, checksums: bool = True) -> str | None:
-    """Why `target` cannot be used (None: it can). Without `checksums`, sizes only."""
-    if not target.is_dir():
-        return "not built"
+def _seal(manifest: dict) -> str:
+    body = {k: v for k, v in manifest.items() if k != "seal"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def _manifest(target: Path) -> dict | str:
+    """The entry's manifest, or why it cannot be read."""
     try:
         manifest = json.loads((target / MANIFEST).read_text())
     except FileNotFoundError:
         return "incomplete or made by an older River (no manifest)"
     except (OSError, ValueError):
         return "unreadable manifest"
-    if manifest.get("format") != FORMAT:
-        return f"cache format {manifest.get('format')}, this River reads {FORMAT}"
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        found = manifest.get("format") if isinstance(manifest, dict) else None
+        return f"cache format {found}, this River reads {FORMAT}"
+    if manifest.get("seal") != _seal(manifest):
+        return "altered manifest (its seal does not match)"
+    return manifest
+
+
+def problem(target: Path, inputs: str | None = None, checksums: bool = False) -> str | None:
+    """Why `target` cannot be used (None: it can): the manifest's seal and every file's size,
+    and with `checksums` every file's SHA-256 too (reads everything)."""
+    if not target.is_dir():
+        return "not built"
+    manifest = _manifest(target)
+    if isinstance(manifest, str):
+        return manifest
     if inputs is not None and manifest.get("inputs") != inputs:
         return "built from other inputs"
     files = manifest.get("files", {})
@@ -108,14 +147,32 @@ def _locked(target: Path) -> Iterator[None]:
         yield   # released when the file closes, or when the process dies
 
 
-def cached(target: Path, build: Callable[[Path], object], inputs: str) -> Path:
-    """`target`, built by `build(folder)` first unless a valid build of `inputs` is there."""
+def orphaned(target: Path) -> str | None:
+    """Why nothing current refers to `target` (None: its source is there, unchanged)."""
+    manifest = _manifest(target)
+    source = manifest.get("source") if isinstance(manifest, dict) else None
+    if not source:
+        return None
+    path = Path(source["path"])
+    if not path.exists():
+        return f"orphan: its source {path} is gone"
+    if content_key(path) != source["key"]:
+        return f"orphan: its source {path} has changed"
+    return None
+
+
+def cached(target: Path, build: Callable[[Path], object], inputs: str,
+           source: Path | None = None) -> Path:
+    """`target`, built by `build(folder)` first unless a valid build of `inputs` is there.
+    `source`: the model file or folder it is made from, recorded for `orphaned`."""
     target.parent.mkdir(parents=True, exist_ok=True)
     with _locked(target):
+        unclean = False
         for partial in target.parent.glob(f"{PARTIAL}{target.name}-*"):
             _say(f"removing an incomplete build of {target.name} (an interrupted run)")
             shutil.rmtree(partial, ignore_errors=True)
-        why = problem(target, inputs)
+            unclean = True
+        why = problem(target, inputs, checksums=unclean)
         if why is None:
             return target
         if target.exists():
@@ -128,8 +185,11 @@ def cached(target: Path, build: Callable[[Path], object], inputs: str) -> Path:
             files = {p.relative_to(tmp).as_posix(): {"size": p.stat().st_size,
                                                      "sha256": _sha256(p)}
                      for p in _files(tmp)}
-            (tmp / MANIFEST).write_text(json.dumps({"format": FORMAT, "inputs": inputs,
-                                                    "files": files}, indent=1))
+            manifest = {"format": FORMAT, "inputs": inputs, "files": files, "source": None if
+                        source is None else {"path": str(Path(source).resolve()),
+                                             "key": content_key(source)}}
+            manifest["seal"] = _seal(manifest)
+            (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
             os.replace(tmp, target)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -159,7 +219,7 @@ def entries(checksums: bool = False) -> list[Entry]:
         for path in sorted(p for p in kind.iterdir() if p.is_dir()):
             size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
             why = "partial build" if path.name.startswith(PARTIAL) else \
-                problem(path, checksums=checksums)
+                problem(path, checksums=checksums) or orphaned(path)
             found.append(Entry(path, size, why))
     return found
 

@@ -181,5 +181,5 @@ def stand_ins(checkpoint: Checkpoint, spec: QuantSpec, progress: bool = False,
     target = cache_root() / "stand-ins" / f"{checkpoint.name}-{key}"
     cached(target,
            lambda tmp: build_stand_ins(checkpoint, spec, progress).save(tmp / "stand-ins.npz"),
-           key)
+           key, source=checkpoint.source)
     return StandIns.load(target / "stand-ins.npz", spec)

@@ -15,7 +15,7 @@ from river_core.backend import ModelShape
 from river_core.errors import ModelError
 
 from . import families
-from .cache import cache_root, cached, digest, files_key
+from .cache import cache_root, cached, content_key
 from .gguf_header import check_gguf, read_header
 from .spec import Checkpoint
 from .tokenizer import Tokenizer
@@ -70,18 +70,56 @@ def _convert(gguf: Path, folder: Path) -> None:
 
 def _converted(gguf: Path) -> tuple[Path, str]:
     """Where a GGUF file's conversion lives in the cache, and its inputs' digest."""
-    stat = gguf.stat()
-    key = digest(gguf.resolve(), stat.st_size, stat.st_mtime_ns)
+    key = content_key(gguf)
     return cache_root() / "converted" / f"{gguf.stem}-{key}", key
 
 
-def locate(model: str | None, progress: bool = False) -> Path:
-    """The Hugging Face folder for a model argument (None: the embedded default), converting
-    a GGUF file into the cache on first use."""
-    path = default_gguf() if model is None else Path(model).expanduser()
+HUB_FILES = ["*.json", "*.safetensors", "*.model", "*.txt"]   # config, weights, tokenizer
+
+
+def _hub_id(model: str) -> bool:
+    """`org/name`, as the Hugging Face hub names models (not a path that exists here)."""
+    parts = model.split("/")
+    return len(parts) == 2 and all(parts) and not model.startswith((".", "~")) and \
+        not Path(model).exists()
+
+
+def hub_snapshot(repo_id: str, download: bool = True) -> Path | None:
+    """The local folder of a hub model: from the hub's cache if it is there, else downloaded
+    (with `download`, where the network allows; None without it)."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=HUB_FILES, local_files_only=True))
+    except Exception:   # not in the hub's cache
+        if not download:
+            return None
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=HUB_FILES))
+    except Exception as e:
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ModelError(f"cannot fetch {repo_id} from the Hugging Face hub ({reason}); "
+                         f"give a local folder or .gguf, or run where the hub is reachable") \
+            from None
+
+
+def model_path(model: str | None, download: bool = True) -> Path | None:
+    """The file or folder a model argument names: None for the embedded default's GGUF, a
+    local path, or a hub id `org/name` (None: a hub model not here and `download` off)."""
+    if model is None:
+        return default_gguf()
+    if _hub_id(model):
+        return hub_snapshot(model, download)
+    return Path(model).expanduser()
+
+
+def locate(model: str | None = None, progress: bool = False) -> Path:
+    """The Hugging Face folder for a model argument (None: the embedded default; a local
+    folder or .gguf; a hub id), converting a GGUF file into the cache on first use."""
+    path = model_path(model)
     if not path.exists():
-        raise ModelError(f"model not found: {path} (give a local Hugging Face folder or a "
-                         f".gguf file)")
+        raise ModelError(f"model not found: {path} (give a local Hugging Face folder, a "
+                         f".gguf file or a hub id org/name)")
     if path.is_file():
         if path.suffix != ".gguf":
             raise ModelError(f"{path} is a file but not a .gguf")
@@ -92,7 +130,7 @@ def locate(model: str | None, progress: bool = False) -> Path:
             say(progress, f"converting {path.name} once into {target} ...")
             _convert(path, tmp)
         with _quiet_transformers(progress):
-            return cached(target, convert, key)
+            return cached(target, convert, key, source=path)
     if not (path / "config.json").is_file():
         raise ModelError(f"{path} has no config.json: not a Hugging Face model folder")
     return path
@@ -101,8 +139,8 @@ def locate(model: str | None, progress: bool = False) -> Path:
 def model_shape(model: str | None) -> ModelShape | None:
     """The model's depth and context, from its config.json or GGUF header, without loading or
     converting it (None: not readable; the checks after loading still apply)."""
-    path = default_gguf() if model is None else Path(model).expanduser()
     try:
+        path = model_path(model, download=False)
         folder = path if path.is_dir() else _converted(path)[0]
         if (folder / "config.json").is_file():
             config = json.loads((folder / "config.json").read_text())
@@ -135,13 +173,13 @@ def hf_model(folder: Path, progress: bool = False):
     return hf.eval(), tok
 
 
-def checkpoint_of(hf, tokenizer, name: str, key: str) -> Checkpoint:
+def checkpoint_of(hf, tokenizer, name: str, key: str, source: Path | None = None) -> Checkpoint:
     spec, weights = families.describe(hf, tokenizer)
-    return Checkpoint(name, key, spec, weights, Tokenizer(tokenizer, spec.eos_ids))
+    return Checkpoint(name, key, spec, weights, Tokenizer(tokenizer, spec.eos_ids), source)
 
 
 def open_model(model: str | None = None, progress: bool = False) -> Checkpoint:
     """The checkpoint for a model argument: a local HF folder, a .gguf, None for the default."""
     folder = locate(model, progress)
     hf, tokenizer = hf_model(folder, progress=progress)
-    return checkpoint_of(hf, tokenizer, folder.name, files_key(folder))
+    return checkpoint_of(hf, tokenizer, folder.name, content_key(folder), folder)

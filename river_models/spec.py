@@ -8,6 +8,8 @@ arrays, named by role rather than by any framework's parameter names. A backend 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from typing import Mapping, Sequence
 
 import attrs
@@ -115,10 +117,12 @@ class Weights:
 
 @attrs.frozen(eq=False)
 class Checkpoint:
-    """A model ready for any engine. `key` identifies its files, for caches derived from it."""
+    """A model ready for any engine. `key` identifies its content, for caches derived from
+    it; `source` is the folder it was read from (None: made in memory)."""
 
     name: str
     key: str
     spec: ModelSpec
     weights: Weights
     tokenizer: object                  # river_models.tokenizer.Tokenizer
+    source: Path | None = None

@@ -10,7 +10,7 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
 import gsm8k  # noqa: E402
 import humaneval  # noqa: E402
 
-TRAIN = Path(__file__).parents[2] / "shared/data/gsm8k/train.jsonl"
+from river_cli.prompts import GSM8K_TRAIN as TRAIN  # noqa: E402  (bundled with River)
 
 
 @pytest.mark.parametrize("text, answer", [
@@ -24,7 +24,6 @@ def test_gsm8k_final_answer_extraction(text, answer):
     assert gsm8k.extract(text) == answer
 
 
-@pytest.mark.skipif(not TRAIN.is_file(), reason="shared GSM8K data not present")
 def test_gsm8k_prompts_are_built_from_train_solutions():
     shots = gsm8k.load(str(TRAIN), limit=2)
     assert "<<" not in shots[0].solution and shots[0].solution.endswith(f"{shots[0].answer}.")

@@ -73,14 +73,24 @@ def test_an_entry_is_built_once_and_then_reused(target):
     assert set(manifest["files"]) == {"weights.bin", "sub/config.json"}
 
 
+def _edit_manifest(t, change):
+    manifest = json.loads((t / MANIFEST).read_text())
+    change(manifest)
+    (t / MANIFEST).write_text(json.dumps(manifest))
+
+
+def _flip_first_byte(t):
+    (t / "weights.bin").write_bytes(b"\x01" + (t / "weights.bin").read_bytes()[1:])
+
+
 @pytest.mark.parametrize("damage, reported", [
-    (lambda t: (t / "weights.bin").write_bytes(b"\x01" + (t / "weights.bin").read_bytes()[1:]),
-     "checksum mismatch"),
     (lambda t: os.truncate(t / "weights.bin", 100), "truncated"),
     (lambda t: (t / "sub" / "config.json").unlink(), "missing file"),
     (lambda t: (t / MANIFEST).unlink(), "no manifest"),
     (lambda t: (t / MANIFEST).write_text(json.dumps({"format": 0})), "cache format 0"),
     (lambda t: (t / "stray.bin").write_bytes(b"x"), "unexpected file"),
+    (lambda t: _edit_manifest(t, lambda m: m["files"]["weights.bin"].update(size=1)),
+     "altered manifest"),
 ])
 def test_a_damaged_entry_is_reported_removed_and_rebuilt(target, capsys, damage, reported):
     calls = []
@@ -90,6 +100,22 @@ def test_a_damaged_entry_is_reported_removed_and_rebuilt(target, capsys, damage,
     cached(target, _counting(calls), "k")
     assert len(calls) == 2 and problem(target, "k") is None
     assert reported in capsys.readouterr().err
+
+
+def test_a_flipped_byte_is_found_by_the_full_checksum_not_by_the_check_on_load(target, capsys):
+    """Loading checks the manifest's seal and every size (milliseconds); every checksum is read
+    by `river cache --verify`, and on load after an unclean build."""
+    calls = []
+    cached(target, _counting(calls), "k")
+    _flip_first_byte(target)
+    assert problem(target, "k") is None
+    assert "checksum mismatch" in problem(target, "k", checksums=True)
+    cached(target, _counting(calls), "k")
+    assert len(calls) == 1   # the cheap check passes: no rebuild
+    (target.parent / f".partial-{target.name}-99999").mkdir()   # a killed run's leftover
+    cached(target, _counting(calls), "k")
+    assert len(calls) == 2 and problem(target, "k", checksums=True) is None
+    assert "checksum mismatch" in capsys.readouterr().err
 
 
 def test_other_inputs_under_the_same_name_rebuild(target):
@@ -171,3 +197,62 @@ def test_river_cache_lists_and_removes(tmp_path, monkeypatch, capsys):
     assert "removed stand-ins/m-2" in capsys.readouterr().out
     assert [e.path.name for e in entries()] == ["m-1"]
     assert main(["cache", "--clear"]) == 0 and entries() == []
+
+
+def test_content_keys_follow_content_not_paths_or_times(tmp_path):
+    import shutil
+
+    from river_models.cache import content_key
+
+    a = tmp_path / "a"
+    _build(a.mkdir() or a)
+    b = tmp_path / "elsewhere" / "b"
+    shutil.copytree(a, b)
+    os.utime(b / "weights.bin", (0, 0))
+    assert content_key(a) == content_key(b)
+    (b / "weights.bin").write_bytes(bytes(range(256))[::-1] * 64)
+    assert content_key(a) != content_key(b)
+
+
+def test_an_entry_whose_source_is_gone_or_changed_is_an_orphan_and_pruned(tmp_path, monkeypatch,
+                                                                            capsys):
+    from river_cli.main import main
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("RIVER_CACHE", str(cache))
+    kept, changed, gone = (tmp_path / name for name in ("kept", "changed", "gone"))
+    for source in (kept, changed, gone):
+        source.mkdir()
+        (source / "model.bin").write_bytes(os.urandom(100))
+        cached(cache / "stand-ins" / f"m-{source.name}", _build, "k", source=source)
+    (changed / "model.bin").write_bytes(os.urandom(100))
+    (gone / "model.bin").unlink()
+    gone.rmdir()
+    states = {e.path.name: e.problem for e in entries()}
+    assert states["m-kept"] is None
+    assert "orphan: its source" in states["m-changed"] and "has changed" in states["m-changed"]
+    assert "orphan: its source" in states["m-gone"] and "is gone" in states["m-gone"]
+    assert main(["cache", "--prune"]) == 0
+    assert {e.path.name for e in entries()} == {"m-kept"}
+    assert "removed stand-ins/m-changed" in capsys.readouterr().out
+
+
+def test_a_rebuilt_conversion_keeps_its_stand_ins_current(tmp_path, monkeypatch):
+    """A converted GGUF damaged and rebuilt has the same content: the stand-ins made from it
+    stay its own, and no orphan is left behind (once, a rebuild left 141 MB listed as ok)."""
+    from river_core import QuantSpec
+    from river_llamacpp.tiny import gguf_file
+    from river_models import open_model, stand_ins
+    from river_models.source import locate
+
+    monkeypatch.setenv("RIVER_CACHE", str(tmp_path))
+    gguf = gguf_file(0)
+    checkpoint = open_model(str(gguf))
+    stand_ins(checkpoint, QuantSpec(bits=8))
+    converted = locate(str(gguf))
+    (converted / "config.json").write_text("{}")          # damaged: rebuilt on next use
+    again = open_model(str(gguf))
+    stand_ins(again, QuantSpec(bits=8))
+    assert again.key == checkpoint.key
+    states = {e.path.name: e.problem for e in entries()}
+    assert len(states) == 2 and set(states.values()) == {None}

@@ -142,3 +142,34 @@ def test_a_truncated_gguf_is_named_as_such(tmp_path, capsys, monkeypatch, keep):
     assert main(["generate", "hi", "--model", str(cut)]) == 2
     err = capsys.readouterr().err
     assert f"truncated GGUF {cut}: {keep} bytes, its " in err and "Traceback" not in err
+
+
+def _offline(hub, cache):
+    import os
+
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(hub),
+            "RIVER_CACHE": str(cache)}
+
+
+def test_a_hub_id_offline_gets_one_clear_line(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "river_cli.main", "generate", "hi", "--model",
+                          "some-org/not-here"], capture_output=True, text=True, timeout=300,
+                         env=_offline(tmp_path / "hub", tmp_path / "cache"))
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "cannot fetch some-org/not-here from the Hugging Face hub" in out.stderr
+
+
+def test_a_hub_id_resolves_to_the_hub_caches_snapshot(tmp_path, tiny_folder):
+    """Laid out as huggingface_hub lays out its cache: refs/main names a snapshot folder."""
+    import shutil
+
+    repo = tmp_path / "hub" / "models--some-org--tiny"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text("0" * 40)
+    shutil.copytree(tiny_folder("llama"), repo / "snapshots" / ("0" * 40))
+    out = subprocess.run([sys.executable, "-m", "river_cli.main", "generate", "abc", "--model",
+                          "some-org/tiny", "--no-chat", "--max-new-tokens", "3"],
+                         capture_output=True, text=True, timeout=300,
+                         env=_offline(tmp_path / "hub", tmp_path / "cache"))
+    assert out.returncode == 0, out.stderr
+    assert " tokens | " in out.stderr and "backend hf" in out.stderr

@@ -106,3 +106,18 @@ def test_what_it_refuses(hf, prompt):
         river(hf, prompt, ExitConfig(mode="speculative"), max_new_tokens=3)
     with pytest.raises(ConfigError, match="one beam"):
         river(hf, prompt, max_new_tokens=3, num_beams=2)
+
+
+def test_stand_ins_come_from_the_cache_the_cli_uses(folder, prompt, tmp_path, monkeypatch):
+    """A model read from a local folder finds the stand-ins `river generate` made for that
+    folder: quantized once, not in every process."""
+    from river_models import quant
+
+    monkeypatch.setenv("RIVER_CACHE", str(tmp_path))
+    builds, build = [], quant.build_stand_ins
+    monkeypatch.setattr(quant, "build_stand_ins", lambda *a: builds.append(1) or build(*a))
+    RiverModel.from_pretrained(folder).generate_ids([prompt], SETTLED,
+                                                    GenerationConfig(max_new_tokens=2))
+    fresh = AutoModelForCausalLM.from_pretrained(folder).eval()   # a new model object
+    river(fresh, prompt, max_new_tokens=2, do_sample=False)
+    assert len(builds) == 1

@@ -20,6 +20,7 @@ length, EOS, stop strings, the caller's own) hold for every row. Exit mode only;
 from __future__ import annotations
 
 import weakref
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -27,6 +28,7 @@ import torch
 from river_core import ConfigError, ExitConfig, GenerationConfig, QuantSpec, RiverModel
 from river_core.plugins import default_registry
 from river_models import stand_ins
+from river_models.cache import content_key
 from river_models.source import checkpoint_of
 
 from .backend import HFBackend
@@ -41,13 +43,18 @@ class _NoTokenizer:
 
 
 def river_model(model, quant: QuantSpec) -> RiverModel:
-    """River over a transformers *ForCausalLM's weights, made once per model and precision."""
+    """River over a transformers *ForCausalLM's weights, made once per model and precision.
+    A model read from a local folder finds its stand-ins in the user cache, where the CLI
+    keeps them for the same folder (quantized once, not in every process)."""
     built = _BUILT.setdefault(model, {})
     if quant not in built:
         name = getattr(model.config, "_name_or_path", "") or "model"
+        folder = Path(name).expanduser()
+        local = folder.is_dir()
         checkpoint = checkpoint_of(model, _NoTokenizer(), name.rstrip("/").split("/")[-1],
-                                   f"memory-{id(model):x}")
-        backend = HFBackend(checkpoint, stand_ins(checkpoint, quant, cache=False), model.dtype,
+                                   content_key(folder) if local else f"memory-{id(model):x}",
+                                   folder if local else None)
+        backend = HFBackend(checkpoint, stand_ins(checkpoint, quant, cache=local), model.dtype,
                             str(model.device))
         built[quant] = RiverModel(backend, default_registry())
     return built[quant]

@@ -17,7 +17,7 @@ from river_core.backend import Footprint
 from river_core.engine import KVCache, LayerEngine
 from river_core.errors import CapabilityError
 
-from .export import Manifest
+from .export import Manifest, weight_bytes
 from . import CAPABILITIES
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
@@ -226,7 +226,7 @@ class OnnxBackend(LayerEngine):
         """Weight files as stored. Attention reads the whole allocated cache (masked), so a
         step reads capacity, not `positions`, K/V slots: small next to the weights here."""
         def size(name: str) -> int:
-            return (self._folder / f"{name}.data").stat().st_size
+            return weight_bytes(self._folder / f"{name}.onnx")
 
         layers = range(self.num_layers)
         return Footprint(tuple(size(f"layer_{i}") for i in layers),

@@ -3,31 +3,34 @@
 One folder per (model files, stand-in quantization, export format), under the user cache's
 `onnx/`: `embed`, `head`, `stand_in_head` (its quantized copy, for drafts), and per layer
 `layer_i` (the block), `stand_in_i` (its quantized copy) and `kv_i` (its K/V projection, for
-`propagate`), each an .onnx file with its weights beside it; `tail_s` for the first few layers
-s: the stand-ins of s..L-1 as one graph, so a token that exits early runs its exit river in one
-session run (`python -m benchmarks levers`: 6.8 against 8.3 ms for 26 stand-ins; only early
-starts, since each tail holds its own copy of the stand-in weights); plus `manifest.json` (the
-ModelSpec, the stand-ins' weight errors, the tail starts) and the tokenizer.
+`propagate`); `tail_s` for the first few layers s: the stand-ins of s..L-1 as one graph, so a
+token that exits early runs its exit river in one session run (`python -m benchmarks levers`:
+6.8 against 8.3 ms for 26 stand-ins); plus `manifest.json` (the ModelSpec, the stand-ins' weight
+errors, the tail starts) and the tokenizer. Every graph keeps its weights in one shared
+`weights.data`, each distinct tensor once: the tails point at the stand-ins' bytes and a K/V
+projection at its layer's (before, each graph had its own copy: 1.2 GB for the embedded model).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
 import attrs
 import onnx
+from onnx.external_data_helper import set_external_data
 from tqdm import tqdm
 
 from river_core.config import QuantSpec
 from river_models import Checkpoint, ModelSpec, StandIns, stand_ins
-from river_models.cache import cache_root, cached, digest, files_key
+from river_models.cache import cache_root, cached, content_key, digest
 from river_models.quant import FORMAT as QUANT_FORMAT
 from river_models.source import locate, open_model
 
 from . import graphs
 
-FORMAT = 7   # bump when the graphs change: old exports are then ignored
+FORMAT = 8   # bump when the graphs change: old exports are then ignored
 
 
 def tail_starts(num_layers: int) -> tuple[int, ...]:
@@ -53,33 +56,58 @@ class Manifest:
         return cls(ModelSpec.from_json(d["spec"]), tuple(d["stand_in_error"]), tuple(d["tails"]))
 
 
-def _save(model: onnx.ModelProto, folder: Path, name: str) -> None:
-    onnx.save_model(model, folder / f"{name}.onnx", save_as_external_data=True,
-                    all_tensors_to_one_file=True, location=f"{name}.data")
+class SharedWeights:
+    """One data file for every graph of an export, each distinct tensor stored once."""
+
+    NAME = "weights.data"
+    INLINE = 1024   # smaller tensors stay inside their graph
+
+    def __init__(self, folder: Path) -> None:
+        self.folder, self._offsets = folder, {}
+        self._data = (folder / self.NAME).open("wb")
+
+    def save(self, model: onnx.ModelProto, name: str) -> None:
+        for tensor in model.graph.initializer:
+            raw = tensor.raw_data
+            if len(raw) < self.INLINE:
+                continue
+            key = (tensor.data_type, tuple(tensor.dims), hashlib.sha256(raw).digest())
+            if key not in self._offsets:
+                self._offsets[key] = self._data.tell()
+                self._data.write(raw)
+            set_external_data(tensor, self.NAME, self._offsets[key], len(raw))
+            tensor.ClearField("raw_data")
+            tensor.data_location = onnx.TensorProto.EXTERNAL
+        onnx.save_model(model, self.folder / f"{name}.onnx")
+
+    def close(self) -> None:
+        self._data.close()
 
 
 def export_model(checkpoint: Checkpoint, stand_ins: StandIns, folder: Path,
                  progress: bool = False) -> Manifest:
     """Write every graph of `checkpoint` into `folder`."""
     spec, w = checkpoint.spec, checkpoint.weights
+    weights = SharedWeights(folder)
     layers = tqdm(list(enumerate(w.layers)), desc="exporting layers to ONNX",
                   disable=not progress, unit="layer")
     quantized = []
     for i, layer in layers:
         full = graphs.BlockWeights.of(layer, spec)
         quantized.append(graphs.BlockWeights.of(layer, spec, stand_ins.layers[i]))
-        _save(graphs.block(full), folder, f"layer_{i}")
-        _save(graphs.block(quantized[i]), folder, f"stand_in_{i}")
-        _save(graphs.kv_projection(full), folder, f"kv_{i}")
+        weights.save(graphs.block(full), f"layer_{i}")
+        weights.save(graphs.block(quantized[i]), f"stand_in_{i}")
+        weights.save(graphs.kv_projection(full), f"kv_{i}")
     tails = tail_starts(spec.num_layers)
     for start in tails:
-        _save(graphs.tail(quantized[start:], list(spec.rope_keys[start:])), folder,
-              f"tail_{start}")
-    _save(graphs.embedding(w.embed, spec.embed_scale), folder, "embed")
+        weights.save(graphs.tail(quantized[start:], list(spec.rope_keys[start:])),
+                     f"tail_{start}")
+    weights.save(graphs.embedding(w.embed, spec.embed_scale), "embed")
     norm = graphs.Norm.of(w.final_norm, spec)
-    _save(graphs.head(norm, w.head, spec.final_softcap), folder, "head")
-    _save(graphs.head(norm, graphs.nbits(stand_ins.head), spec.final_softcap), folder,
-          "stand_in_head")
+    weights.save(graphs.head(norm, w.head, spec.final_softcap), "head")
+    weights.save(graphs.head(norm, graphs.nbits(stand_ins.head), spec.final_softcap),
+                 "stand_in_head")
+    weights.close()
     if hasattr(checkpoint.tokenizer, "hf"):   # a model for speed only may have no text
         checkpoint.tokenizer.hf.save_pretrained(folder / "tokenizer")
     manifest = Manifest(spec, stand_ins.errors, tails)
@@ -87,14 +115,24 @@ def export_model(checkpoint: Checkpoint, stand_ins: StandIns, folder: Path,
     return manifest
 
 
+def weight_bytes(path: Path) -> int:
+    """The bytes of weights a graph reads, wherever they are stored."""
+    model = onnx.load(str(path), load_external_data=False)
+    total = 0
+    for tensor in model.graph.initializer:
+        external = {e.key: e.value for e in tensor.external_data}
+        total += int(external["length"]) if "length" in external else len(tensor.raw_data)
+    return total
+
+
 def exported(model: str | None, quant: QuantSpec, progress: bool) -> Path:
     """The cached export folder for `model`, exporting it on first use."""
     source = locate(model, progress)
-    key = digest(files_key(source), FORMAT, QUANT_FORMAT, quant.bits, quant.group_size,
+    key = digest(content_key(source), FORMAT, QUANT_FORMAT, quant.bits, quant.group_size,
                  quant.method)
     target = cache_root() / "onnx" / f"{source.name}-{key}"
 
     def build(folder: Path) -> None:
         checkpoint = open_model(str(source), progress)
         export_model(checkpoint, stand_ins(checkpoint, quant, progress), folder, progress)
-    return cached(target, build, key)
+    return cached(target, build, key, source=source)
