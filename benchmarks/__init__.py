@@ -36,8 +36,8 @@ def run(name: str, argv: list[str], prog: str) -> None:
     """Run benchmark `name` as a script, its siblings importable (they import each other)."""
     if name not in names():
         sys.exit(f"{prog}: unknown benchmark {name!r}\n\n{listing(prog)}")
-    if str(HERE) not in sys.path:
-        sys.path.insert(0, str(HERE))
+    if str(HERE) not in sys.path:   # last: a benchmark named after a package (vllm) must
+        sys.path.append(str(HERE))    # not shadow it
     script = HERE / f"{name}.py"
     sys.argv = [f"{prog} {name}", *argv]
     runpy.run_path(str(script), run_name="__main__")

@@ -16,9 +16,17 @@ COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidde
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma3")
 
 
-def _config(family: str):
+# serving engines' attention kernels take wider heads (vLLM's CPU attention: 32 and up)
+SERVING = dict(num_attention_heads=2, num_key_value_heads=1)
+
+
+def _config(family: str, serving: bool = False):
     import transformers as t
 
+    if serving:
+        return {"llama": t.LlamaConfig, "qwen2": t.Qwen2Config,
+                "qwen3": lambda **c: t.Qwen3Config(**c, head_dim=32)}[family](
+            **{**COMMON, **SERVING})
     return {
         "llama": lambda: t.LlamaConfig(**COMMON),
         "mistral": lambda: t.MistralConfig(**COMMON, sliding_window=8),
@@ -45,12 +53,13 @@ def tokenizer():
 
 
 @functools.cache
-def model(family: str, seed: int = 0, dtype: str = "float32"):
+def model(family: str, seed: int = 0, dtype: str = "float32", serving: bool = False):
+    """`serving`: two heads of width 32 (llama, qwen2, qwen3), for serving engines' kernels."""
     import torch
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    config = _config(family)
+    config = _config(family, serving)
     config.initializer_range = 0.2   # larger weights: sharper, less tie-prone logits
     m = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype)).eval()
     m.generation_config.pad_token_id = 0

@@ -1,7 +1,8 @@
 """The layering rule (docs/architecture.md): the core imports no other package, the model
 package only the core, the application and the kit the core and the model package, no backend
-another; no package imports itself in a circle; nothing imports another package's private
-names; the core's public API is exported on purpose."""
+another (River inside vLLM reuses the hf backend's torch blocks); no package imports itself in
+a circle; nothing imports another package's private names; the core's public API is exported
+on purpose."""
 
 import ast
 from pathlib import Path
@@ -20,6 +21,8 @@ ALLOWED = {
     "river_conformance": {"river_core", "river_models"},
     "river_policies": {"river_core"},
     **{b: {"river_core", "river_models"} for b in BACKENDS},
+    # River inside vLLM runs River's torch blocks (river_hf.blocks) in vLLM's model
+    "river_vllm": {"river_core", "river_models", "river_hf"},
 }
 
 

