@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
+sys.path.append(str(Path(__file__).parents[1] / "benchmarks"))   # last: benchmarks/vllm.py
+# must not shadow the vllm package
 
 import gsm8k  # noqa: E402
 import humaneval  # noqa: E402
