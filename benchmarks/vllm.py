@@ -47,17 +47,39 @@ def configurations(tau: float) -> dict:
             "River exit mode in vllm": {"hf_overrides": river}}
 
 
+def _time_forward(worker) -> None:
+    """Wrap the model's forward so each call's wall time is kept (`forward_seconds`)."""
+    model = worker.model_runner.model
+    forward, model.forward_seconds = model.forward, []
+
+    def timed(*args, **kwargs):
+        start = time.perf_counter()
+        out = forward(*args, **kwargs)
+        model.forward_seconds.append(time.perf_counter() - start)
+        return out
+    model.forward = timed
+
+
+def _forward_seconds(worker) -> float:
+    model = worker.model_runner.model
+    total, model.forward_seconds = sum(model.forward_seconds), []
+    return total
+
+
 def run_engine(folder: str, settings: dict, prompts: list[list[int]], max_tokens: int) -> dict:
-    """Per concurrency: output tokens/s and ms per output token (a batch's wall time over its
-    longest output); and the greedy outputs at concurrency 1."""
+    """Per concurrency: output tokens/s, ms per output token (a batch's wall time over its
+    longest output), the share of the wall time spent in the model's forward, and the greedy
+    outputs."""
     from vllm import LLM, SamplingParams
 
     llm = LLM(model=folder, dtype="float32", enforce_eager=True, max_model_len=2048, **settings)
     try:
         params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
         llm.generate([{"prompt_token_ids": prompts[0]}], params, use_tqdm=False)   # warm-up
+        llm.collective_rpc(_time_forward)
         out = {}
         for c in CONCURRENCY:
+            llm.collective_rpc(_forward_seconds)   # from zero
             tokens, seconds, per_token, texts = 0, 0.0, [], []
             for i in range(0, len(prompts), c):
                 start = time.perf_counter()
@@ -70,7 +92,9 @@ def run_engine(folder: str, settings: dict, prompts: list[list[int]], max_tokens
                 per_token.append(wall * 1e3 / max(map(len, made)))
                 texts += made
             out[c] = {"tokens_per_second": tokens / seconds,
-                      "ms_per_output_token": statistics.median(per_token), "outputs": texts}
+                      "ms_per_output_token": statistics.median(per_token),
+                      "forward_share": llm.collective_rpc(_forward_seconds)[0] / seconds,
+                      "outputs": texts}
         return out
     finally:
         llm.llm_engine.engine_core.shutdown()
@@ -141,10 +165,9 @@ def main() -> None:
         if not good:
             results[name] = {"error": runs[0]["error"]}
             continue
-        results[name] = {str(c): {
-            "tokens_per_second": statistics.median(r[c]["tokens_per_second"] for r in good),
-            "ms_per_output_token": statistics.median(r[c]["ms_per_output_token"] for r in good)}
-            for c in CONCURRENCY}
+        results[name] = {str(c): {key: statistics.median(r[c][key] for r in good) for key in
+                                  ("tokens_per_second", "ms_per_output_token", "forward_share")}
+                         for c in CONCURRENCY}
         results[name]["outputs"] = good[0][1]["outputs"]
     plain = results["vllm plain"]
     for name, r in results.items():
@@ -182,15 +205,17 @@ def report(p: dict) -> str:
              f"questions, chat-formatted, greedy, {p['max_tokens']} new tokens at most; the "
              f"paper's rule at tau {p['tau']}; median of the rounds.", "",
              "| configuration | concurrency | output tokens/s | ms per output token | vs vLLM "
-             "plain | outputs identical to plain |", "|---|---|---|---|---|---|"]
+             "plain | time in the model's forward | outputs identical to plain |",
+             "|---|---|---|---|---|---|---|"]
     for name, r in p["results"].items():
         if "error" in r:
-            lines.append(f"| {name} | - | - | - | - | does not run: {r['error']} |")
+            lines.append(f"| {name} | - | - | - | - | - | does not run: {r['error']} |")
             continue
         for c in CONCURRENCY:
             x = r[str(c)]
             lines.append(f"| {name} | {c} | {x['tokens_per_second']:.1f} | "
                          f"{x['ms_per_output_token']:.1f} | {x['speedup']:.2f}x | "
+                         f"{100 * x['forward_share']:.0f}% | "
                          f"{100 * r['identical_to_plain']:.0f}% |")
     lines += ["", "River's own engines, batch 1, same prompts (two threads):", "",
               "| engine | output tokens/s |", "|---|---|"]
