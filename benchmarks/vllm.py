@@ -146,6 +146,10 @@ def main() -> None:
     ap.add_argument("--tau", type=float, default=0.97, help="the paper's rule's threshold")
     ap.add_argument("--engine", help=argparse.SUPPRESS)   # internal: one run, in a fresh process
     args = ap.parse_args()
+    try:
+        import vllm.entrypoints  # noqa: F401  (vLLM itself, not this script)
+    except ImportError:
+        sys.exit("the vllm benchmark needs the vllm extra: see the README, River inside vLLM")
     if args.engine:
         return engine_job(args.engine)
     info = machine()

@@ -7,11 +7,12 @@ backend supplies), engine.py (the bookkeeping every layer-by-layer backend share
 (settings resolved once), model.py (`RiverModel`).
 """
 
-from .backend import Backend, Capabilities, Footprint, ModelShape, Prefill, Tokenizer
+from .backend import Backend, Capabilities, ModelShape, Prefill, Tokenizer
 from .config import ExitConfig, GenerationConfig, QuantSpec
 from .decode import DecodeResult, Forced, Run, Token
 from .engine import KVCache, LayerEngine
 from .errors import CapabilityError, ConfigError, ModelError, RiverError
+from .footprint import Footprint
 from .hookspecs import (BackendPlugin, KVStrategyPlugin, PolicyPlugin, PredictorPlugin,
                         hookimpl)
 from .kv import KVStrategy

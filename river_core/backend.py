@@ -34,15 +34,19 @@ marked absent under `mask`, some not yet written under `recompute`).
 calls return a new `H` of the full batch in which only `rows` changed.
 
 Padding, rotary positions, attention windows and holes are the same for every engine: a backend
-takes them from `river_core.layout.Layout` rather than computing its own.
+takes them from `river_core.layout.Layout` rather than computing its own. A layer-by-layer
+engine need not write the bookkeeping above: `river_core.engine.LayerEngine` implements
+offset, prefill, embed, commit, extend, rewind, skip and read_kv, and asks only for numerics.
 """
 
 from __future__ import annotations
 
-from typing import Generic, Literal, Protocol, Sequence, TypeVar, runtime_checkable
+from typing import Generic, Protocol, Sequence, TypeVar, runtime_checkable
 
 import attrs
 import numpy as np
+
+from .footprint import Footprint
 
 H = TypeVar("H")
 Rows = Sequence[int] | None
@@ -86,34 +90,6 @@ class Prefill:
 
     logits: np.ndarray
     similarity: np.ndarray
-
-
-Reads = Literal["stand_in", "kv_projection", "nothing"]
-"""What a layer a token skipped reads: its stand-in, its K/V projection, or nothing."""
-
-
-@attrs.frozen
-class Footprint:
-    """Bytes a decode step reads, weights at their stored precision: the physical speed limit
-    is bytes_per_token / memory bandwidth."""
-
-    layer_bytes: tuple[int, ...]          # per backbone layer
-    stand_in_bytes: tuple[int, ...]       # per stand-in layer (0 where there is none)
-    kv_projection_bytes: tuple[int, ...]  # per layer: its K and V projections alone
-    head_bytes: int                       # final norm and LM head
-    kv_bytes_per_position: int            # K and V of one position in one layer, as stored
-    stand_in_head_bytes: int = 0          # the head's stand-in (0: none)
-
-    def bytes_per_token(self, exit_layer: int, positions: float,
-                        skipped_reads: Reads = "stand_in") -> float:
-        """A token leaving after `exit_layer` with `positions` cached positions to attend.
-        Only layers that attend (the backbone's and the stand-ins) read the cache."""
-        k, n = exit_layer, len(self.layer_bytes)
-        skipped = {"stand_in": self.stand_in_bytes, "kv_projection": self.kv_projection_bytes,
-                   "nothing": (0,) * n}[skipped_reads]
-        attending = n if skipped_reads == "stand_in" else k + 1
-        return (sum(self.layer_bytes[:k + 1]) + sum(skipped[k + 1:]) + self.head_bytes
-                + self.kv_bytes_per_position * positions * attending)
 
 
 class Tokenizer(Protocol):

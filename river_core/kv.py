@@ -15,7 +15,8 @@ from typing import Protocol
 
 import attrs
 
-from .backend import Backend, Reads, Rows
+from .backend import Backend, Rows
+from .footprint import Reads
 from .options import NoOptions
 
 

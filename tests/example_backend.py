@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from river_core.backend import Capabilities, Footprint
+from river_core.backend import Capabilities
+from river_core.footprint import Footprint
 from river_core.engine import KVCache, LayerEngine
 from river_core.errors import CapabilityError
 from river_core.hookspecs import hookimpl

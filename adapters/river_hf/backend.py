@@ -7,7 +7,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from river_core.backend import Footprint
+from river_core.footprint import Footprint
 from river_core.engine import KVCache, LayerEngine
 from river_models import Checkpoint, StandIns
 

@@ -15,7 +15,8 @@ from typing import Sequence
 import attrs
 import numpy as np
 
-from river_core.backend import Footprint, Prefill
+from river_core.backend import Prefill
+from river_core.footprint import Footprint
 from river_core.errors import CapabilityError
 
 from . import CAPABILITIES

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from river_core.backend import Footprint
+from river_core.footprint import Footprint
 from river_core.engine import KVCache, LayerEngine
 from river_core.errors import CapabilityError
 
