@@ -164,6 +164,12 @@ def project_kv(b: Block, x: torch.Tensor, cos, sin):
     return rope(q, cos, sin), rope(k, cos, sin), v
 
 
+def mlp(b: Block, h: torch.Tensor) -> torch.Tensor:
+    """The block's MLP on its normalised input (before any post-MLP norm)."""
+    gate, up = b.proj["gate_up"](h).chunk(2, dim=-1)
+    return b.proj["down"](b.act(gate) * up)
+
+
 def forward(b: Block, i: int, x: torch.Tensor, step, cache_k: torch.Tensor,
             cache_v: torch.Tensor, rows, mids: list | None = None) -> torch.Tensor:
     """Layer i on x: [batch, tokens, hidden] for `rows` of the batch (None: all). Writes the
@@ -182,9 +188,7 @@ def forward(b: Block, i: int, x: torch.Tensor, step, cache_k: torch.Tensor,
     x = x + a
     if mids is not None:
         mids.append(x)
-    h = b.pre_mlp_norm(x)
-    gate, up = b.proj["gate_up"](h).chunk(2, dim=-1)
-    m = b.proj["down"](b.act(gate) * up)
+    m = mlp(b, b.pre_mlp_norm(x))
     if b.post_mlp_norm is not None:
         m = b.post_mlp_norm(m)
     return x + m

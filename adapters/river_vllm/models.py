@@ -30,7 +30,7 @@ from vllm.model_executor.models.qwen3 import Qwen3ForCausalLM
 from river_core import ConfigError, ExitConfig, ModelShape, QuantSpec, RowView
 from river_core import default_registry, resolve
 from river_core.predictor import TransitionPredictor
-from river_hf.blocks import Block
+from river_hf.blocks import Block, mlp
 from river_models import open_model, stand_ins
 
 from . import CAPABILITIES
@@ -86,11 +86,16 @@ class RiverExits:
         leaving = _decoding_tokens(x.shape[0]) if self.river_stand_ins else []
         deep = torch.ones(x.shape[0], dtype=torch.bool)
         ran = {t: len(model.layers) for t in leaving}
+        # one predictor per decoding token and step (vLLM's model sees tokens, not requests)
+        prior = [1.0] * len(self.river_eps)
+        predictors = {t: TransitionPredictor(self.river_eps, prior) for t in leaving}
         for i, layer in enumerate(model.layers):
-            x, attention, mlp = self._layer(i, layer, positions, x, deep)
+            x, attention_cos, mlp_cos = self._layer(i, layer, positions, x, deep)
             if leaving and i < len(model.layers) - 1:
                 for t in [t for t in leaving if deep[t]]:
-                    if self._exits(i, attention[t], mlp[t]):
+                    predictors[t].observe(i, float(min(attention_cos[t], mlp_cos[t])))
+                    row = RowView(i, 0, predictors[t], None, _no_logits)
+                    if self.river_plan.policy.should_exit(row):
                         deep[t] = False
                         ran[t] = i + 1
         if leaving:
@@ -114,13 +119,8 @@ class RiverExits:
         a = attn.attn(q, k, v)
         mid = x + by_row(lambda h: attn.o_proj(h)[0], stand_in and stand_in.proj["o"], a)
         m = layer.post_attention_layernorm(mid)
-        out = mid + by_row(layer.mlp, stand_in and (lambda h: _mlp(stand_in, h)), m)
+        out = mid + by_row(layer.mlp, stand_in and (lambda h: mlp(stand_in, h)), m)
         return out, _cosine(x, mid), _cosine(mid, out)
-
-    def _exits(self, i: int, attention: torch.Tensor, mlp: torch.Tensor) -> bool:
-        predictor = TransitionPredictor(self.river_eps, [1.0] * len(self.river_eps))
-        predictor.observe(i, float(min(attention, mlp)))
-        return self.river_plan.policy.should_exit(RowView(i, 0, predictor, None, _no_logits))
 
     def _count(self, ran: dict[int, int]) -> None:
         s = self.river_stats
@@ -158,11 +158,6 @@ def _rows(backbone, river, h: torch.Tensor, deep: torch.Tensor,
     out[deep] = first
     out[gone] = river(h[gone])
     return out
-
-
-def _mlp(block: Block, h: torch.Tensor) -> torch.Tensor:
-    gate, up = block.proj["gate_up"](h).chunk(2, dim=-1)
-    return block.proj["down"](block.act(gate) * up)
 
 
 def _cosine(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
