@@ -1,5 +1,6 @@
 """River inside vLLM on the CPU: output tokens/s of vLLM plain, vLLM's n-gram speculative
-decoding and River's exit mode at 1, 4 and 16 concurrent requests, River's own engines beside.
+decoding, River's exit mode and River's lossless mode at 1, 4 and 16 concurrent requests,
+River's own engines beside.
 
     python -m benchmarks vllm                     # embedded model, 16 GSM8K test_dev prompts
     python -m benchmarks vllm --prompts 8 --max-tokens 48
@@ -10,9 +11,8 @@ fed the same chat-formatted GSM8K test_dev questions as token ids; the configura
 turn, twice (rounds), and the median round counts, so drift of a shared machine hits all
 alike. Concurrency c submits the prompts c at a time, which vLLM's scheduler batches.
 vLLM's CPU backend reserves one core for itself, so its engines compute on one thread here.
-River's own engines (hf, onnx) run the same prompts at batch 1, full depth and exit mode.
-Lossless mode inside vLLM does not run yet (docs/scaling.md). Writes
-docs/results/vllm.{md,json,png}.
+River's own engines (hf, onnx) run the same prompts at batch 1: full depth, exit mode and
+lossless mode. Writes docs/results/vllm.{md,json,png}.
 """
 
 from __future__ import annotations
@@ -39,12 +39,16 @@ CONCURRENCY = (1, 4, 16)
 
 
 def configurations(tau: float) -> dict:
+    from river_vllm import draft_config
+
     river = {"architectures": ["RiverLlamaForCausalLM"],
              "river": {"policy": "settled", "options": {"tau": tau}}}
     return {"vllm plain": {},
             "vllm ngram (spec. decoding)": {"speculative_config": {
                 "method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}},
-            "River exit mode in vllm": {"hf_overrides": river}}
+            "River exit mode in vllm": {"hf_overrides": river},
+            "River lossless mode in vllm": {"hf_overrides": river,
+                                            "speculative_config": draft_config(4)}}
 
 
 def _time_forward(worker) -> None:
@@ -127,7 +131,9 @@ def river_own(prompts: list[list[int]], max_tokens: int, tau: float) -> dict:
         model = RiverModel.from_pretrained(backend=backend)
         gen = GenerationConfig(max_new_tokens=max_tokens)
         for label, config in (("full depth", ExitConfig(kv="full")),
-                              ("exit mode", ExitConfig(options={"tau": tau}))):
+                              ("exit mode", ExitConfig(options={"tau": tau})),
+                              ("lossless mode", ExitConfig(options={"tau": tau},
+                                                           mode="speculative"))):
             model.generate_ids([prompts[0]], config, gen)   # warm-up
             tokens = seconds = 0
             for p in prompts:
@@ -183,14 +189,17 @@ def main() -> None:
         r["identical_to_plain"] = sum(a == b for a, b in zip(r["outputs"], plain["outputs"])) \
             / len(prompts)
     exit_mode = results["River exit mode in vllm"]
+    lossless = results["River lossless mode in vllm"]
     summary = {
         "vllm_exit_speedup": exit_mode["1"]["speedup"] if "error" not in exit_mode else None,
-        "vllm_lossless_speedup": None, "vllm_lossless_identical": None,
+        "vllm_lossless_speedup": lossless["1"]["speedup"] if "error" not in lossless else None,
+        "vllm_lossless_identical": lossless.get("identical_to_plain"),
         "vllm_ngram_speedup": None if "error" in results["vllm ngram (spec. decoding)"] else
         results["vllm ngram (spec. decoding)"]["1"]["speedup"],
-        "river_own_exit_speedup": {b: own[f"River exit mode ({b})"]["tokens_per_second"] /
-                                   own[f"River full depth ({b})"]["tokens_per_second"]
-                                   for b in ("hf", "onnx")}}
+        **{f"river_own_{mode}_speedup": {
+            b: own[f"River {mode} mode ({b})"]["tokens_per_second"] /
+            own[f"River full depth ({b})"]["tokens_per_second"] for b in ("hf", "onnx")}
+            for mode in ("exit", "lossless")}}
     for r in results.values():
         r.pop("outputs", None)
     command = "python -m benchmarks vllm " + " ".join(sys.argv[1:])
@@ -224,12 +233,16 @@ def report(p: dict) -> str:
     lines += ["", "River's own engines, batch 1, same prompts (two threads):", "",
               "| engine | output tokens/s |", "|---|---|"]
     lines += [f"| {name} | {r['tokens_per_second']:.1f} |" for name, r in p["river_own"].items()]
-    own = s["river_own_exit_speedup"]
-    inside = "does not run" if s["vllm_exit_speedup"] is None else \
-        f"runs at {s['vllm_exit_speedup']:.2f}x vLLM plain at one request"
-    lines += ["", f"Summary: River's exit mode inside vLLM {inside}; in River's own engines "
-              f"exit mode runs at {own['hf']:.2f}x (hf) and {own['onnx']:.2f}x (onnx) their full "
-              f"depth. Lossless mode inside vLLM: not yet.", "", "![speed](vllm.png)", ""]
+    fmt = lambda x: "does not run" if x is None else f"{x:.2f}x vLLM plain"
+    own = lambda mode: ", ".join(f"{x:.2f}x ({b})" for b, x in
+                                 s[f"river_own_{mode}_speedup"].items())
+    identical = s["vllm_lossless_identical"]
+    lines += ["", f"Summary at one request: River's exit mode inside vLLM "
+              f"{fmt(s['vllm_exit_speedup'])}, its lossless mode {fmt(s['vllm_lossless_speedup'])}"
+              + ("" if identical is None else f" with {100 * identical:.0f}% of the outputs "
+                 f"identical to vLLM plain") + f"; in River's own engines exit mode runs at "
+              f"{own('exit')} and lossless mode at {own('lossless')} their full depth.", "",
+              "![speed](vllm.png)", ""]
     return "\n".join(lines)
 
 

@@ -1,6 +1,7 @@
 """River inside vLLM (extra `vllm`): a real vLLM engine, and a real `vllm serve` on loopback
 queried by the openai client, on a tiny random Llama whose heads vLLM's CPU kernels take."""
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -89,47 +90,53 @@ def test_policies_vllm_cannot_serve_are_refused_with_a_clear_error(folder):
     assert "keeps state per sequence" in str(e.value) or isinstance(e.value, ConfigError)
 
 
-PORT = 8791
+PORT, LOSSLESS_PORT = 8791, 8792
 
 
-@pytest.fixture(scope="module")
-def server(folder, tmp_path_factory):
-    """`river serve` on loopback: vLLM's OpenAI server with River (every token leaving after
-    layer 1), its engine in its own process, as a user runs it."""
+@contextlib.contextmanager
+def _serve(folder, port: int, args: list[str], log: Path):
+    """`river serve` on loopback with `args`, its engine in its own process, as a user runs
+    it; yields once the server answers."""
     import subprocess
     import sys
     import time
     import urllib.request
 
-    log = tmp_path_factory.mktemp("serve") / "serve.log"
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
     with log.open("w") as out:
         process = subprocess.Popen(
-            [sys.executable, "-m", "river_cli.main", "serve", folder, "-o", "tau=-1",
-             "-o", "min_layer=1", "--vllm", f"--host 127.0.0.1 --port {PORT} "
-             "--max-model-len 256"], stdout=out, stderr=subprocess.STDOUT, env=env)
+            [sys.executable, "-m", "river_cli.main", "serve", folder, *args, "--vllm",
+             f"--host 127.0.0.1 --port {port} --max-model-len 256"],
+            stdout=out, stderr=subprocess.STDOUT, env=env)
     try:
         deadline = time.time() + 300
         while time.time() < deadline and process.poll() is None:
             try:
-                urllib.request.urlopen(f"http://127.0.0.1:{PORT}/health", timeout=2)
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
                 break
             except OSError:
                 time.sleep(1)
         else:
             pytest.fail(f"the server did not come up:\n{log.read_text()[-3000:]}")
-        yield log
+        yield
     finally:
         process.terminate()
         process.wait(60)
 
 
-@pytest.fixture(scope="module")
-def client(server):
+def _client(port: int):
     from openai import OpenAI
 
-    return OpenAI(base_url=f"http://127.0.0.1:{PORT}/v1", api_key="none", max_retries=0)
+    return OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def client(folder, tmp_path_factory):
+    """River's exit mode served (every token leaving after layer 1)."""
+    log = tmp_path_factory.mktemp("serve") / "serve.log"
+    with _serve(folder, PORT, ["-o", "tau=-1", "-o", "min_layer=1"], log):
+        yield _client(PORT)
 
 
 def _complete(client, prompt, **settings):
@@ -186,15 +193,14 @@ def test_river_serve_refuses_a_bad_option_before_starting(folder):
     assert out.returncode == 2 and "unknown option 'treshold'" in out.stderr
 
 
-def _paged(block, head_dim: int):
-    """One block of one layer of vLLM-CPU 0.32's paged cache as (K, V), each [kv_heads,
-    block_size, head_dim]: per head, K is stored transposed ([head_dim, block_size], for its
-    attention kernel), then V row by row."""
-    heads, size = block.shape[0], block.shape[1]
-    flat = block.reshape(heads, -1)
-    k = flat[:, :head_dim * size].reshape(heads, head_dim, size).transpose(1, 2)
-    v = flat[:, head_dim * size:].reshape(heads, size, head_dim)
-    return k.numpy(), v.numpy()
+def _paged(layer, block: int, length: int, head_dim: int):
+    """Positions [0, length) of one block of one layer of vLLM's paged cache, as numpy (K, V)
+    [kv_heads, length, head_dim], read as the drafter reads them."""
+    import torch
+
+    from river_vllm.drafter import read_pages
+
+    return [t.numpy() for t in read_pages(layer, torch.tensor([block]), length, head_dim)]
 
 
 def test_the_river_kv_in_vllms_paged_cache_stays_within_the_kits_bound(folder):
@@ -226,10 +232,10 @@ def test_the_river_kv_in_vllms_paged_cache_stays_within_the_kits_bound(folder):
     head_dim = full[0][0].shape[-1]
     # the request's block: where layer 0 holds full depth's keys of the prompt
     block = next(n for n in range(4) if np.allclose(
-        _paged(blocks[0][n], head_dim)[0][:, :len(prompt)], full[0][0][0, :, :len(prompt)],
+        _paged(blocks[0], n, len(prompt), head_dim)[0], full[0][0][0, :, :len(prompt)],
         atol=1e-4))
     for j in range(b.num_layers):
-        paged = [kv[:, :written] for kv in _paged(blocks[j][block], head_dim)]
+        paged = _paged(blocks[j], block, written, head_dim)
         for w in (0, 1):
             got, want, river = paged[w], full[j][w][0], ours[j][w][0]
             assert relative_error(got[:, :len(prompt)], want[:, :len(prompt)]) <= FULL_DEPTH_RTOL
@@ -241,3 +247,77 @@ def test_the_river_kv_in_vllms_paged_cache_stays_within_the_kits_bound(folder):
                     assert relative_error(got[:, pos], want[:, pos]) <= bound
                     assert relative_error(got[:, pos], river[:, pos]) <= \
                         CROSS_ENGINE_STAND_IN_RTOL * (j - 1)
+
+
+LOSSLESS_JOB = """
+import json, os, sys
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+from vllm import LLM, SamplingParams
+from river_vllm import draft_config
+
+folder, prompts, new = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
+out = {}
+for name, river in json.loads(sys.argv[4]).items():
+    llm = LLM(model=folder, dtype="float32", enforce_eager=True, max_model_len=256,
+              disable_log_stats=False, speculative_config=draft_config(4),
+              hf_overrides={"architectures": ["RiverLlamaForCausalLM"], "river": river})
+    done = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                        SamplingParams(max_tokens=new, temperature=0.0))
+    counts = {m.name.split(":")[-1]: getattr(m, "value", None) for m in llm.get_metrics()}
+    out[name] = {"tokens": [list(d.outputs[0].token_ids) for d in done],
+                 "drafted": counts["spec_decode_num_draft_tokens"],
+                 "accepted": counts["spec_decode_num_accepted_tokens"]}
+    llm.llm_engine.engine_core.shutdown()
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_lossless_inside_vllm_is_vllm_plains_output_and_drafts_from_the_targets_pages(folder):
+    """River's drafter under vLLM's speculative decoding: the output is the backbone's, the
+    drafts read the context's K/V from vLLM's paged cache (drafting at full depth, nearly every
+    draft is kept: only the head's stand-in may pick otherwise), and drafts that leave after
+    layer 1 are partly kept. In a fresh process: vLLM-CPU 0.32 starts no further engine in a
+    process after speculative ones."""
+    import subprocess
+    import sys
+
+    settings = {"exits": EXITING, "full depth": {"policy": "settled", "options": {"tau": 1.0}}}
+    done = subprocess.run([sys.executable, "-c", LOSSLESS_JOB, folder, json.dumps(PROMPTS),
+                           str(3 * NEW), json.dumps(settings)], capture_output=True, text=True,
+                          timeout=600)
+    line = [l for l in done.stdout.splitlines() if l.startswith("RESULT ")]
+    assert line, done.stderr[-3000:]
+    out = json.loads(line[0][len("RESULT "):])
+    model = RiverModel.from_pretrained(folder)
+    plain = model.generate_ids(PROMPTS, ExitConfig(kv="full"),
+                               GenerationConfig(max_new_tokens=3 * NEW)).tokens
+    for name, r in out.items():
+        assert r["tokens"] == plain, name
+    full, exits = out["full depth"], out["exits"]
+    assert full["accepted"] >= 0.9 * full["drafted"] > 0
+    assert 0 < exits["accepted"] < exits["drafted"]
+
+
+@pytest.fixture(scope="module")
+def lossless_client(folder, tmp_path_factory):
+    """River's lossless mode served: drafts leaving after layer 1, vLLM verifying."""
+    log = tmp_path_factory.mktemp("serve-lossless") / "serve.log"
+    with _serve(folder, LOSSLESS_PORT, ["--mode", "speculative", "-o", "tau=-1", "-o",
+                                        "min_layer=1"], log):
+        yield _client(LOSSLESS_PORT)
+
+
+def test_served_lossless_mode_answers_with_the_plain_models_text(lossless_client, folder):
+    from concurrent.futures import ThreadPoolExecutor
+
+    model = RiverModel.from_pretrained(folder)
+    prompts = [f"abc{i}" for i in range(4)]
+    plain = [model.generate_ids(model.encode(p, chat=False), ExitConfig(kv="full"),
+                                GenerationConfig(max_new_tokens=NEW)).tokens[0] for p in prompts]
+    ask = lambda p: _complete(lossless_client, p, extra_body={"return_token_ids": True})
+    with ThreadPoolExecutor(4) as pool:
+        served = [r.choices[0].token_ids for r in pool.map(ask, prompts)]
+    assert served == plain
+    streamed = "".join(c.choices[0].text for c in _complete(lossless_client, "abc0",
+                                                             stream=True))
+    assert streamed == _complete(lossless_client, "abc0").choices[0].text

@@ -13,14 +13,22 @@ at import time, so the package costs nothing to processes that never start vLLM.
 
 from river_core import Capabilities
 
-# what River's exit mode can do inside vLLM's step (known without importing vLLM)
-CAPABILITIES = Capabilities(exits=True, stand_in=True, sub_blocks=True, batch=True)
+# what River can do inside vLLM's step (known without importing vLLM); vLLM's speculative
+# decoding verifies the drafts of lossless mode (drafter.py)
+CAPABILITIES = Capabilities(exits=True, stand_in=True, sub_blocks=True, batch=True,
+                            verify=True)
 
 ARCHITECTURES = {
     "LlamaForCausalLM": "RiverLlamaForCausalLM",
     "Qwen2ForCausalLM": "RiverQwen2ForCausalLM",
     "Qwen3ForCausalLM": "RiverQwen3ForCausalLM",
 }
+
+
+def draft_config(draft_tokens: int = 4) -> dict:
+    """vLLM's `speculative_config` for River's lossless mode (drafter.py)."""
+    return {"method": "custom_class", "model": "river_vllm.drafter.RiverDrafter",
+            "num_speculative_tokens": draft_tokens}
 
 
 def register() -> None:

