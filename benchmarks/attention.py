@@ -14,15 +14,13 @@ for both). Writes docs/results/attention.{md,json}.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 
 import numpy as np
 import onnxruntime as ort
 from onnx import TensorProto, helper
 
-from common import machine, write
+from common import machine, median_us, write
 from river_onnx.graphs import IR_VERSION, OPSET
 
 HEADS, KV_HEADS, HEAD_DIM, NEW_TOKENS = 9, 3, 64, 96
@@ -69,17 +67,6 @@ def group_query_attention() -> bytes:
                    _tensor("present_v", None)])
 
 
-def median_us(call, calls: int = 300) -> float:
-    for _ in range(20):
-        call()
-    times = []
-    for _ in range(calls):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e6
-
-
 def measure(positions: int, rng) -> dict:
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
@@ -90,7 +77,7 @@ def measure(positions: int, rng) -> dict:
     mask = np.zeros((1, 1, HEADS // KV_HEADS, capacity), np.float32)
     mask[..., positions + 1:] = -np.inf
     feeds = {"q": q, "past_k": cache(), "past_v": cache(), "mask": mask}
-    whole = median_us(lambda: masked.run(None, feeds))
+    whole = median_us(lambda: masked.run(None, feeds), 300, 20)
     gqa = ort.InferenceSession(group_query_attention(), options)
     bound = gqa.io_binding()
     keys, values = (ort.OrtValue.ortvalue_from_numpy(cache()) for _ in "kv")
@@ -105,7 +92,7 @@ def measure(positions: int, rng) -> dict:
     bound.bind_ortvalue_output("present_k", keys)
     bound.bind_ortvalue_output("present_v", values)
     bound.bind_output("out")
-    in_place = median_us(lambda: gqa.run_with_iobinding(bound))
+    in_place = median_us(lambda: gqa.run_with_iobinding(bound), 300, 20)
     return {"masked whole cache": whole, "GroupQueryAttention in place": in_place}
 
 

@@ -44,6 +44,18 @@ def memory_bandwidth(size: int = 1 << 30, repeats: int = 5) -> float:
     return 2 * size / best
 
 
+def median_us(run, repeats: int = 30, warmup: int = 5) -> float:
+    """Median wall time of `run()` in microseconds, after `warmup` calls."""
+    for _ in range(warmup):
+        run()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return float(np.median(times)) * 1e6
+
+
 def gsm8k_questions(path: Path, n: int, offset: int = 0) -> list[str]:
     try:
         return read_prompts(path, n, offset)

@@ -30,20 +30,9 @@ from pathlib import Path
 
 import numpy as np
 
-from common import RESULTS, machine, write
+from common import RESULTS, machine, median_us, write
 from river_core import QuantSpec
 from river_models import FUSED, PROJECTIONS, open_model, stand_ins
-
-
-def median_us(run, repeats: int = 30, warmup: int = 5) -> float:
-    for _ in range(warmup):
-        run()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return float(np.median(times)) * 1e6
 
 
 def fused_projections(checkpoint, quantized) -> dict:

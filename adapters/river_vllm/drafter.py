@@ -45,9 +45,11 @@ class RiverDrafter:
     def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec, token_ids_cpu,
                 slot_mappings=None) -> list[list[int]]:
         step = self.model.river_step
-        rows = [row for row, sampled in enumerate(sampled_token_ids) if sampled
-                and step is not None and num_tokens_no_spec[row] + self.most <= self.max_len]
         drafts = [[] for _ in sampled_token_ids]
+        if step is None:   # vLLM's warm-up: no attention metadata, nothing in the pages
+            return drafts
+        rows = [row for row, sampled in enumerate(sampled_token_ids)
+                if sampled and num_tokens_no_spec[row] + self.most <= self.max_len]
         if rows:
             # the sampled token is the last of a row's tokens: it drafts from its position
             made = self.draft([sampled_token_ids[r][-1] for r in rows],
