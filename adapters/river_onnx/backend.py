@@ -60,6 +60,27 @@ def sessions_for(device: str):
     return make
 
 
+class _Sessions:
+    """A model's sessions of one kind (`pattern` formatted with the key), each made on first
+    use: what a run never reaches (backbone layers past every exit, exit rivers it never
+    starts) takes no memory, and loading a model is immediate."""
+
+    def __init__(self, make, folder: Path, pattern: str, keys) -> None:
+        self._make, self._made = make, {}
+        self._paths = {key: folder / pattern.format(key) for key in keys}
+        missing = [p.name for p in self._paths.values() if not p.is_file()]
+        if missing:
+            raise FileNotFoundError(f"{folder} lacks {', '.join(missing)}: a damaged export")
+
+    def __contains__(self, key) -> bool:
+        return key in self._paths
+
+    def __getitem__(self, key) -> ort.InferenceSession:
+        if key not in self._made:
+            self._made[key] = self._make(self._paths[key])
+        return self._made[key]
+
+
 class _Step:
     """Rotary tables and additive masks of cache slots start..end-1, shared by all layers."""
 
@@ -103,10 +124,10 @@ class OnnxBackend(LayerEngine):
         self._head = make(folder / "head.onnx")
         self._stand_in_head = make(folder / "stand_in_head.onnx")
         layers = range(spec.num_layers)
-        self._layers = [make(folder / f"layer_{i}.onnx") for i in layers]
-        self._stand_ins = [make(folder / f"stand_in_{i}.onnx") for i in layers]
-        self._kv_proj = [make(folder / f"kv_{i}.onnx") for i in layers]
-        self._tails = {s: make(folder / f"tail_{s}.onnx") for s in manifest.tails}
+        self._layers = _Sessions(make, folder, "layer_{}.onnx", layers)
+        self._stand_ins = _Sessions(make, folder, "stand_in_{}.onnx", layers)
+        self._kv_proj = _Sessions(make, folder, "kv_{}.onnx", layers)
+        self._tails = _Sessions(make, folder, "tail_{}.onnx", manifest.tails)
         self.runs_on = tuple(self._head.get_providers())
         self.num_layers, self.max_positions = spec.num_layers, spec.max_positions
         self.stand_in_error = list(manifest.stand_in_error)

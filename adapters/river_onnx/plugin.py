@@ -35,7 +35,9 @@ def load(model: str | None = None, *, device: str = "cpu", dtype: str = "float32
 
 def tiny_backend(family: str, seed: int, bits: int):
     """The onnx backend over a tiny random model, exported on the fly."""
+    import shutil
     import tempfile
+    import weakref
     from pathlib import Path
 
     from river_models import tiny
@@ -44,10 +46,12 @@ def tiny_backend(family: str, seed: int, bits: int):
     from .export import export_model
 
     checkpoint = tiny.checkpoint(family, seed)
-    # sessions read every weight when they are made, so the export folder can go right after
-    with tempfile.TemporaryDirectory(prefix=f"river-onnx-{family}-") as folder:
-        manifest = export_model(checkpoint, tiny.stand_ins(checkpoint, bits), Path(folder))
-        return OnnxBackend(Path(folder), manifest, checkpoint.tokenizer)
+    folder = Path(tempfile.mkdtemp(prefix=f"river-onnx-{family}-"))
+    manifest = export_model(checkpoint, tiny.stand_ins(checkpoint, bits), folder)
+    backend = OnnxBackend(folder, manifest, checkpoint.tokenizer)
+    # sessions are made on first use, so the export lives as long as its backend
+    weakref.finalize(backend, shutil.rmtree, folder, ignore_errors=True)
+    return backend
 
 
 @hookimpl
