@@ -12,7 +12,7 @@ from pathlib import Path
 from river_core.hookspecs import hookimpl
 
 HERE = Path(__file__).resolve().parent
-HELPERS = ("common", "gsm8k", "humaneval")
+HELPERS = ("common", "gsm8k", "humaneval", "anchor_worker")
 
 
 def names() -> list[str]:

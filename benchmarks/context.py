@@ -27,12 +27,14 @@ CONFIGS = {"backbone": ExitConfig(kv="full"),
            "whole 4-bit model": ExitConfig(policy="fixed", options={"layer": -1})}
 
 
-def prompt_of(model: RiverModel, length: int) -> list[int]:
-    """`length` tokens of GSM8K train questions, joined until long enough."""
+def prompt_of(model: RiverModel, length: int, offset: int = 0) -> list[int]:
+    """`length` tokens of GSM8K train questions from the `offset`th on, joined until long
+    enough."""
     ids: list[int] = []
     n = 8
     while len(ids) < length:
-        ids = model.encode("\n\n".join(gsm8k_questions(GSM8K_TRAIN, n)), chat=False)[0]
+        ids = model.encode("\n\n".join(gsm8k_questions(GSM8K_TRAIN, n, offset)),
+                           chat=False)[0]
         n *= 2
     return ids[:length]
 

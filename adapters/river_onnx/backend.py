@@ -1,8 +1,9 @@
 """The ONNX Runtime backend: per-layer sessions over a numpy KV cache owned by the backend.
 
 Hidden states are numpy arrays [batch, tokens, hidden]. Each step builds its rotary tables and
-additive masks once; every layer call feeds its layer's whole cache (no copy) and writes the
-new tokens' K/V it returns into the cache by index.
+attention biases once; every layer call binds its layer's cache arrays as both the graph's past
+and present K/V (IOBinding, no copy), so the graph's GroupQueryAttention writes the new tokens'
+K/V where they stay and reads only the slots written so far.
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ class _Sessions:
 
 
 class _Step:
-    """Rotary tables and additive masks of cache slots start..end-1, shared by all layers."""
+    """Rotary tables and attention biases of cache slots start..end-1, shared by all layers."""
 
     def __init__(self, backend: "OnnxBackend", start: int, end: int) -> None:
         self.start, self.end = start, end
@@ -92,23 +93,22 @@ class _Step:
         for key, rotary in backend.spec.rotary.items():
             cos, sin = rotary.angles(positions)
             self.rope[key] = (cos[:, None], sin[:, None])
-        self._masks: dict = {}
+        # GroupQueryAttention's lengths: every row reads slots 0..end-1 (the bias masks what a
+        # row may not see) and writes the new tokens at end-T..end-1
+        self.seqlens = np.full(backend.layout.batch, end - 1, np.int32)
+        self.total = np.array(end, np.int32)
+        self._biases: dict = {}
 
-    def masks(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
-        """(past [B, 1, G*T, capacity], new [B, 1, G*T, T]) additive masks of `layer`."""
+    def bias(self, layer: int) -> np.ndarray:
+        """[B, 1, T, end] additive bias of `layer` (0 where a token attends, else -inf)."""
         layout, window = self._b.layout, self._b.spec.windows[layer]
         key = layout.mask_key(window, layer)
-        if key not in self._masks:
+        if key not in self._biases:
             lo = layout.first_key(self.start, self.end, window)
-            attend = np.zeros((layout.batch, self.end - self.start, layout.capacity), bool)
+            attend = np.zeros((layout.batch, self.end - self.start, self.end), bool)
             attend[:, :, lo:self.end] = layout.mask(self.start, self.end, window, layer)
-            past = attend.copy()
-            past[:, :, self.start:] = False
-            group = self._b.spec.group
-            self._masks[key] = tuple(
-                np.tile(np.where(m, 0, -np.inf).astype(np.float32)[:, None], (1, 1, group, 1))
-                for m in (past, attend[:, :, self.start:self.end]))
-        return self._masks[key]
+            self._biases[key] = np.where(attend, 0, -np.inf).astype(np.float32)[:, None]
+        return self._biases[key]
 
 
 class OnnxBackend(LayerEngine):
@@ -164,19 +164,39 @@ class OnnxBackend(LayerEngine):
         cos, sin = s.rope[self.spec.rope_keys[i]]
         feeds = {"h": h, "cos": cos, "sin": sin}
         if attention:
-            past_mask, self_mask = s.masks(i)
-            feeds.update(past_k=self.cache.k[i], past_v=self.cache.v[i], past_mask=past_mask,
-                         self_mask=self_mask)
+            feeds.update(seqlens=s.seqlens, bias=s.bias(i))
         return feeds if idx is None else {k: v[idx] for k, v in feeds.items()}
 
-    def _write(self, s: _Step, i: int, k: np.ndarray, v: np.ndarray, idx) -> None:
-        self.cache.write(i, idx, s.start, s.end, k, v)
+    def _run_in_place(self, sess, feeds: dict, layers: dict[str, int], idx,
+                      outputs: list[str], step: _Step) -> list[np.ndarray]:
+        """Runs `sess` with each layer's cache (by the suffix of its inputs) bound as both past
+        and present K/V, so the graph writes the new tokens' K/V into the cache itself. Rows
+        `idx` run on a copy of theirs, written back after."""
+        binding = sess.io_binding()
+        for name, value in feeds.items():
+            binding.bind_cpu_input(name, np.ascontiguousarray(value))
+        for name in outputs:
+            binding.bind_output(name)
+        copies = []
+        for suffix, i in layers.items():
+            binding.bind_cpu_input(f"total{suffix}", step.total)
+            for kv, cache in (("k", self.cache.k[i]), ("v", self.cache.v[i])):
+                array = cache if idx is None else cache[idx]
+                value = ort.OrtValue.ortvalue_from_numpy(array)
+                binding.bind_ortvalue_input(f"past_{kv}{suffix}", value)
+                binding.bind_ortvalue_output(f"present_{kv}{suffix}", value)
+                if idx is not None:
+                    copies.append((cache, array))
+        sess.run_with_iobinding(binding)
+        for cache, array in copies:
+            cache[idx] = array
+        return [value.numpy() for value in binding.get_outputs()[:len(outputs)]]
 
     def _run(self, sess, i: int, h: np.ndarray, rows, step: _Step | None = None) -> np.ndarray:
         step = step or self._step
         idx = None if rows is None else np.asarray(rows)
-        out, k, v, mid = sess.run(None, self._feeds(step, i, h, idx))
-        self._write(step, i, k, v, idx)
+        out, mid = self._run_in_place(sess, self._feeds(step, i, h, idx), {"": i}, idx,
+                                      ["h_out", "mid"], step)
         self._sub_blocks = (h, mid, out, rows)
         if idx is None:
             return out
@@ -211,17 +231,15 @@ class OnnxBackend(LayerEngine):
             return h
         s, idx = self._step, None if rows is None else np.asarray(rows)
         feeds = {"h": h}
-        for j, i in enumerate(range(start, self.num_layers)):
-            layer = self._feeds(s, i, h, None)
+        layers = dict(enumerate(range(start, self.num_layers)))
+        for j, i in layers.items():
             key = self.spec.rope_keys[i]
-            feeds.update({f"cos{key}": layer["cos"], f"sin{key}": layer["sin"],
-                          **{f"{name}_{j}": layer[name] for name in
-                             ("past_k", "past_v", "past_mask", "self_mask")}})
+            feeds.update({f"cos{key}": s.rope[key][0], f"sin{key}": s.rope[key][1],
+                          f"seqlens_{j}": s.seqlens, f"bias_{j}": s.bias(i)})
         if idx is not None:
             feeds = {name: value[idx] for name, value in feeds.items()}
-        *kv, out = self._tails[start].run(None, feeds)
-        for j, i in enumerate(range(start, self.num_layers)):
-            self._write(s, i, kv[2 * j], kv[2 * j + 1], idx)
+        out, = self._run_in_place(self._tails[start], feeds,
+                                  {f"_{j}": i for j, i in layers.items()}, idx, ["h_out"], s)
         if idx is None:
             return out
         full = h.copy()
@@ -231,7 +249,7 @@ class OnnxBackend(LayerEngine):
     def project_kv(self, i: int, h, rows) -> None:
         idx = None if rows is None else np.asarray(rows)
         k, v = self._kv_proj[i].run(None, self._feeds(self._step, i, h, idx, attention=False))
-        self._write(self._step, i, k, v, idx)
+        self.cache.write(i, idx, self._step.start, self._step.end, k, v)
 
     def similarity(self, before, after, rows) -> list[float]:
         cos = _cosine(before[:, -1:], after[:, -1:])[:, 0]

@@ -105,12 +105,15 @@ class Graph:
         return self.ops(op_type, 1, *inputs, domain=domain, **attributes)[0]
 
     def ops(self, op_type: str, outputs: int, *inputs: str, domain: str = "",
-            **attributes) -> list[str]:
+            names: list[str | None] | None = None, **attributes) -> list[str]:
+        """`names`: outputs that are graph outputs as they are (no copy), by name; the first
+        `outputs` of the node are returned."""
         base = self._name()
-        names = [f"{base}_{j}" for j in range(outputs)]
+        names = [name or f"{base}_{j}" for j, name in
+                 enumerate(names or [None] * outputs)]
         self.nodes.append(helper.make_node(op_type, list(inputs), names, domain=domain or None,
                                            **attributes))
-        return names
+        return names[:outputs]
 
     def shape(self, *dims: int) -> str:
         return self.const(np.array(dims, dtype=np.int64))
@@ -165,28 +168,24 @@ class Graph:
         k = self.rope(self.heads(k, b.kv_heads, b.head_dim, b.k_norm), cos, sin)
         return q, k, self.heads(v, b.kv_heads, b.head_dim, None)
 
-    def attention(self, x: str, b: BlockWeights, cos: str, sin: str, past_k: str, past_v: str,
-                  past_mask: str, self_mask: str) -> tuple[str, str, str]:
-        """Returns (attention output [B, T, D], new K, new V)."""
+    def attention(self, x: str, b: BlockWeights, cos: str, sin: str, layer: "LayerInputs",
+                  suffix: str = "") -> str:
+        """The attention sub-block's output [B, T, D]. GroupQueryAttention writes the new
+        tokens' K/V into the layer's cache at slots total-T..total-1 and attends over slots
+        0..total-1 only, so a step's cost follows the context, not the allocated capacity;
+        the graph's outputs present_k/present_v are the cache itself when the caller binds
+        them to the buffers it passes as past_k/past_v."""
         q, k, v = self.project_qkv(x, b, cos, sin)
-        q = self.op("Mul", q, self.const(np.float32(b.scaling)))
-        # [B, H, T, hd] -> [B, Hkv, G*T, hd]: each K/V head meets its G query heads at once
-        q = self.op("Reshape", q, self.shape(0, b.kv_heads, -1, b.head_dim))
-        to_past = self.op("Add", self.op("MatMul", q, self.op("Transpose", past_k,
-                                                              perm=[0, 1, 3, 2])), past_mask)
-        to_new = self.op("Add", self.op("MatMul", q, self.op("Transpose", k, perm=[0, 1, 3, 2])),
-                         self_mask)
-        p = self.op("Softmax", self.op("Concat", to_past, to_new, axis=-1), axis=-1)
-        split = self.op("Shape", past_mask, start=3)
-        end = self.const(np.array([np.iinfo(np.int64).max], dtype=np.int64))
-        axis = self.shape(3)
-        p_past = self.op("Slice", p, self.shape(0), split, axis)
-        p_new = self.op("Slice", p, split, end, axis)
-        out = self.op("Add", self.op("MatMul", p_past, past_v), self.op("MatMul", p_new, v))
-        out = self.op("Reshape", out, self.shape(0, b.heads, -1, b.head_dim))
-        out = self.op("Reshape", self.op("Transpose", out, perm=[0, 2, 1, 3]),
-                      self.shape(0, 0, b.heads * b.head_dim))
-        return self.linear(out, b.proj["o"]), k, v
+        rows = lambda t, heads: self.op("Reshape", self.op("Transpose", t, perm=[0, 2, 1, 3]),
+                                        self.shape(0, 0, heads * b.head_dim))
+        out = self.ops("GroupQueryAttention", 1, rows(q, b.heads), rows(k, b.kv_heads),
+                       rows(v, b.kv_heads), layer.past_k, layer.past_v, layer.seqlens,
+                       layer.total, "", "", "", layer.bias, domain="com.microsoft",
+                       num_heads=b.heads, kv_num_heads=b.kv_heads, scale=b.scaling,
+                       names=[None, f"present_k{suffix}", f"present_v{suffix}"])[0]
+        self.outputs += [helper.make_tensor_value_info(f"present_{kv}{suffix}", FLOAT, None)
+                         for kv in "kv"]
+        return self.linear(out, b.proj["o"])
 
     def mlp(self, x: str, b: BlockWeights) -> str:
         gate, up = self.ops("Split", 2, self.linear(x, b.proj["gate_up"]), axis=-1,
@@ -203,40 +202,49 @@ def _rope_inputs(g: Graph) -> tuple[str, str]:
         g.input("sin", ["batch", 1, "tokens", "head_dim"])
 
 
-def _layer_inputs(g: Graph, b: BlockWeights, suffix: str = "") -> tuple[str, ...]:
-    cache = ["batch", b.kv_heads, "capacity", b.head_dim]
-    return (g.input(f"past_k{suffix}", cache), g.input(f"past_v{suffix}", cache),
-            g.input(f"past_mask{suffix}", ["batch", 1, "rows", "capacity"]),
-            g.input(f"self_mask{suffix}", ["batch", 1, "rows", "tokens"]))
+@attrs.frozen
+class LayerInputs:
+    """The names of one layer's attention inputs: its whole cache [B, Hkv, capacity, hd],
+    seqlens (int32 [B], every row total-1), total (int32 scalar: the slots a step reads) and
+    bias [B, 1, T, total], additive (0 or -inf: padding, holes, windows, future slots)."""
+
+    past_k: str
+    past_v: str
+    seqlens: str
+    total: str
+    bias: str
+
+    @classmethod
+    def declare(cls, g: "Graph", b: BlockWeights, suffix: str = "") -> "LayerInputs":
+        cache = ["batch", b.kv_heads, "capacity", b.head_dim]
+        return cls(g.input(f"past_k{suffix}", cache), g.input(f"past_v{suffix}", cache),
+                   g.input(f"seqlens{suffix}", ["batch"], TensorProto.INT32),
+                   g.input(f"total{suffix}", [], TensorProto.INT32),
+                   g.input(f"bias{suffix}", ["batch", 1, "tokens", "total"]))
 
 
-def _decoder_block(g: Graph, b: BlockWeights, h: str, cos: str, sin: str, past_k: str,
-                   past_v: str, past_mask: str, self_mask: str) -> tuple[str, str, str, str]:
-    """(h_out, mid, k, v): mid is the state between the attention and MLP sub-blocks."""
-    a, k, v = g.attention(g.rms_norm(h, b.input_norm), b, cos, sin, past_k, past_v, past_mask,
-                          self_mask)
+def _decoder_block(g: Graph, b: BlockWeights, h: str, cos: str, sin: str, layer: LayerInputs,
+                   suffix: str = "") -> tuple[str, str]:
+    """(h_out, mid): mid is the state between the attention and MLP sub-blocks."""
+    a = g.attention(g.rms_norm(h, b.input_norm), b, cos, sin, layer, suffix)
     if b.post_attn_norm is not None:
         a = g.rms_norm(a, b.post_attn_norm)
     mid = g.op("Add", h, a)
     m = g.mlp(g.rms_norm(mid, b.pre_mlp_norm), b)
     if b.post_mlp_norm is not None:
         m = g.rms_norm(m, b.post_mlp_norm)
-    return g.op("Add", mid, m), mid, k, v
+    return g.op("Add", mid, m), mid
 
 
 def block(b: BlockWeights) -> onnx.ModelProto:
-    """(h, past_k, past_v, past_mask, self_mask, cos, sin) -> (h, k, v, mid).
+    """(h, cos, sin, LayerInputs) -> (h_out, mid, present_k, present_v).
 
-    past_*: the layer's whole cache [B, Hkv, capacity, hd]; past_mask [B, 1, G*T, capacity]
-    and self_mask [B, 1, G*T, T] are additive (0 or -inf), rows repeated over the G groups.
     mid [B, 1, D]: the last token's state between the attention and MLP sub-blocks."""
     g = Graph()
     h = g.input("h", ["batch", "tokens", "hidden"])
-    layer = _layer_inputs(g, b)
-    h, mid, k, v = _decoder_block(g, b, h, *_rope_inputs(g), *layer)
+    cos, sin = _rope_inputs(g)
+    h, mid = _decoder_block(g, b, h, cos, sin, LayerInputs.declare(g, b))
     g.output(h, "h_out")
-    g.output(k, "k")
-    g.output(v, "v")
     last = g.const(np.array([-1], dtype=np.int64))
     g.output(g.op("Slice", mid, last, g.const(np.array([np.iinfo(np.int64).max], np.int64)),
                   g.shape(1)), "mid")
@@ -245,18 +253,17 @@ def block(b: BlockWeights) -> onnx.ModelProto:
 
 def tail(blocks: list[BlockWeights], rope_keys: list[str]) -> onnx.ModelProto:
     """Several blocks in a row as one graph (the stand-ins of layers start..L-1, one session
-    run for a token's whole exit river): h, then per block j (inputs and outputs suffixed _j)
-    past_k, past_v, past_mask, self_mask -> k, v; one cos/sin pair per rotary table, named
-    cos<key>, sin<key>."""
+    run for a token's whole exit river): h, then per block j the LayerInputs and the outputs
+    present_k, present_v suffixed _j; one cos/sin pair per rotary table, named cos<key>,
+    sin<key>."""
     g = Graph()
     h = g.input("h", ["batch", "tokens", "hidden"])
     ropes = {key: (g.input(f"cos{key}", ["batch", 1, "tokens", "head_dim"]),
                    g.input(f"sin{key}", ["batch", 1, "tokens", "head_dim"]))
              for key in dict.fromkeys(rope_keys)}
     for j, (b, key) in enumerate(zip(blocks, rope_keys)):
-        h, _, k, v = _decoder_block(g, b, h, *ropes[key], *_layer_inputs(g, b, f"_{j}"))
-        g.output(k, f"k_{j}")
-        g.output(v, f"v_{j}")
+        h, _ = _decoder_block(g, b, h, *ropes[key], LayerInputs.declare(g, b, f"_{j}"),
+                              f"_{j}")
     g.output(h, "h_out")
     return g.model()
 

@@ -1,0 +1,75 @@
+"""One engine of `python -m benchmarks anchors`, in a process of its own so that its peak
+resident memory is its own. Not run by hand: the driver starts it as
+
+    python anchor_worker.py river CONFIG         # the project's environment
+    python anchor_worker.py llamacpp FILE.gguf   # the anchors' environment (no River there)
+
+and then writes one JSON request per line, {"ids": [...], "tokens": N}; the worker answers each
+with one line, {"tokens": [...], "decode_seconds": S, "peak_rss_mb": M}: greedy ids after the
+prompt, and the wall time of decoding, every token after the first (which comes from prefill).
+A line "ready" comes first, once the engine is loaded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+
+def river(config: str):
+    sys.path.append(str(Path(__file__).resolve().parent))
+    from lossless import Config
+    from river_core import GenerationConfig, RiverModel
+
+    exit_config = Config.parse(config).exit_config
+    model = RiverModel.from_pretrained(backend="onnx")
+
+    def generate(ids: list[int], tokens: int) -> tuple[list[int], float]:
+        out = model.generate_ids([ids], exit_config, GenerationConfig(max_new_tokens=tokens))
+        return out.tokens[0], sum(out.step_seconds)
+    return generate
+
+
+def llamacpp(path: str):
+    import llama_cpp
+
+    # llama.cpp as its users run it: default (float16) K/V, every core
+    llm = llama_cpp.Llama(path, n_ctx=4096, n_threads=os.cpu_count(), verbose=False)
+
+    def generate(ids: list[int], tokens: int) -> tuple[list[int], float]:
+        llm.reset()
+        stream = llm.generate(ids, temp=0.0, reset=True)
+        out = [next(stream)]   # prefill and the first token
+        start = time.perf_counter()
+        while len(out) < tokens:
+            out.append(next(stream))
+        return out, time.perf_counter() - start
+    return generate
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory (VmHWM: unlike getrusage's maxrss, it does not
+    carry the parent's peak over the exec that started the worker)."""
+    line = next(l for l in open("/proc/self/status") if l.startswith("VmHWM:"))
+    return int(line.split()[1]) / 1024
+
+
+ENGINES = {"river": river, "llamacpp": llamacpp}
+
+
+def main() -> None:
+    kind, arg = sys.argv[1:3]
+    generate = ENGINES[kind](arg)
+    print("ready", flush=True)
+    for line in sys.stdin:
+        request = json.loads(line)
+        tokens, seconds = generate(request["ids"], request["tokens"])
+        print(json.dumps({"tokens": [int(t) for t in tokens], "decode_seconds": seconds,
+                          "peak_rss_mb": peak_rss_mb()}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

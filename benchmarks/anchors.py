@@ -1,0 +1,280 @@
+"""River against what a CPU user runs instead: llama.cpp on GGUFs of the same weights, at
+short and long contexts, speed, output identity and peak memory in one interleaved run.
+
+    python -m benchmarks anchors                           # 64 and 2,048 positions
+    python -m benchmarks anchors --positions 64 --prompts 1 --rounds 1   # a quick look
+
+Engines, each in a process of its own (`anchor_worker.py`), so each one's peak resident memory
+is its own:
+- River on onnx: full depth (the float32 backbone), River exit mode (the paper's rule), the
+  whole 4-bit model and lossless mode (drafts from the whole 4-bit model, 4 per round);
+- llama.cpp (llama-cpp-python, every core, its default float16 K/V) on the embedded Q4_1 GGUF
+  and on F32, F16 and Q8_0 GGUFs written from the same weights with the gguf package (into
+  the benchmark cache; F32 holds exactly the float weights River's backbone runs).
+llama-cpp-python is installed into a virtual environment in the benchmark cache on first use
+(it compiles llama.cpp: about 8 minutes here), or taken from `--anchors-python`; the tests
+need none of it.
+
+Each prompt is GSM8K train text cut to the length; every round sends each prompt to every
+engine in turn, so drift of a shared machine hits all alike. ms/token is decode time over the
+tokens decoded after the first (which comes from prefill), median over prompts and rounds.
+Identity: an engine's greedy tokens against River's full depth, up to the first end of text.
+Writes docs/results/anchors.{md,json,png}; the "summary" holds issue 21's figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from common import machine, median_us, write
+from context import prompt_of
+from river_core import RiverModel
+from river_models import default_gguf
+from river_models.cache import cache_root
+
+HERE = Path(__file__).resolve().parent
+ANCHOR_PACKAGES = ("llama-cpp-python==0.3.36",)
+RIVER = {"River full depth": "full", "River exit mode": "river",
+         "River whole 4-bit model": "quantized", "River lossless mode": "lossless/fixed:-1/4="}
+GGUF_TYPES = ("F32", "F16", "Q8_0")   # written from the embedded Q4_1 file; Q4_1 is itself
+
+
+def anchors_python(given: str | None) -> Path:
+    """An interpreter with llama-cpp-python: the given one, or the benchmark cache's own
+    environment, made on first use."""
+    if given:
+        return Path(given)
+    venv = cache_root() / "anchors" / "venv"
+    python = venv / "bin" / "python"
+    if subprocess.run([python, "-c", "import llama_cpp"], capture_output=True).returncode if \
+            python.exists() else True:
+        print(f"installing {' '.join(ANCHOR_PACKAGES)} into {venv} (compiles llama.cpp: about "
+              "8 minutes here)", file=sys.stderr, flush=True)
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        subprocess.run([python, "-m", "pip", "install", "-q", *ANCHOR_PACKAGES], check=True)
+    return python
+
+
+def write_gguf(source: Path, target: Path, kind: str) -> Path:
+    """`source`'s metadata and tokenizer with every tensor dequantized and stored as `kind`
+    (F32, F16 or Q8_0; vectors stay F32, as llama.cpp's converter keeps them)."""
+    from gguf import GGMLQuantizationType as Q, GGUFReader, GGUFValueType, GGUFWriter
+    from gguf.constants import LlamaFileType
+    from gguf.quants import dequantize, quantize
+
+    if target.is_file():
+        return target
+    reader = GGUFReader(source)
+    arch = reader.fields["general.architecture"].contents()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_suffix(".partial")
+    writer = GGUFWriter(partial, arch)
+    for field in reader.fields.values():
+        if field.name.startswith("GGUF.") or field.name in ("general.architecture",
+                                                              "general.file_type"):
+            continue
+        sub = field.types[-1] if field.types[0] == GGUFValueType.ARRAY else None
+        writer.add_key_value(field.name, field.contents(), field.types[0], sub_type=sub)
+    writer.add_file_type({"F32": LlamaFileType.ALL_F32, "F16": LlamaFileType.MOSTLY_F16,
+                          "Q8_0": LlamaFileType.MOSTLY_Q8_0}[kind])
+    for tensor in reader.tensors:
+        weights = dequantize(tensor.data, tensor.tensor_type).astype(np.float32)
+        if weights.ndim == 1 or kind == "F32":
+            writer.add_tensor(tensor.name, weights)
+        elif kind == "F16":
+            writer.add_tensor(tensor.name, weights.astype(np.float16))
+        else:
+            writer.add_tensor(tensor.name, quantize(weights, Q.Q8_0), raw_dtype=Q.Q8_0)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    partial.rename(target)
+    return target
+
+
+class Worker:
+    """One engine in its own process (anchor_worker.py's protocol)."""
+
+    def __init__(self, python: Path, kind: str, arg: str) -> None:
+        self.process = subprocess.Popen([str(python), str(HERE / "anchor_worker.py"), kind, arg],
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        if self.process.stdout.readline().strip() != "ready":
+            raise SystemExit(f"the {kind} worker for {arg} did not start (its errors are above)")
+
+    def generate(self, ids: list[int], tokens: int) -> dict:
+        self.process.stdin.write(json.dumps({"ids": ids, "tokens": tokens}) + "\n")
+        self.process.stdin.flush()
+        line = self.process.stdout.readline()
+        if not line:
+            raise SystemExit("a worker died (its errors are above)")
+        return json.loads(line)
+
+    def close(self) -> None:
+        self.process.stdin.close()
+        self.process.wait()
+
+
+def layer_costs(positions: int = 64) -> dict:
+    """One decode step's backbone layer and stand-in layer on onnx, µs, cycling through the
+    layers (cold caches, as in a real step)."""
+    model = RiverModel.from_pretrained(backend="onnx")
+    b = model.backend
+    ids = prompt_of(model, positions)
+    b.prefill([ids], positions + 8, None)
+    b.begin(b.offset, b.offset + 1)
+    h = b.embed_ids(np.array([[ids[-1]]]))
+    cost = {}
+    for name, run in (("layer", b.layer), ("stand_in", b.stand_in_layer)):
+        cost[name] = median_us(lambda: [run(i, h, None) for i in range(b.num_layers)],
+                               repeats=20) / b.num_layers
+    return cost
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--positions", type=int, nargs="+", default=[64, 2048])
+    ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--prompts", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--anchors-python", help="an interpreter with llama-cpp-python "
+                    "(default: an environment of its own in the benchmark cache)")
+    args = ap.parse_args()
+    info = machine()
+    llama = anchors_python(args.anchors_python)
+    q4 = default_gguf()
+    ggufs = {kind: write_gguf(q4, cache_root() / "anchors" / f"{q4.stem}.{kind}.gguf", kind)
+             for kind in GGUF_TYPES}
+    ggufs["Q4_1"] = q4
+    print("measuring layer costs", file=sys.stderr, flush=True)
+    layers = layer_costs()
+    model = RiverModel.from_pretrained(backend="onnx")
+    prompts = {n: [prompt_of(model, n, offset=50 * p) for p in range(args.prompts)]
+               for n in args.positions}
+    del model
+    workers = {name: Worker(Path(sys.executable), "river", config)
+               for name, config in RIVER.items()}
+    workers.update({f"llama.cpp {kind}": Worker(llama, "llamacpp", str(path))
+                    for kind, path in ggufs.items()})
+    runs: dict = {name: {str(n): [] for n in args.positions} for name in workers}
+    for name, worker in workers.items():   # warm-up
+        worker.generate(prompts[args.positions[0]][0], 4)
+    for r in range(args.rounds):
+        for n in args.positions:
+            for p, ids in enumerate(prompts[n]):
+                print(f"round {r + 1}/{args.rounds}, {n} positions, prompt {p + 1}",
+                      file=sys.stderr, flush=True)
+                for name, worker in workers.items():
+                    runs[name][str(n)].append(worker.generate(ids, args.tokens))
+    for worker in workers.values():
+        worker.close()
+    command = "python -m benchmarks anchors " + " ".join(sys.argv[1:])
+    payload = {"command": command, "machine": info, "tokens": args.tokens,
+               "prompts": args.prompts, "rounds": args.rounds, "positions": args.positions,
+               "layer_us": layers, **tabulate(runs, ggufs, layers)}
+    write("anchors", payload, report(payload))
+    plot(payload)
+
+
+def tabulate(runs: dict, ggufs: dict, layers: dict) -> dict:
+    """ms/token, identity with River's full depth and peak RSS per engine and length, and the
+    summary."""
+    reference = runs["River full depth"]
+    ms, identical, rss = {}, {}, {}
+    for name, by_n in runs.items():
+        ms[name] = {n: statistics.median(1e3 * r["decode_seconds"] / max(len(r["tokens"]) - 1, 1)
+                                         for r in rs) for n, rs in by_n.items()}
+        identical[name] = {n: sum(_same(r["tokens"], ref["tokens"]) for r, ref in
+                                  zip(rs, reference[n])) / len(rs) for n, rs in by_n.items()}
+        rss[name] = max(r["peak_rss_mb"] for rs in by_n.values() for r in rs)
+    over = lambda a, b: {n: ms[a][n] / ms[b][n] for n in ms[a]}
+    lengths = sorted(ms["River full depth"], key=int)
+    short, long = lengths[0], lengths[-1]
+    summary = {
+        "lossless_vs_llamacpp_f32": over("llama.cpp F32", "River lossless mode"),
+        "lossless_vs_backbone": over("River full depth", "River lossless mode"),
+        "exit_vs_backbone": over("River full depth", "River exit mode"),
+        "whole4_vs_llamacpp_q4": over("llama.cpp Q4_1", "River whole 4-bit model"),
+        f"step_{long}_over_{short}": {name: ms[name][long] / ms[name][short] for name in ms},
+        "exit_rss_over_whole4": rss["River exit mode"] / rss["River whole 4-bit model"],
+        "stand_in_over_layer": layers["stand_in"] / layers["layer"]}
+    return {"ms_per_token": ms, "identical_to_full_depth": identical, "peak_rss_mb": rss,
+            "gguf_bytes": {k: p.stat().st_size for k, p in ggufs.items()},
+            "summary": summary}
+
+
+def _same(tokens: list[int], reference: list[int]) -> bool:
+    n = min(len(tokens), len(reference))
+    return tokens[:n] == reference[:n]
+
+
+def report(p: dict) -> str:
+    info, s = p["machine"], p["summary"]
+    lengths = [str(n) for n in p["positions"]]
+    lines = ["# River against llama.cpp on the same weights", "",
+             f"Machine: {info['cpu']}, {info['cores']} cores, copy bandwidth "
+             f"{info['memory_bandwidth_gb_s']} GB/s. Command: `{p['command']}`. Embedded "
+             f"SmolLM2-135M-Instruct, batch 1, {p['tokens']} greedy tokens, {p['prompts']} "
+             f"GSM8K prompts per length, {p['rounds']} interleaved rounds.", "",
+             "| engine | " + " | ".join(f"ms/token at {n}" for n in lengths) + " | " +
+             " | ".join(f"same as full depth at {n}" for n in lengths) + " | peak RSS MB |",
+             "|---|" + "---|" * (2 * len(lengths) + 1)]
+    for name, by_n in p["ms_per_token"].items():
+        same = p["identical_to_full_depth"][name]
+        lines.append(f"| {name} | " + " | ".join(f"{by_n[n]:.1f}" for n in lengths) + " | " +
+                     " | ".join(f"{same[n]:.0%}" for n in lengths) +
+                     f" | {p['peak_rss_mb'][name]:.0f} |")
+    per = lambda d: ", ".join(f"{v:.2f}x at {n}" for n, v in d.items())
+    lines += ["", "Issue 21's figures:", "",
+              f"- lossless mode against llama.cpp F32: {per(s['lossless_vs_llamacpp_f32'])} "
+              "(target: at least 2x)",
+              f"- lossless mode against River's backbone: {per(s['lossless_vs_backbone'])} "
+              "(target: at least 2x)",
+              f"- exit mode against River's backbone: {per(s['exit_vs_backbone'])} "
+              "(target: at least 2.5x)",
+              f"- whole 4-bit model against llama.cpp Q4_1: {per(s['whole4_vs_llamacpp_q4'])} "
+              "(target: at least 1x)",
+              f"- one decode step at {lengths[-1]} over {lengths[0]} positions: " +
+              ", ".join(f"{name} {v:.2f}x" for name, v in
+                        s[f"step_{lengths[-1]}_over_{lengths[0]}"].items()) +
+              " (target on onnx: at most 1.2x)",
+              f"- a stand-in layer against a backbone layer (onnx, one decode token, 64 "
+              f"positions): {p['layer_us']['stand_in']:.0f} against "
+              f"{p['layer_us']['layer']:.0f} µs, {s['stand_in_over_layer']:.2f}x (target: at "
+              "most 0.25x)",
+              f"- peak RSS of exit mode over the whole 4-bit model's: "
+              f"{s['exit_rss_over_whole4']:.2f}x (target: at most 1.3x)", ""]
+    return "\n".join(lines)
+
+
+def plot(p: dict) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from common import RESULTS
+
+    names = list(p["ms_per_token"])
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    width = 0.8 / len(p["positions"])
+    for j, n in enumerate(p["positions"]):
+        values = [p["ms_per_token"][name][str(n)] for name in names]
+        ax.barh(np.arange(len(names)) + j * width, values, width, label=f"{n} positions")
+    ax.set_yticks(np.arange(len(names)) + width * (len(p["positions"]) - 1) / 2, names)
+    ax.invert_yaxis()
+    ax.set_xlabel("ms per token (batch 1, lower is faster)")
+    ax.set_title(f"River on onnx and llama.cpp, same weights ({p['machine']['cpu']})")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(RESULTS / "anchors.png", dpi=120)
+
+
+if __name__ == "__main__":
+    main()
