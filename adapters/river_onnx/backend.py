@@ -138,8 +138,9 @@ class OnnxBackend(LayerEngine):
     # -- what the engine base asks for ------------------------------------------------------
 
     def new_cache(self, batch: int, capacity: int) -> KVCache:
-        """Unwritten slots hold 0, not NaN: every layer's graph attends over the whole
-        capacity under an additive mask, and NaN * 0 would poison every row."""
+        """Unwritten slots hold 0, not NaN: attention reads every slot before the step's end
+        under an additive bias (a padded row's empty slots too), and NaN * 0 would poison the
+        row."""
         shape = (self.num_layers, batch, self.spec.kv_heads, capacity, self.spec.head_dim)
         return KVCache(np.zeros(shape, np.float32), np.zeros(shape, np.float32), unwritten=0.0)
 
@@ -262,8 +263,7 @@ class OnnxBackend(LayerEngine):
         return self._stand_in_head.run(None, {"h": np.ascontiguousarray(h[:, -1:])})[0][:, 0]
 
     def footprint(self) -> Footprint:
-        """Weight files as stored. Attention reads the whole allocated cache (masked), so a
-        step reads capacity, not `positions`, K/V slots: small next to the weights here."""
+        """Weight files as stored; a step's attention reads the K/V slots written so far."""
         def size(name: str) -> int:
             return weight_bytes(self._folder / f"{name}.onnx")
 

@@ -2,11 +2,12 @@
 head, written node by node from the model package's numpy weights: the same math as the hf
 backend's blocks, with no tracing and no exporter version drift.
 
-A block graph takes the whole preallocated cache of its layer and returns the new tokens' K/V
-beside the new state; the backend writes them into the cache itself. Attention never copies the
-cache: scores against the cache and against the new tokens are computed apart, masked by the
-backend's additive masks (empty, padded and out-of-window slots are -inf) and soft-maxed
-together. Grouped-query attention folds the query heads of one K/V head into the row axis.
+A block graph takes its layer's whole preallocated cache as past K/V and gives it back as
+present K/V: ONNX Runtime's GroupQueryAttention writes the new tokens' K/V into it, in place when
+the backend binds both to the same buffer, and reads only the slots written so far, under the
+backend's additive bias (padding, holes, windows: -inf), so a step's cost follows the context,
+not the capacity. Rotary and the per-head norms stay ordinary nodes, so the K/V projection
+graph and the attention agree by construction.
 """
 
 from __future__ import annotations
