@@ -3,6 +3,7 @@
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 sys.path.append(str(Path(__file__).parents[1] / "benchmarks"))   # last: benchmarks/vllm.py
@@ -118,3 +119,23 @@ def test_results_go_where_river_results_says_and_data_is_always_there(tmp_path):
     results, train = out.stdout.split()
     assert results == str(tmp_path)
     assert Path(train).is_file()   # the whole file beside a checkout, else the bundled slice
+
+
+@pytest.mark.parametrize("kind, tolerance", [("F32", 0.0), ("F16", 1e-3), ("Q8_0", 1e-2)])
+def test_the_anchors_ggufs_hold_the_same_weights_and_metadata(kind, tolerance, tmp_path):
+    """llama.cpp's F32/F16/Q8_0 anchors are the source GGUF's weights stored another way."""
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+
+    import anchors
+    from river_llamacpp.tiny import gguf_file
+
+    source = GGUFReader(gguf_file())
+    written = GGUFReader(anchors.write_gguf(gguf_file(), tmp_path / f"{kind}.gguf", kind))
+    assert {n for n in source.fields if n != "general.file_type"} <= set(written.fields)
+    assert written.fields["qwen2.block_count"].contents() == \
+        source.fields["qwen2.block_count"].contents()
+    for a, b in zip(source.tensors, written.tensors, strict=True):
+        assert a.name == b.name
+        x, y = (dequantize(t.data, t.tensor_type) for t in (a, b))
+        assert np.abs(x - y).max() <= tolerance * max(np.abs(x).max(), 1e-6)
