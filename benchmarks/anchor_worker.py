@@ -1,13 +1,13 @@
 """One engine of `python -m benchmarks anchors`, in a process of its own so that its peak
 resident memory is its own. Not run by hand: the driver starts it as
 
-    python anchor_worker.py river CONFIG         # the project's environment
+    python anchor_worker.py river CONFIG DTYPE PREFILL_EXIT   # the project's environment
     python anchor_worker.py llamacpp FILE.gguf   # the anchors' environment (no River there)
 
 and then writes one JSON request per line, {"ids": [...], "tokens": N}; the worker answers each
 with one line, {"tokens": [...], "decode_seconds": S, "peak_rss_mb": M}: greedy ids after the
 prompt, and the wall time of decoding, every token after the first (which comes from prefill).
-A line "ready" comes first, once the engine is loaded.
+A line {"ready": true, "loaded_rss_mb": M} comes first, once the engine is loaded.
 """
 
 from __future__ import annotations
@@ -19,13 +19,17 @@ import time
 from pathlib import Path
 
 
-def river(config: str):
+def river(config: str, dtype: str, prefill_exit: str):
+    """CONFIG as `benchmarks lossless` names them; PREFILL_EXIT "none" or a layer."""
+    import attrs
+
     sys.path.append(str(Path(__file__).resolve().parent))
     from lossless import Config
     from river_core import GenerationConfig, RiverModel
 
-    exit_config = Config.parse(config).exit_config
-    model = RiverModel.from_pretrained(backend="onnx")
+    exit_config = attrs.evolve(Config.parse(config).exit_config,
+                               prefill_exit=None if prefill_exit == "none" else int(prefill_exit))
+    model = RiverModel.from_pretrained(backend="onnx", dtype=dtype)
 
     def generate(ids: list[int], tokens: int) -> tuple[list[int], float]:
         out = model.generate_ids([ids], exit_config, GenerationConfig(max_new_tokens=tokens))
@@ -50,10 +54,10 @@ def llamacpp(path: str):
     return generate
 
 
-def peak_rss_mb() -> float:
-    """This process's peak resident memory (VmHWM: unlike getrusage's maxrss, it does not
-    carry the parent's peak over the exec that started the worker)."""
-    line = next(l for l in open("/proc/self/status") if l.startswith("VmHWM:"))
+def rss_mb(field: str) -> float:
+    """This process's resident memory now (VmRSS) or at its peak (VmHWM: unlike getrusage's
+    maxrss, it does not carry the parent's peak over the exec that started the worker)."""
+    line = next(l for l in open("/proc/self/status") if l.startswith(f"{field}:"))
     return int(line.split()[1]) / 1024
 
 
@@ -61,14 +65,13 @@ ENGINES = {"river": river, "llamacpp": llamacpp}
 
 
 def main() -> None:
-    kind, arg = sys.argv[1:3]
-    generate = ENGINES[kind](arg)
-    print("ready", flush=True)
+    generate = ENGINES[sys.argv[1]](*sys.argv[2:])
+    print(json.dumps({"ready": True, "loaded_rss_mb": rss_mb("VmRSS")}), flush=True)
     for line in sys.stdin:
         request = json.loads(line)
         tokens, seconds = generate(request["ids"], request["tokens"])
         print(json.dumps({"tokens": [int(t) for t in tokens], "decode_seconds": seconds,
-                          "peak_rss_mb": peak_rss_mb()}), flush=True)
+                          "peak_rss_mb": rss_mb("VmHWM")}), flush=True)
 
 
 if __name__ == "__main__":

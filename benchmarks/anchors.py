@@ -6,8 +6,11 @@ short and long contexts, speed, output identity and peak memory in one interleav
 
 Engines, each in a process of its own (`anchor_worker.py`), so each one's peak resident memory
 is its own:
-- River on onnx: full depth (the float32 backbone), River exit mode (the paper's rule), the
-  whole 4-bit model and lossless mode (drafts from the whole 4-bit model, 4 per round);
+- River on onnx: full depth (the float32 backbone), River exit mode (the paper's rule; also
+  with the prompt's layers past 3 on stand-ins, the paper's sequence-level exit), the whole
+  4-bit model (its prompt on stand-ins too) and lossless mode (drafts from the whole 4-bit
+  model, 4 per round); and with the int8 backbone (`--dtype int8`), full depth and lossless
+  mode over it;
 - llama.cpp (llama-cpp-python, every core, its default float16 K/V) on the embedded Q4_1 GGUF
   and on F32, F16 and Q8_0 GGUFs written from the same weights with the gguf package (into
   the benchmark cache; F32 holds exactly the float weights River's backbone runs).
@@ -41,8 +44,15 @@ from river_models.cache import cache_root
 
 HERE = Path(__file__).resolve().parent
 ANCHOR_PACKAGES = ("llama-cpp-python==0.3.36",)
-RIVER = {"River full depth": "full", "River exit mode": "river",
-         "River whole 4-bit model": "quantized", "River lossless mode": "lossless/fixed:-1/4="}
+LOSSLESS = "lossless/fixed:-1/4="
+RIVER = {   # name: (config as `benchmarks lossless` names them, backbone dtype, prefill exit)
+    "River full depth": ("full", "float32", "none"),
+    "River exit mode": ("river", "float32", "none"),
+    "River exit mode, prompt exits after layer 3": ("river", "float32", "3"),
+    "River whole 4-bit model": ("quantized", "float32", "-1"),
+    "River lossless mode": (LOSSLESS, "float32", "none"),
+    "River int8 full depth": ("full", "int8", "none"),
+    "River int8 lossless mode": (LOSSLESS, "int8", "none")}
 GGUF_TYPES = ("F32", "F16", "Q8_0")   # written from the embedded Q4_1 file; Q4_1 is itself
 
 
@@ -103,11 +113,13 @@ def write_gguf(source: Path, target: Path, kind: str) -> Path:
 class Worker:
     """One engine in its own process (anchor_worker.py's protocol)."""
 
-    def __init__(self, python: Path, kind: str, arg: str) -> None:
-        self.process = subprocess.Popen([str(python), str(HERE / "anchor_worker.py"), kind, arg],
+    def __init__(self, python: Path, *args: str) -> None:
+        self.process = subprocess.Popen([str(python), str(HERE / "anchor_worker.py"), *args],
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        if self.process.stdout.readline().strip() != "ready":
-            raise SystemExit(f"the {kind} worker for {arg} did not start (its errors are above)")
+        line = self.process.stdout.readline()
+        if not line:
+            raise SystemExit(f"the worker {' '.join(args)} did not start (its errors are above)")
+        self.loaded_rss_mb = json.loads(line)["loaded_rss_mb"]
 
     def generate(self, ids: list[int], tokens: int) -> dict:
         self.process.stdin.write(json.dumps({"ids": ids, "tokens": tokens}) + "\n")
@@ -159,8 +171,7 @@ def main() -> None:
     prompts = {n: [prompt_of(model, n, offset=50 * p) for p in range(args.prompts)]
                for n in args.positions}
     del model
-    workers = {name: Worker(Path(sys.executable), "river", config)
-               for name, config in RIVER.items()}
+    workers = {name: Worker(Path(sys.executable), "river", *how) for name, how in RIVER.items()}
     workers.update({f"llama.cpp {kind}": Worker(llama, "llamacpp", str(path))
                     for kind, path in ggufs.items()})
     runs: dict = {name: {str(n): [] for n in args.positions} for name in workers}
@@ -173,22 +184,23 @@ def main() -> None:
                       file=sys.stderr, flush=True)
                 for name, worker in workers.items():
                     runs[name][str(n)].append(worker.generate(ids, args.tokens))
+    loaded = {name: worker.loaded_rss_mb for name, worker in workers.items()}
     for worker in workers.values():
         worker.close()
     command = "python -m benchmarks anchors " + " ".join(sys.argv[1:])
     payload = {"command": command, "machine": info, "tokens": args.tokens,
                "prompts": args.prompts, "rounds": args.rounds, "positions": args.positions,
-               "layer_us": layers, **tabulate(runs, ggufs, layers)}
+               "layer_us": layers, "loaded_rss_mb": loaded, **tabulate(runs, ggufs, layers)}
     write("anchors", payload, report(payload))
     plot(payload)
 
 
 def tabulate(runs: dict, ggufs: dict, layers: dict) -> dict:
-    """ms/token, identity with River's full depth and peak RSS per engine and length, and the
-    summary."""
-    reference = runs["River full depth"]
+    """ms/token, identity with River's full depth at the engine's precision (float32; the int8
+    backbone for the int8 engines) and peak RSS per engine and length, and the summary."""
     ms, identical, rss = {}, {}, {}
     for name, by_n in runs.items():
+        reference = runs["River int8 full depth" if "int8" in name else "River full depth"]
         ms[name] = {n: statistics.median(1e3 * r["decode_seconds"] / max(len(r["tokens"]) - 1, 1)
                                          for r in rs) for n, rs in by_n.items()}
         identical[name] = {n: sum(_same(r["tokens"], ref["tokens"]) for r, ref in
@@ -202,8 +214,13 @@ def tabulate(runs: dict, ggufs: dict, layers: dict) -> dict:
         "lossless_vs_backbone": over("River full depth", "River lossless mode"),
         "exit_vs_backbone": over("River full depth", "River exit mode"),
         "whole4_vs_llamacpp_q4": over("llama.cpp Q4_1", "River whole 4-bit model"),
+        "int8_lossless_vs_llamacpp_q8": over("llama.cpp Q8_0", "River int8 lossless mode"),
+        "int8_lossless_vs_int8_backbone": over("River int8 full depth",
+                                               "River int8 lossless mode"),
         f"step_{long}_over_{short}": {name: ms[name][long] / ms[name][short] for name in ms},
         "exit_rss_over_whole4": rss["River exit mode"] / rss["River whole 4-bit model"],
+        "prompt_exit_rss_over_whole4": rss["River exit mode, prompt exits after layer 3"] /
+        rss["River whole 4-bit model"],
         "stand_in_over_layer": layers["stand_in"] / layers["layer"]}
     return {"ms_per_token": ms, "identical_to_full_depth": identical, "peak_rss_mb": rss,
             "gguf_bytes": {k: p.stat().st_size for k, p in ggufs.items()},
@@ -224,13 +241,14 @@ def report(p: dict) -> str:
              f"SmolLM2-135M-Instruct, batch 1, {p['tokens']} greedy tokens, {p['prompts']} "
              f"GSM8K prompts per length, {p['rounds']} interleaved rounds.", "",
              "| engine | " + " | ".join(f"ms/token at {n}" for n in lengths) + " | " +
-             " | ".join(f"same as full depth at {n}" for n in lengths) + " | peak RSS MB |",
-             "|---|" + "---|" * (2 * len(lengths) + 1)]
+             " | ".join(f"same as full depth at {n}" for n in lengths) +
+             " | RSS loaded, MB | peak RSS, MB |",
+             "|---|" + "---|" * (2 * len(lengths) + 2)]
     for name, by_n in p["ms_per_token"].items():
         same = p["identical_to_full_depth"][name]
         lines.append(f"| {name} | " + " | ".join(f"{by_n[n]:.1f}" for n in lengths) + " | " +
                      " | ".join(f"{same[n]:.0%}" for n in lengths) +
-                     f" | {p['peak_rss_mb'][name]:.0f} |")
+                     f" | {p['loaded_rss_mb'][name]:.0f} | {p['peak_rss_mb'][name]:.0f} |")
     per = lambda d: ", ".join(f"{v:.2f}x at {n}" for n, v in d.items())
     lines += ["", "Issue 21's figures:", "",
               f"- lossless mode against llama.cpp F32: {per(s['lossless_vs_llamacpp_f32'])} "
@@ -241,6 +259,9 @@ def report(p: dict) -> str:
               "(target: at least 2.5x)",
               f"- whole 4-bit model against llama.cpp Q4_1: {per(s['whole4_vs_llamacpp_q4'])} "
               "(target: at least 1x)",
+              f"- int8 lossless mode against llama.cpp Q8_0: "
+              f"{per(s['int8_lossless_vs_llamacpp_q8'])}; against the int8 backbone: "
+              f"{per(s['int8_lossless_vs_int8_backbone'])}",
               f"- one decode step at {lengths[-1]} over {lengths[0]} positions: " +
               ", ".join(f"{name} {v:.2f}x" for name, v in
                         s[f"step_{lengths[-1]}_over_{lengths[0]}"].items()) +
@@ -250,7 +271,12 @@ def report(p: dict) -> str:
               f"{p['layer_us']['layer']:.0f} µs, {s['stand_in_over_layer']:.2f}x (target: at "
               "most 0.25x)",
               f"- peak RSS of exit mode over the whole 4-bit model's: "
-              f"{s['exit_rss_over_whole4']:.2f}x (target: at most 1.3x)", ""]
+              f"{s['exit_rss_over_whole4']:.2f}x, with the prompt exiting after layer 3 "
+              f"{s['prompt_exit_rss_over_whole4']:.2f}x (target: at most 1.3x)", "",
+              "Same as full depth: greedy tokens equal to River's full depth at the engine's "
+              "precision (float32; int8 for the int8 engines) up to the shorter output. RSS "
+              "loaded: the worker's resident memory once its engine is loaded, before any "
+              "prompt (a River worker's Python, NumPy, ONNX Runtime and tokenizer included)."]
     return "\n".join(lines)
 
 

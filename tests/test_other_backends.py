@@ -35,8 +35,39 @@ def test_onnx_exports_once_and_generates(folder, cache, capsys):
     assert not [p for p in (cache / "onnx").iterdir() if p.name.startswith(".partial")]
 
 
+def test_onnx_int8_backbone_stays_close_and_lossless_mode_keeps_its_output(tmp_path):
+    """dtype int8: the backbone's layers in 8 bits, near the float model; lossless mode's
+    drafts are then checked by that int8 backbone, so its output is exactly the int8 one."""
+    import numpy as np
+
+    from river_core import ExitConfig, GenerationConfig, QuantSpec
+    from river_core.model import RiverModel
+    from river_models import tiny
+    from river_models.quant import stand_ins
+    from river_onnx.backend import OnnxBackend
+    from river_onnx.export import export_model
+
+    checkpoint = tiny.checkpoint("llama", 0)
+    rivers = tiny.stand_ins(checkpoint, 4)
+
+    def model(name: str, backbone) -> RiverModel:
+        manifest = export_model(checkpoint, rivers, tmp_path / name, backbone=backbone)
+        return RiverModel(OnnxBackend(tmp_path / name, manifest, checkpoint.tokenizer))
+
+    (tmp_path / "float").mkdir(), (tmp_path / "int8").mkdir()
+    float32 = model("float", None)
+    int8 = model("int8", stand_ins(checkpoint, QuantSpec(bits=8, group_size=32), cache=False))
+    prompt = [[3, 9, 4, 7, 1, 8]]
+    x, y = (m.backend.prefill(prompt, 16, None).logits for m in (float32, int8))
+    assert 0 < np.abs(x - y).max() < 0.05 * np.abs(x).max()
+    gen = GenerationConfig(max_new_tokens=12)
+    full = int8.generate_ids(prompt, ExitConfig(kv="full"), gen).tokens
+    lossless = ExitConfig(mode="speculative", policy="fixed", options={"layer": 0})
+    assert int8.generate_ids(prompt, lossless, gen).tokens == full
+
+
 @pytest.mark.parametrize("args, message", [
-    (["--dtype", "bfloat16"], "the onnx backend runs float32 only"),
+    (["--dtype", "bfloat16"], "the onnx backend runs float32 or int8 backbones"),
     (["--device", "cuda"], "CUDAExecutionProvider"),
 ])
 def test_onnx_refuses_what_it_cannot_do(folder, cache, capsys, args, message):

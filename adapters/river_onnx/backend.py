@@ -89,10 +89,13 @@ class _Step:
         self.start, self.end = start, end
         self._b = backend
         positions = backend.layout.positions(start, end)
-        self.rope = {}
+        half = backend.spec.head_dim // 2
+        self.rope = {}   # per rotary table: one row of cos and of sin per (row, token)
         for key, rotary in backend.spec.rotary.items():
             cos, sin = rotary.angles(positions)
-            self.rope[key] = (cos[:, None], sin[:, None])
+            self.rope[key] = tuple(np.ascontiguousarray(t[..., :half].reshape(-1, half))
+                                   for t in (cos, sin))
+        self.positions = np.arange(positions.size, dtype=np.int64).reshape(positions.shape)
         # GroupQueryAttention's lengths: every row reads slots 0..end-1 (the bias masks what a
         # row may not see) and writes the new tokens at end-T..end-1
         self.seqlens = np.full(backend.layout.batch, end - 1, np.int32)
@@ -112,7 +115,8 @@ class _Step:
 
 
 class OnnxBackend(LayerEngine):
-    """Runs exported per-layer graphs with ONNX Runtime. float32 only."""
+    """Runs exported per-layer graphs with ONNX Runtime: float32 activations, backbone weights
+    float32 or int8 (the export's dtype)."""
 
     name = "onnx"
 
@@ -162,11 +166,15 @@ class OnnxBackend(LayerEngine):
     # -- the contract -----------------------------------------------------------------------
 
     def _feeds(self, s: _Step, i: int, h: np.ndarray, idx, attention: bool = True) -> dict:
-        cos, sin = s.rope[self.spec.rope_keys[i]]
-        feeds = {"h": h, "cos": cos, "sin": sin}
+        """Inputs of layer i's graphs; per row, for rows `idx`, all but the rotary tables
+        (the rows' positions keep pointing into the whole step's)."""
+        rows = {"h": h, "positions": s.positions}
         if attention:
-            feeds.update(seqlens=s.seqlens, bias=s.bias(i))
-        return feeds if idx is None else {k: v[idx] for k, v in feeds.items()}
+            rows.update(seqlens=s.seqlens, bias=s.bias(i))
+        if idx is not None:
+            rows = {k: v[idx] for k, v in rows.items()}
+        cos, sin = s.rope[self.spec.rope_keys[i]]
+        return {**rows, "cos": cos, "sin": sin}
 
     def _run_in_place(self, sess, feeds: dict, layers: dict[str, int], idx,
                       outputs: list[str], step: _Step) -> list[np.ndarray]:
@@ -231,14 +239,14 @@ class OnnxBackend(LayerEngine):
                 h = self.stand_in_layer(i, h, rows)
             return h
         s, idx = self._step, None if rows is None else np.asarray(rows)
-        feeds = {"h": h}
+        feeds = {"h": h, "positions": s.positions}
         layers = dict(enumerate(range(start, self.num_layers)))
         for j, i in layers.items():
-            key = self.spec.rope_keys[i]
-            feeds.update({f"cos{key}": s.rope[key][0], f"sin{key}": s.rope[key][1],
-                          f"seqlens_{j}": s.seqlens, f"bias_{j}": s.bias(i)})
+            feeds.update({f"seqlens_{j}": s.seqlens, f"bias_{j}": s.bias(i)})
         if idx is not None:
             feeds = {name: value[idx] for name, value in feeds.items()}
+        for key in {self.spec.rope_keys[i] for i in layers.values()}:
+            feeds.update({f"cos{key}": s.rope[key][0], f"sin{key}": s.rope[key][1]})
         out, = self._run_in_place(self._tails[start], feeds,
                                   {f"_{j}": i for j, i in layers.items()}, idx, ["h_out"], s)
         if idx is None:

@@ -30,7 +30,7 @@ from river_models.source import locate, open_model
 
 from . import graphs
 
-FORMAT = 9   # bump when the graphs change: old exports are then ignored
+FORMAT = 10   # bump when the graphs change: old exports are then ignored
 
 
 def tail_starts(num_layers: int) -> tuple[int, ...]:
@@ -84,16 +84,21 @@ class SharedWeights:
         self._data.close()
 
 
+DTYPES = ("float32", "int8")
+
+
 def export_model(checkpoint: Checkpoint, stand_ins: StandIns, folder: Path,
-                 progress: bool = False) -> Manifest:
-    """Write every graph of `checkpoint` into `folder`."""
+                 progress: bool = False, backbone: StandIns | None = None) -> Manifest:
+    """Write every graph of `checkpoint` into `folder`. `backbone`: quantized weights the
+    backbone's layers run instead of the float ones (the int8 backbone); the embedding and the
+    head stay float."""
     spec, w = checkpoint.spec, checkpoint.weights
     weights = SharedWeights(folder)
     layers = tqdm(list(enumerate(w.layers)), desc="exporting layers to ONNX",
                   disable=not progress, unit="layer")
     quantized = []
     for i, layer in layers:
-        full = graphs.BlockWeights.of(layer, spec)
+        full = graphs.BlockWeights.of(layer, spec, backbone and backbone.layers[i])
         quantized.append(graphs.BlockWeights.of(layer, spec, stand_ins.layers[i]))
         weights.save(graphs.block(full), f"layer_{i}")
         weights.save(graphs.block(quantized[i]), f"stand_in_{i}")
@@ -125,14 +130,20 @@ def weight_bytes(path: Path) -> int:
     return total
 
 
-def exported(model: str | None, quant: QuantSpec, progress: bool) -> Path:
-    """The cached export folder for `model`, exporting it on first use."""
+def exported(model: str | None, quant: QuantSpec, progress: bool,
+             dtype: str = "float32") -> Path:
+    """The cached export folder for `model`, exporting it on first use. dtype "int8": the
+    backbone's layers in 8 bits (symmetric, a scale per output row: the int8 stand-ins'
+    quantizer), which MatMulNBits runs on int8 activations."""
     source = locate(model, progress)
     key = digest(content_key(source), FORMAT, QUANT_FORMAT, quant.bits, quant.group_size,
-                 quant.method)
-    target = cache_root() / "onnx" / f"{source.name}-{key}"
+                 quant.method, dtype)
+    target = cache_root() / "onnx" / f"{source.name}-{dtype}-{key}"
 
     def build(folder: Path) -> None:
         checkpoint = open_model(str(source), progress)
-        export_model(checkpoint, stand_ins(checkpoint, quant, progress), folder, progress)
+        backbone = stand_ins(checkpoint, QuantSpec(bits=8), progress) if dtype == "int8" \
+            else None
+        export_model(checkpoint, stand_ins(checkpoint, quant, progress), folder, progress,
+                     backbone)
     return cached(target, build, key, source=source)

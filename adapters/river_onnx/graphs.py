@@ -148,40 +148,37 @@ class Graph:
             y = self.op("MatMul", x, self.const(w.T.astype(np.float32)))
         return y if lin.bias is None else self.op("Add", y, self.const(lin.bias))
 
-    def rope(self, x: str, cos: str, sin: str) -> str:
-        first, second = self.ops("Split", 2, x, axis=-1, num_outputs=2)
-        rotated = self.op("Concat", self.op("Neg", second), first, axis=-1)
-        return self.op("Add", self.op("Mul", x, cos), self.op("Mul", rotated, sin))
+    def rope(self, x: str, heads: int, rope: "Rope") -> str:
+        """Rotary on [B, T, heads*hd], one contrib node (the halves rotated, NeoX style)."""
+        return self.op("RotaryEmbedding", x, rope.positions, rope.cos, rope.sin,
+                       domain="com.microsoft", num_heads=heads, interleaved=0)
 
-    def heads(self, x: str, count: int, head_dim: int, norm: Norm | None) -> str:
-        """[B, T, count*hd] -> [B, count, T, hd], with the per-head norm of Qwen3 and Gemma 3."""
-        x = self.op("Reshape", x, self.shape(0, 0, count, head_dim))
-        if norm is not None:
-            x = self.rms_norm(x, norm)
-        return self.op("Transpose", x, perm=[0, 2, 1, 3])
+    def head_norm(self, x: str, count: int, head_dim: int, norm: Norm | None) -> str:
+        """The per-head norm of Qwen3 and Gemma 3 on [B, T, count*hd]."""
+        if norm is None:
+            return x
+        x = self.rms_norm(self.op("Reshape", x, self.shape(0, 0, count, head_dim)), norm)
+        return self.op("Reshape", x, self.shape(0, 0, count * head_dim))
 
-    def project_qkv(self, x: str, b: BlockWeights, cos: str, sin: str) -> tuple[str, str, str]:
-        """q, k, v as [B, heads, T, hd], rotary applied, from one fused matmul."""
+    def project_qkv(self, x: str, b: BlockWeights, rope: "Rope") -> tuple[str, str, str]:
+        """q, k, v as [B, T, heads*hd], rotary applied, from one fused matmul."""
         widths = np.array([b.heads, b.kv_heads, b.kv_heads], dtype=np.int64) * b.head_dim
         q, k, v = self.ops("Split", 3, self.linear(x, b.proj["qkv"]), self.const(widths),
                            axis=-1)
-        q = self.rope(self.heads(q, b.heads, b.head_dim, b.q_norm), cos, sin)
-        k = self.rope(self.heads(k, b.kv_heads, b.head_dim, b.k_norm), cos, sin)
-        return q, k, self.heads(v, b.kv_heads, b.head_dim, None)
+        q = self.rope(self.head_norm(q, b.heads, b.head_dim, b.q_norm), b.heads, rope)
+        k = self.rope(self.head_norm(k, b.kv_heads, b.head_dim, b.k_norm), b.kv_heads, rope)
+        return q, k, v
 
-    def attention(self, x: str, b: BlockWeights, cos: str, sin: str, layer: "LayerInputs",
+    def attention(self, x: str, b: BlockWeights, rope: "Rope", layer: "LayerInputs",
                   suffix: str = "") -> str:
         """The attention sub-block's output [B, T, D]. GroupQueryAttention writes the new
         tokens' K/V into the layer's cache at slots total-T..total-1 and attends over slots
         0..total-1 only, so a step's cost follows the context, not the allocated capacity;
         the graph's outputs present_k/present_v are the cache itself when the caller binds
         them to the buffers it passes as past_k/past_v."""
-        q, k, v = self.project_qkv(x, b, cos, sin)
-        rows = lambda t, heads: self.op("Reshape", self.op("Transpose", t, perm=[0, 2, 1, 3]),
-                                        self.shape(0, 0, heads * b.head_dim))
-        out = self.ops("GroupQueryAttention", 1, rows(q, b.heads), rows(k, b.kv_heads),
-                       rows(v, b.kv_heads), layer.past_k, layer.past_v, layer.seqlens,
-                       layer.total, "", "", "", layer.bias, domain="com.microsoft",
+        q, k, v = self.project_qkv(x, b, rope)
+        out = self.ops("GroupQueryAttention", 1, q, k, v, layer.past_k, layer.past_v,
+                       layer.seqlens, layer.total, "", "", "", layer.bias, domain="com.microsoft",
                        num_heads=b.heads, kv_num_heads=b.kv_heads, scale=b.scaling,
                        names=[None, f"present_k{suffix}", f"present_v{suffix}"])[0]
         self.outputs += [helper.make_tensor_value_info(f"present_{kv}{suffix}", FLOAT, None)
@@ -198,9 +195,20 @@ class Graph:
         return self.linear(self.op("Mul", gate, up), b.proj["down"])
 
 
-def _rope_inputs(g: Graph) -> tuple[str, str]:
-    return g.input("cos", ["batch", 1, "tokens", "head_dim"]), \
-        g.input("sin", ["batch", 1, "tokens", "head_dim"])
+@attrs.frozen
+class Rope:
+    """The names of a graph's rotary inputs: the step's tables cos, sin [B*T, hd/2] (one row
+    per token of the step) and positions [B, T] int64, each token's row in them."""
+
+    cos: str
+    sin: str
+    positions: str
+
+    @classmethod
+    def declare(cls, g: "Graph", key: str = "", positions: str | None = None) -> "Rope":
+        table = ["slots", "half"]
+        positions = positions or g.input("positions", ["batch", "tokens"], TensorProto.INT64)
+        return cls(g.input(f"cos{key}", table), g.input(f"sin{key}", table), positions)
 
 
 @attrs.frozen
@@ -224,10 +232,10 @@ class LayerInputs:
                    g.input(f"bias{suffix}", ["batch", 1, "tokens", "total"]))
 
 
-def _decoder_block(g: Graph, b: BlockWeights, h: str, cos: str, sin: str, layer: LayerInputs,
+def _decoder_block(g: Graph, b: BlockWeights, h: str, rope: Rope, layer: LayerInputs,
                    suffix: str = "") -> tuple[str, str]:
     """(h_out, mid): mid is the state between the attention and MLP sub-blocks."""
-    a = g.attention(g.rms_norm(h, b.input_norm), b, cos, sin, layer, suffix)
+    a = g.attention(g.rms_norm(h, b.input_norm), b, rope, layer, suffix)
     if b.post_attn_norm is not None:
         a = g.rms_norm(a, b.post_attn_norm)
     mid = g.op("Add", h, a)
@@ -238,13 +246,12 @@ def _decoder_block(g: Graph, b: BlockWeights, h: str, cos: str, sin: str, layer:
 
 
 def block(b: BlockWeights) -> onnx.ModelProto:
-    """(h, cos, sin, LayerInputs) -> (h_out, mid, present_k, present_v).
+    """(h, Rope, LayerInputs) -> (h_out, mid, present_k, present_v).
 
     mid [B, 1, D]: the last token's state between the attention and MLP sub-blocks."""
     g = Graph()
     h = g.input("h", ["batch", "tokens", "hidden"])
-    cos, sin = _rope_inputs(g)
-    h, mid = _decoder_block(g, b, h, cos, sin, LayerInputs.declare(g, b))
+    h, mid = _decoder_block(g, b, h, Rope.declare(g), LayerInputs.declare(g, b))
     g.output(h, "h_out")
     last = g.const(np.array([-1], dtype=np.int64))
     g.output(g.op("Slice", mid, last, g.const(np.array([np.iinfo(np.int64).max], np.int64)),
@@ -254,29 +261,28 @@ def block(b: BlockWeights) -> onnx.ModelProto:
 
 def tail(blocks: list[BlockWeights], rope_keys: list[str]) -> onnx.ModelProto:
     """Several blocks in a row as one graph (the stand-ins of layers start..L-1, one session
-    run for a token's whole exit river): h, then per block j the LayerInputs and the outputs
-    present_k, present_v suffixed _j; one cos/sin pair per rotary table, named cos<key>,
-    sin<key>."""
+    run for a token's whole exit river): h, positions, then per block j the LayerInputs and
+    the outputs present_k, present_v suffixed _j; one cos/sin pair per rotary table, named
+    cos<key>, sin<key>."""
     g = Graph()
     h = g.input("h", ["batch", "tokens", "hidden"])
-    ropes = {key: (g.input(f"cos{key}", ["batch", 1, "tokens", "head_dim"]),
-                   g.input(f"sin{key}", ["batch", 1, "tokens", "head_dim"]))
-             for key in dict.fromkeys(rope_keys)}
+    positions = g.input("positions", ["batch", "tokens"], TensorProto.INT64)
+    ropes = {key: Rope.declare(g, key, positions) for key in dict.fromkeys(rope_keys)}
     for j, (b, key) in enumerate(zip(blocks, rope_keys)):
-        h, _ = _decoder_block(g, b, h, *ropes[key], LayerInputs.declare(g, b, f"_{j}"),
-                              f"_{j}")
+        h, _ = _decoder_block(g, b, h, ropes[key], LayerInputs.declare(g, b, f"_{j}"), f"_{j}")
     g.output(h, "h_out")
     return g.model()
 
 
 def kv_projection(b: BlockWeights) -> onnx.ModelProto:
-    """(h, cos, sin) -> (k, v): the layer's K/V of a state that does not run the layer."""
+    """(h, Rope) -> (k, v) [B, Hkv, T, hd]: the layer's K/V of a state that does not run the
+    layer."""
     g = Graph()
     h = g.input("h", ["batch", "tokens", "hidden"])
-    cos, sin = _rope_inputs(g)
-    _, k, v = g.project_qkv(g.rms_norm(h, b.input_norm), b, cos, sin)
-    g.output(k, "k")
-    g.output(v, "v")
+    _, k, v = g.project_qkv(g.rms_norm(h, b.input_norm), b, Rope.declare(g))
+    for name, x in (("k", k), ("v", v)):
+        x = g.op("Reshape", x, g.shape(0, 0, b.kv_heads, b.head_dim))
+        g.output(g.op("Transpose", x, perm=[0, 2, 1, 3]), name)
     return g.model()
 
 

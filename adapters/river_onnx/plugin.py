@@ -19,14 +19,14 @@ def load(model: str | None = None, *, device: str = "cpu", dtype: str = "float32
     from river_models.tokenizer import Tokenizer
 
     from .backend import PROVIDERS, OnnxBackend, sessions_for
-    from .export import Manifest, exported
+    from .export import DTYPES, Manifest, exported
 
-    if dtype != "float32":
-        raise ConfigError(f"the onnx backend runs float32 only, not {dtype}")
+    if dtype not in DTYPES:
+        raise ConfigError(f"the onnx backend runs {' or '.join(DTYPES)} backbones, not {dtype}")
     if device not in PROVIDERS:
         raise ConfigError(f"unknown device {device!r} for the onnx backend; use cpu or cuda")
     sessions_for(device)   # fail before a long export when the provider is missing
-    folder = exported(model, quant, progress)
+    folder = exported(model, quant, progress, dtype)
     manifest = Manifest.read(folder)
     tokenizer = AutoTokenizer.from_pretrained(folder / "tokenizer", local_files_only=True)
     return OnnxBackend(folder, manifest, Tokenizer(tokenizer, manifest.spec.eos_ids), device)
