@@ -3,6 +3,7 @@ resident memory is its own. Not run by hand: the driver starts it as
 
     python anchor_worker.py river CONFIG DTYPE PREFILL_EXIT   # the project's environment
     python anchor_worker.py llamacpp FILE.gguf   # the anchors' environment (no River there)
+    python anchor_worker.py genai FOLDER         # the same, an ONNX Runtime GenAI model
 
 and then writes one JSON request per line, {"ids": [...], "tokens": N}; the worker answers each
 with one line, {"tokens": [...], "decode_seconds": S, "peak_rss_mb": M}: greedy ids after the
@@ -61,7 +62,27 @@ def rss_mb(field: str) -> float:
     return int(line.split()[1]) / 1024
 
 
-ENGINES = {"river": river, "llamacpp": llamacpp}
+def genai(folder: str):
+    import onnxruntime_genai as og
+
+    model = og.Model(folder)
+
+    def generate(ids: list[int], tokens: int) -> tuple[list[int], float]:
+        params = og.GeneratorParams(model)
+        params.set_search_options(do_sample=False, max_length=len(ids) + tokens)
+        generator = og.Generator(model, params)
+        generator.append_tokens(ids)   # prefill: the first token needs no further forward
+        generator.generate_next_token()
+        out = [int(generator.get_next_tokens()[0])]
+        start = time.perf_counter()
+        while len(out) < tokens and not generator.is_done():
+            generator.generate_next_token()
+            out.append(int(generator.get_next_tokens()[0]))
+        return out, time.perf_counter() - start
+    return generate
+
+
+ENGINES = {"river": river, "llamacpp": llamacpp, "genai": genai}
 
 
 def main() -> None:

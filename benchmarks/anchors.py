@@ -14,9 +14,11 @@ is its own:
 - llama.cpp (llama-cpp-python, every core, its default float16 K/V) on the embedded Q4_1 GGUF
   and on F32, F16 and Q8_0 GGUFs written from the same weights with the gguf package (into
   the benchmark cache; F32 holds exactly the float weights River's backbone runs).
-llama-cpp-python is installed into a virtual environment in the benchmark cache on first use
-(it compiles llama.cpp: about 8 minutes here), or taken from `--anchors-python`; the tests
-need none of it.
+- ONNX Runtime GenAI (`onnxruntime-genai`), the official fast ONNX Runtime decoder, on the
+  same float weights built by its own model builder in fp32 and int4.
+The anchors' packages are installed into a virtual environment in the benchmark cache on first
+use (llama-cpp-python compiles llama.cpp: about 8 minutes here), or taken from
+`--anchors-python`; the tests need none of it.
 
 Each prompt is GSM8K train text cut to the length; every round sends each prompt to every
 engine in turn, so drift of a shared machine hits all alike. ms/token is decode time over the
@@ -41,9 +43,13 @@ from context import prompt_of
 from river_core import RiverModel
 from river_models import default_gguf
 from river_models.cache import cache_root
+from river_models.source import locate
 
 HERE = Path(__file__).resolve().parent
-ANCHOR_PACKAGES = ("llama-cpp-python==0.3.36",)
+# GenAI's model builder needs torch and transformers; torch on the CPU wheel's pin
+ANCHOR_PACKAGES = ("llama-cpp-python==0.3.36", "onnxruntime-genai==0.18.0", "torch==2.13.0",
+                   "transformers", "onnx-ir")
+GENAI_PRECISIONS = ("fp32", "int4")
 LOSSLESS = "lossless/fixed:-1/4="
 RIVER = {   # name: (config as `benchmarks lossless` names them, backbone dtype, prefill exit)
     "River full depth": ("full", "float32", "none"),
@@ -57,13 +63,14 @@ GGUF_TYPES = ("F32", "F16", "Q8_0")   # written from the embedded Q4_1 file; Q4_
 
 
 def anchors_python(given: str | None) -> Path:
-    """An interpreter with llama-cpp-python: the given one, or the benchmark cache's own
+    """An interpreter with the anchors' packages: the given one, or the benchmark cache's own
     environment, made on first use."""
     if given:
         return Path(given)
     venv = cache_root() / "anchors" / "venv"
     python = venv / "bin" / "python"
-    if subprocess.run([python, "-c", "import llama_cpp"], capture_output=True).returncode if \
+    check = "import llama_cpp, onnxruntime_genai, torch, transformers"
+    if subprocess.run([python, "-c", check], capture_output=True).returncode if \
             python.exists() else True:
         print(f"installing {' '.join(ANCHOR_PACKAGES)} into {venv} (compiles llama.cpp: about "
               "8 minutes here)", file=sys.stderr, flush=True)
@@ -107,6 +114,21 @@ def write_gguf(source: Path, target: Path, kind: str) -> Path:
     writer.write_tensors_to_file()
     writer.close()
     partial.rename(target)
+    return target
+
+
+def genai_model(python: Path, precision: str) -> Path:
+    """The embedded model's float weights built for ONNX Runtime GenAI by its own model builder
+    (CPU, `precision` fp32 or int4, the builder's defaults otherwise), once."""
+    target = cache_root() / "anchors" / f"genai-{precision}"
+    if not (target / "genai_config.json").is_file():
+        print(f"building the ONNX Runtime GenAI model ({precision})", file=sys.stderr, flush=True)
+        built = subprocess.run([str(python), "-m", "onnxruntime_genai.models.builder", "-i",
+                                str(locate(None)), "-o", str(target), "-p", precision, "-e",
+                                "cpu", "-c", str(cache_root() / "anchors" / "genai-build")],
+                               capture_output=True, text=True)
+        if built.returncode:
+            raise SystemExit(f"GenAI's model builder failed:\n{built.stderr[-3000:]}")
     return target
 
 
@@ -157,10 +179,11 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--anchors-python", help="an interpreter with llama-cpp-python "
-                    "(default: an environment of its own in the benchmark cache)")
+                    "and onnxruntime-genai (default: an environment of its own in the "
+                    "benchmark cache)")
     args = ap.parse_args()
     info = machine()
-    llama = anchors_python(args.anchors_python)
+    llama = anchors_python(args.anchors_python)   # llama.cpp's and GenAI's interpreter
     q4 = default_gguf()
     ggufs = {kind: write_gguf(q4, cache_root() / "anchors" / f"{q4.stem}.{kind}.gguf", kind)
              for kind in GGUF_TYPES}
@@ -174,6 +197,8 @@ def main() -> None:
     workers = {name: Worker(Path(sys.executable), "river", *how) for name, how in RIVER.items()}
     workers.update({f"llama.cpp {kind}": Worker(llama, "llamacpp", str(path))
                     for kind, path in ggufs.items()})
+    workers.update({f"ORT GenAI {p}": Worker(llama, "genai", str(genai_model(llama, p)))
+                    for p in GENAI_PRECISIONS})
     runs: dict = {name: {str(n): [] for n in args.positions} for name in workers}
     for name, worker in workers.items():   # warm-up
         worker.generate(prompts[args.positions[0]][0], 4)
@@ -214,6 +239,8 @@ def tabulate(runs: dict, ggufs: dict, layers: dict) -> dict:
         "lossless_vs_backbone": over("River full depth", "River lossless mode"),
         "exit_vs_backbone": over("River full depth", "River exit mode"),
         "whole4_vs_llamacpp_q4": over("llama.cpp Q4_1", "River whole 4-bit model"),
+        "lossless_vs_genai_fp32": over("ORT GenAI fp32", "River lossless mode"),
+        "whole4_vs_genai_int4": over("ORT GenAI int4", "River whole 4-bit model"),
         "int8_lossless_vs_llamacpp_q8": over("llama.cpp Q8_0", "River int8 lossless mode"),
         "int8_lossless_vs_int8_backbone": over("River int8 full depth",
                                                "River int8 lossless mode"),
@@ -259,6 +286,9 @@ def report(p: dict) -> str:
               "(target: at least 2.5x)",
               f"- whole 4-bit model against llama.cpp Q4_1: {per(s['whole4_vs_llamacpp_q4'])} "
               "(target: at least 1x)",
+              f"- against ONNX Runtime GenAI: lossless mode over fp32 "
+              f"{per(s['lossless_vs_genai_fp32'])}, the whole 4-bit model over int4 "
+              f"{per(s['whole4_vs_genai_int4'])}",
               f"- int8 lossless mode against llama.cpp Q8_0: "
               f"{per(s['int8_lossless_vs_llamacpp_q8'])}; against the int8 backbone: "
               f"{per(s['int8_lossless_vs_int8_backbone'])}",

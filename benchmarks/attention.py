@@ -1,10 +1,12 @@
-"""One layer's decode attention in ONNX Runtime at short and long contexts: the pattern of
-River's onnx layer graphs (the whole cache fed as an input, scores masked additively) against
-ORT's GroupQueryAttention contrib operator with the cache bound in place (IOBinding, past and
-present sharing one buffer, attending only the valid length), the lever issue 21 names.
+"""One layer's attention over a cache in ONNX Runtime at short and long contexts, for one new
+token (a decode step) and for five (a verification of four drafts): ORT's GroupQueryAttention
+contrib operator with the cache bound in place (IOBinding, past and present sharing one
+buffer, attending only the valid length; what River's onnx graphs use since issue 21) against
+the pattern they used before (the whole cache fed as an input, the queries of a K/V head as
+the rows of one matmul, scores masked additively).
 
     python -m benchmarks attention
-    python -m benchmarks attention --positions 64 512 2048
+    python -m benchmarks attention --positions 64 512 2048 --tokens 1 5
 
 The embedded model's attention shape (9 query heads, 3 K/V heads of 64); one thread; the
 median of 300 calls after 20 warm-up calls, the cache hot in the CPU's caches (the best case
@@ -38,16 +40,16 @@ def _tensor(name, shape, elem=TensorProto.FLOAT):
 
 
 def masked_whole_cache() -> bytes:
-    """q [1, Hkv, G, hd] against the whole cache [1, Hkv, capacity, hd] under a mask."""
+    """q [1, Hkv, G*T, hd] against the whole cache [1, Hkv, capacity, hd] under a mask."""
     nodes = [helper.make_node("Transpose", ["past_k"], ["kt"], perm=[0, 1, 3, 2]),
              helper.make_node("MatMul", ["q", "kt"], ["s"]),
              helper.make_node("Add", ["s", "mask"], ["masked"]),
              helper.make_node("Softmax", ["masked"], ["p"], axis=-1),
              helper.make_node("MatMul", ["p", "past_v"], ["out"])]
     cache = [1, KV_HEADS, "capacity", HEAD_DIM]
-    return _model(nodes, [_tensor("q", [1, KV_HEADS, HEADS // KV_HEADS, HEAD_DIM]),
+    return _model(nodes, [_tensor("q", [1, KV_HEADS, "rows", HEAD_DIM]),
                           _tensor("past_k", cache), _tensor("past_v", cache),
-                          _tensor("mask", [1, 1, HEADS // KV_HEADS, "capacity"])],
+                          _tensor("mask", [1, 1, "rows", "capacity"])],
                   [_tensor("out", None)])
 
 
@@ -57,9 +59,9 @@ def group_query_attention() -> bytes:
                             ["out", "present_k", "present_v"], domain="com.microsoft",
                             num_heads=HEADS, kv_num_heads=KV_HEADS)
     cache = [1, KV_HEADS, "capacity", HEAD_DIM]
-    return _model([node], [_tensor("q", [1, 1, HEADS * HEAD_DIM]),
-                           _tensor("k", [1, 1, KV_HEADS * HEAD_DIM]),
-                           _tensor("v", [1, 1, KV_HEADS * HEAD_DIM]),
+    return _model([node], [_tensor("q", [1, "tokens", HEADS * HEAD_DIM]),
+                           _tensor("k", [1, "tokens", KV_HEADS * HEAD_DIM]),
+                           _tensor("v", [1, "tokens", KV_HEADS * HEAD_DIM]),
                            _tensor("past_k", cache), _tensor("past_v", cache),
                            _tensor("seqlens_k", [1], TensorProto.INT32),
                            _tensor("total", [], TensorProto.INT32)],
@@ -67,48 +69,51 @@ def group_query_attention() -> bytes:
                    _tensor("present_v", None)])
 
 
-def measure(positions: int, rng) -> dict:
+def measure(positions: int, tokens: int, rng) -> dict:
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
     capacity = positions + NEW_TOKENS
     cache = lambda: rng.standard_normal((1, KV_HEADS, capacity, HEAD_DIM), np.float32)
+    rows = HEADS // KV_HEADS * tokens
     masked = ort.InferenceSession(masked_whole_cache(), options)
-    q = rng.standard_normal((1, KV_HEADS, HEADS // KV_HEADS, HEAD_DIM), np.float32)
-    mask = np.zeros((1, 1, HEADS // KV_HEADS, capacity), np.float32)
-    mask[..., positions + 1:] = -np.inf
+    q = rng.standard_normal((1, KV_HEADS, rows, HEAD_DIM), np.float32)
+    mask = np.zeros((1, 1, rows, capacity), np.float32)
+    mask[..., positions + tokens:] = -np.inf
     feeds = {"q": q, "past_k": cache(), "past_v": cache(), "mask": mask}
     whole = median_us(lambda: masked.run(None, feeds), 300, 20)
     gqa = ort.InferenceSession(group_query_attention(), options)
     bound = gqa.io_binding()
     keys, values = (ort.OrtValue.ortvalue_from_numpy(cache()) for _ in "kv")
-    new = rng.standard_normal((1, 1, KV_HEADS * HEAD_DIM), np.float32)
-    bound.bind_cpu_input("q", q.reshape(1, 1, -1))
+    new = rng.standard_normal((1, tokens, KV_HEADS * HEAD_DIM), np.float32)
+    bound.bind_cpu_input("q", rng.standard_normal((1, tokens, HEADS * HEAD_DIM), np.float32))
     bound.bind_cpu_input("k", new)
     bound.bind_cpu_input("v", new)
     bound.bind_ortvalue_input("past_k", keys)
     bound.bind_ortvalue_input("past_v", values)
-    bound.bind_cpu_input("seqlens_k", np.array([positions], np.int32))
-    bound.bind_cpu_input("total", np.array(positions + 1, np.int32))
+    bound.bind_cpu_input("seqlens_k", np.array([positions + tokens - 1], np.int32))
+    bound.bind_cpu_input("total", np.array(positions + tokens, np.int32))
     bound.bind_ortvalue_output("present_k", keys)
     bound.bind_ortvalue_output("present_v", values)
     bound.bind_output("out")
     in_place = median_us(lambda: gqa.run_with_iobinding(bound), 300, 20)
-    return {"masked whole cache": whole, "GroupQueryAttention in place": in_place}
+    return {"GroupQueryAttention in place": in_place, "masked whole cache": whole}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--positions", type=int, nargs="+", default=[64, 2048])
+    ap.add_argument("--tokens", type=int, nargs="+", default=[1, 5])
     args = ap.parse_args()
     info, rng = machine(), np.random.default_rng(0)
-    us = {str(n): measure(n, rng) for n in args.positions}
+    us = {f"{n} positions, {t} new": measure(n, t, rng) for n in args.positions
+          for t in args.tokens}
     command = "python -m benchmarks attention " + " ".join(sys.argv[1:])
     payload = {"command": command, "machine": info, "onnxruntime": ort.__version__,
                "us_per_call": us}
-    lines = ["# One layer's decode attention in ONNX Runtime", "",
+    lines = ["# One layer's attention over a cache in ONNX Runtime", "",
              f"Machine: {info['cpu']}, {info['cores']} cores; onnxruntime {ort.__version__}, "
              f"one thread. Command: `{command}`. Median microseconds per call, cache hot.", "",
-             "| positions | " + " | ".join(next(iter(us.values()))) + " |",
+             "| cache, new tokens | " + " | ".join(next(iter(us.values()))) + " |",
              "|---|---|---|"]
     lines += [f"| {n} | " + " | ".join(f"{t:.0f}" for t in r.values()) + " |"
               for n, r in us.items()]
