@@ -3,6 +3,7 @@ short and long contexts, speed, output identity and peak memory in one interleav
 
     python -m benchmarks anchors                           # 64 and 2,048 positions
     python -m benchmarks anchors --positions 64 --prompts 1 --rounds 1   # a quick look
+    python -m benchmarks anchors --quantizer hqq-int --name anchors-hqq-int
 
 Engines, each in a process of its own (`anchor_worker.py`), so each one's peak resident memory
 is its own:
@@ -24,7 +25,8 @@ Each prompt is GSM8K train text cut to the length; every round sends each prompt
 engine in turn, so drift of a shared machine hits all alike. ms/token is decode time over the
 tokens decoded after the first (which comes from prefill), median over prompts and rounds.
 Identity: an engine's greedy tokens against River's full depth, up to the first end of text.
-Writes docs/results/anchors.{md,json,png}; the "summary" holds issue 21's figures.
+Writes docs/results/NAME.{md,json,png} (`--name`, default anchors); the "summary" holds issue
+21's figures.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ import numpy as np
 
 from common import machine, median_us, write
 from context import prompt_of
-from river_core import RiverModel
+from river_core import QuantSpec, RiverModel
 from river_models import default_gguf
 from river_models.cache import cache_root
 from river_models.source import locate
@@ -156,10 +158,10 @@ class Worker:
         self.process.wait()
 
 
-def layer_costs(positions: int = 64) -> dict:
+def layer_costs(quantizer: str, positions: int = 64) -> dict:
     """One decode step's backbone layer and stand-in layer on onnx, µs, cycling through the
     layers (cold caches, as in a real step)."""
-    model = RiverModel.from_pretrained(backend="onnx")
+    model = RiverModel.from_pretrained(backend="onnx", quant=QuantSpec(method=quantizer))
     b = model.backend
     ids = prompt_of(model, positions)
     b.prefill([ids], positions + 8, None)
@@ -178,6 +180,8 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--prompts", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--quantizer", default="hqq", help="River's stand-in quantizer")
+    ap.add_argument("--name", default="anchors", help="results file name")
     ap.add_argument("--anchors-python", help="an interpreter with llama-cpp-python "
                     "and onnxruntime-genai (default: an environment of its own in the "
                     "benchmark cache)")
@@ -189,12 +193,13 @@ def main() -> None:
              for kind in GGUF_TYPES}
     ggufs["Q4_1"] = q4
     print("measuring layer costs", file=sys.stderr, flush=True)
-    layers = layer_costs()
+    layers = layer_costs(args.quantizer)
     model = RiverModel.from_pretrained(backend="onnx")
     prompts = {n: [prompt_of(model, n, offset=50 * p) for p in range(args.prompts)]
                for n in args.positions}
     del model
-    workers = {name: Worker(Path(sys.executable), "river", *how) for name, how in RIVER.items()}
+    workers = {name: Worker(Path(sys.executable), "river", *how, args.quantizer)
+               for name, how in RIVER.items()}
     workers.update({f"llama.cpp {kind}": Worker(llama, "llamacpp", str(path))
                     for kind, path in ggufs.items()})
     workers.update({f"ORT GenAI {p}": Worker(llama, "genai", str(genai_model(llama, p)))
@@ -215,9 +220,10 @@ def main() -> None:
     command = "python -m benchmarks anchors " + " ".join(sys.argv[1:])
     payload = {"command": command, "machine": info, "tokens": args.tokens,
                "prompts": args.prompts, "rounds": args.rounds, "positions": args.positions,
+               "quantizer": args.quantizer,
                "layer_us": layers, "loaded_rss_mb": loaded, **tabulate(runs, ggufs, layers)}
-    write("anchors", payload, report(payload))
-    plot(payload)
+    write(args.name, payload, report(payload))
+    plot(payload, args.name)
 
 
 def tabulate(runs: dict, ggufs: dict, layers: dict) -> dict:
@@ -266,7 +272,8 @@ def report(p: dict) -> str:
              f"Machine: {info['cpu']}, {info['cores']} cores, copy bandwidth "
              f"{info['memory_bandwidth_gb_s']} GB/s. Command: `{p['command']}`. Embedded "
              f"SmolLM2-135M-Instruct, batch 1, {p['tokens']} greedy tokens, {p['prompts']} "
-             f"GSM8K prompts per length, {p['rounds']} interleaved rounds.", "",
+             f"GSM8K prompts per length, {p['rounds']} interleaved rounds; River's stand-ins "
+             f"quantized by {p['quantizer']}.", "",
              "| engine | " + " | ".join(f"ms/token at {n}" for n in lengths) + " | " +
              " | ".join(f"same as full depth at {n}" for n in lengths) +
              " | RSS loaded, MB | peak RSS, MB |",
@@ -310,7 +317,7 @@ def report(p: dict) -> str:
     return "\n".join(lines)
 
 
-def plot(p: dict) -> None:
+def plot(p: dict, name: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -329,7 +336,7 @@ def plot(p: dict) -> None:
     ax.set_title(f"River on onnx and llama.cpp, same weights ({p['machine']['cpu']})")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(RESULTS / "anchors.png", dpi=120)
+    fig.savefig(RESULTS / f"{name}.png", dpi=120)
 
 
 if __name__ == "__main__":

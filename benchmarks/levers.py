@@ -17,7 +17,8 @@ repeats, cycling through all layers where weights are involved (cold caches, as 
 - verification (speculative mode, hf): the backbone over 1-7 positions at once, through
   F.linear or oneDNN's prepacked kernel;
 - what a confidence rule (CALM) pays: a step exiting after layer 3 reading the early softmax
-  at no layer, one, or four.
+  at no layer, one, or four;
+- ONNX stand-ins with HQQ's float zero points (corrected by extra nodes) or integer ones.
 """
 
 from __future__ import annotations
@@ -122,6 +123,33 @@ def onnx_tail() -> dict:
     return {"start": start, "layers": backend.num_layers - start,
             "one_run_per_layer_ms": median_us(per_layer) / 1e3,
             "one_run_ms": median_us(lambda: backend.stand_in_tail(start, h, None)) / 1e3}
+
+
+def stand_in_zero_points() -> dict:
+    """onnx, one decode token at 64 positions: a stand-in layer (cycling through the layers)
+    and the whole 4-bit model's exit river (tail_0), with HQQ's float zero points (corrected
+    by three extra nodes per projection) and with them rounded to integers (hqq-int)."""
+    import numpy as np
+
+    from river_core import RiverModel
+
+    def backend(method: str):
+        b = RiverModel.from_pretrained(backend="onnx", quant=QuantSpec(method=method),
+                                       progress=True).backend
+        b.prefill([[1] * 64], 80)
+        b.begin(b.offset, b.offset + 1)
+        return b
+    runs = {method: backend(method) for method in ("hqq", "hqq-int")}
+    out = {method: {} for method in runs}
+    for _ in range(3):   # interleaved rounds
+        for method, b in runs.items():
+            h = b.embed_ids(np.array([[5]]))
+            layers = median_us(lambda: [b.stand_in_layer(i, h, None)
+                                        for i in range(b.num_layers)], repeats=10)
+            out[method].setdefault("stand_in_us", []).append(layers / b.num_layers)
+            out[method].setdefault("tail_0_ms", []).append(
+                median_us(lambda: b.stand_in_tail(0, h, None), repeats=10) / 1e3)
+    return {m: {k: float(np.median(v)) for k, v in r.items()} for m, r in out.items()}
 
 
 def matmul_nbits(quantized) -> dict:
@@ -268,7 +296,8 @@ LEVERS = {"fused_projections": fused_projections, "torch_compile": compiled_bloc
           "matmul_nbits_us": lambda checkpoint, quantized: matmul_nbits(quantized),
           "draft_head": lambda checkpoint, quantized: draft_head(checkpoint),
           "verification_ms": lambda checkpoint, quantized: verification(),
-          "confidence_cost_ms": lambda checkpoint, quantized: confidence_cost()}
+          "confidence_cost_ms": lambda checkpoint, quantized: confidence_cost(),
+          "stand_in_zero_points": lambda checkpoint, quantized: stand_in_zero_points()}
 
 
 def main() -> None:
@@ -279,16 +308,22 @@ def main() -> None:
     checkpoint = open_model(progress=True)
     quantized = stand_ins(checkpoint, QuantSpec(), progress=True)
     previous = RESULTS / "levers.json"
-    result = json.loads(previous.read_text())["result"] if args.only and previous.is_file() \
-        else {}
+    kept = json.loads(previous.read_text()) if args.only and previous.is_file() else {}
+    result = kept.get("result", {})
+    info = machine()
+    # which machine measured each lever: --only keeps results measured elsewhere
+    ran_on = kept.get("ran_on") or {name: kept["machine"]["cpu"] for name in result}
     for name in args.only or LEVERS:
         result[name] = LEVERS[name](checkpoint, quantized)
-    info = machine()
+        ran_on[name] = info["cpu"]
     f, c, t, m = (result[k] for k in ("fused_projections", "torch_compile", "onnx_tail",
                                       "matmul_nbits_us"))
+    machines = "; ".join(f"{cpu}: {', '.join(n for n in ran_on if ran_on[n] == cpu)}"
+                         for cpu in dict.fromkeys(ran_on.values()))
     lines = ["# Speed levers, embedded SmolLM2-135M-Instruct", "",
-             f"Command: `python -m benchmarks levers`. Machine: {info['cpu']}, "
-             f"{info['cores']} cores.", "", "| lever | without | with |", "|---|---|---|"]
+             f"Command: `python -m benchmarks levers` (`--only NAME` measures one again). "
+             f"Machines, {info['cores']} cores, by lever: {machines}.", "",
+             "| lever | without | with |", "|---|---|---|"]
     for kind in ("backbone", "stand-in"):
         lines.append(f"| fused Q/K/V and gate/up, {kind} matmuls per layer | "
                      f"{f[kind]['seven_matmuls_us_per_layer']:.0f} µs (7 matmuls) | "
@@ -320,7 +355,17 @@ def main() -> None:
                   "(final norm and the 49,152-token head) where a confidence rule would:", "",
                   "| reading | ms per step |", "|---|---|"]
         lines += [f"| {k} | {ms:.2f} |" for k, ms in result["confidence_cost_ms"].items()]
-    write("levers", {"machine": info, "result": result}, "\n".join(lines) + "\n")
+    if "stand_in_zero_points" in result:
+        z = result["stand_in_zero_points"]
+        lines += ["", "HQQ's float zero points (three correction nodes per projection, "
+                  "quant.py) against zero points rounded to integers (`--quantizer hqq-int`), "
+                  "onnx, one decode token at 64 positions:", "",
+                  "| stand-ins | µs per stand-in layer | whole 4-bit model's exit river, ms |",
+                  "|---|---|---|"]
+        lines += [f"| {m} | {r['stand_in_us']:.0f} | {r['tail_0_ms']:.2f} |"
+                  for m, r in z.items()]
+    write("levers", {"machine": info, "ran_on": ran_on, "result": result},
+          "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

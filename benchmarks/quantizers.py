@@ -1,4 +1,5 @@
-"""The stand-ins' quantizers: weight error and the whole quantized model's NLL, RTN vs HQQ.
+"""The stand-ins' quantizers: weight error and the whole quantized model's NLL, RTN vs HQQ,
+float vs integer zero points.
 
     python -m benchmarks quantizers --solutions 8
 
@@ -29,6 +30,7 @@ SETTINGS = [  # (bits, group, method, how it relates to Q4_1 blocks of 32)
     (4, 32, "rtn", "the Q4_1 grid itself: reproduces the weights"),
     (4, 64, "rtn", "groups of 64"),
     (4, 64, "hqq", "groups of 64 (River's default)"),
+    (4, 64, "hqq-int", "groups of 64, zero points rounded to integers"),
     (4, 128, "rtn", "groups of 128 (64 where 128 does not divide 576)"),
     (4, 128, "hqq", "groups of 128 (64 where 128 does not divide 576)"),
     (8, 128, "rtn", "int8, one scale per output row"),

@@ -47,7 +47,8 @@ def _model_arguments(p: argparse.ArgumentParser) -> None:
                    help="stand-in weight precision: 4 (default) or 8")
     p.add_argument("--group-size", type=int, default=_default(QuantSpec, "group_size"))
     p.add_argument("--quantizer", default=_default(QuantSpec, "method"),
-                   help="4-bit stand-in quantizer: hqq (default, as the paper) or rtn")
+                   help="4-bit stand-in quantizer: hqq (default, as the paper) or rtn; "
+                   "hqq-int, rtn-int: zero points rounded to integers (faster on onnx)")
     p.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
 
 

@@ -14,13 +14,19 @@ def _check(cond: bool, message: str) -> None:
         raise ConfigError(message)
 
 
+METHODS = ("hqq", "rtn", "hqq-int", "rtn-int")
+
+
 @attrs.frozen
 class QuantSpec:
     """How the stand-in layers' weights are quantized (weights only; no training, no data).
 
     bits=4 (default, as the paper): asymmetric, one scale and zero point per `group_size` input
     columns (or the largest supported group dividing a layer's width), by `method`: "hqq"
-    (Half-Quadratic Quantization, the paper's default) or "rtn" (round to nearest).
+    (Half-Quadratic Quantization, the paper's default) or "rtn" (round to nearest); with the
+    suffix "-int" ("hqq-int", "rtn-int") the zero points are then rounded to integers, the grid
+    ONNX Runtime's MatMulNBits runs without a correction (fewer nodes a stand-in, a little more
+    weight error).
     bits=8: symmetric, one scale per output row (`group_size` and `method` do not apply).
     """
 
@@ -32,8 +38,8 @@ class QuantSpec:
         _check(self.bits in (4, 8), f"stand-in precision must be 4 or 8 bits, got {self.bits}")
         _check(self.group_size in (32, 64, 128, 256),
                f"group size must be 32, 64, 128 or 256, got {self.group_size}")
-        _check(self.method in ("hqq", "rtn"),
-               f"quantizer must be hqq or rtn, got {self.method!r}")
+        _check(self.method in METHODS,
+               f"quantizer must be one of {', '.join(METHODS)}, got {self.method!r}")
 
     @property
     def label(self) -> str:

@@ -115,8 +115,10 @@ def quantize(w: np.ndarray, spec: QuantSpec) -> QuantWeight:
     lo, hi = wg.min(-1), wg.max(-1)
     inverse = (top / np.maximum(hi - lo, 1e-8)).astype(np.float32)
     zero = -lo * inverse
-    if spec.method == "hqq":
+    if spec.method.startswith("hqq"):
         zero = hqq_zero(wg, inverse, zero, top)
+    if spec.method.endswith("-int"):
+        zero = np.clip(np.round(zero), 0, top)
     codes = np.clip(np.round(wg * inverse[..., None] + zero[..., None]), 0, top)
     return QuantWeight(codes.reshape(rows, columns).astype(np.uint8),
                        (1 / inverse).astype(np.float32), zero.astype(np.float32), spec.bits)
