@@ -2,8 +2,9 @@
 token (a decode step) and for five (a verification of four drafts): ORT's GroupQueryAttention
 contrib operator with the cache bound in place (IOBinding, past and present sharing one
 buffer, attending only the valid length; what River's onnx graphs use since issue 21) against
-the pattern they used before (the whole cache fed as an input, the queries of a K/V head as
-the rows of one matmul, scores masked additively).
+the same with the cache stored in 8 bits (one scale per tensor, the kernel's own option; not
+used by River yet), and the pattern River's graphs used before (the whole cache fed as an
+input, the queries of a K/V head as the rows of one matmul, scores masked additively).
 
     python -m benchmarks attention
     python -m benchmarks attention --positions 64 512 2048 --tokens 1 5
@@ -22,6 +23,8 @@ import numpy as np
 import onnxruntime as ort
 from onnx import TensorProto, helper
 
+FLOAT = TensorProto.FLOAT
+
 from common import machine, median_us, write
 from river_onnx.graphs import IR_VERSION, OPSET
 
@@ -35,7 +38,7 @@ def _model(nodes, inputs, outputs, initializers=()):
         .SerializeToString()
 
 
-def _tensor(name, shape, elem=TensorProto.FLOAT):
+def _tensor(name, shape, elem=FLOAT):
     return helper.make_tensor_value_info(name, elem, shape)
 
 
@@ -53,20 +56,27 @@ def masked_whole_cache() -> bytes:
                   [_tensor("out", None)])
 
 
-def group_query_attention() -> bytes:
-    node = helper.make_node("GroupQueryAttention", ["q", "k", "v", "past_k", "past_v",
-                                                    "seqlens_k", "total"],
-                            ["out", "present_k", "present_v"], domain="com.microsoft",
-                            num_heads=HEADS, kv_num_heads=KV_HEADS)
-    cache = [1, KV_HEADS, "capacity", HEAD_DIM]
+def group_query_attention(int8: bool = False) -> bytes:
+    """int8: the cache stored in 8 bits, one scale per tensor (the kernel's own option)."""
+    inputs = ["q", "k", "v", "past_k", "past_v", "seqlens_k", "total"]
+    attributes = {}
+    if int8:
+        inputs += ["", "", "", "", "", "k_scale", "v_scale"]
+        attributes = {"k_quant_type": "PER_TENSOR", "v_quant_type": "PER_TENSOR",
+                      "kv_cache_bit_width": 8}
+    node = helper.make_node("GroupQueryAttention", inputs, ["out", "present_k", "present_v"],
+                            domain="com.microsoft", num_heads=HEADS, kv_num_heads=KV_HEADS,
+                            **attributes)
+    cache, elem = [1, KV_HEADS, "capacity", HEAD_DIM], TensorProto.INT8 if int8 else FLOAT
+    scales = [_tensor("k_scale", [1]), _tensor("v_scale", [1])] if int8 else []
     return _model([node], [_tensor("q", [1, "tokens", HEADS * HEAD_DIM]),
                            _tensor("k", [1, "tokens", KV_HEADS * HEAD_DIM]),
                            _tensor("v", [1, "tokens", KV_HEADS * HEAD_DIM]),
-                           _tensor("past_k", cache), _tensor("past_v", cache),
+                           _tensor("past_k", cache, elem), _tensor("past_v", cache, elem),
                            _tensor("seqlens_k", [1], TensorProto.INT32),
-                           _tensor("total", [], TensorProto.INT32)],
-                  [_tensor("out", None), _tensor("present_k", None),
-                   _tensor("present_v", None)])
+                           _tensor("total", [], TensorProto.INT32), *scales],
+                  [_tensor("out", None), _tensor("present_k", None, elem),
+                   _tensor("present_v", None, elem)])
 
 
 def measure(positions: int, tokens: int, rng) -> dict:
@@ -81,22 +91,30 @@ def measure(positions: int, tokens: int, rng) -> dict:
     mask[..., positions + tokens:] = -np.inf
     feeds = {"q": q, "past_k": cache(), "past_v": cache(), "mask": mask}
     whole = median_us(lambda: masked.run(None, feeds), 300, 20)
-    gqa = ort.InferenceSession(group_query_attention(), options)
-    bound = gqa.io_binding()
-    keys, values = (ort.OrtValue.ortvalue_from_numpy(cache()) for _ in "kv")
+    q_rows = rng.standard_normal((1, tokens, HEADS * HEAD_DIM), np.float32)
     new = rng.standard_normal((1, tokens, KV_HEADS * HEAD_DIM), np.float32)
-    bound.bind_cpu_input("q", rng.standard_normal((1, tokens, HEADS * HEAD_DIM), np.float32))
-    bound.bind_cpu_input("k", new)
-    bound.bind_cpu_input("v", new)
-    bound.bind_ortvalue_input("past_k", keys)
-    bound.bind_ortvalue_input("past_v", values)
-    bound.bind_cpu_input("seqlens_k", np.array([positions + tokens - 1], np.int32))
-    bound.bind_cpu_input("total", np.array(positions + tokens, np.int32))
-    bound.bind_ortvalue_output("present_k", keys)
-    bound.bind_ortvalue_output("present_v", values)
-    bound.bind_output("out")
-    in_place = median_us(lambda: gqa.run_with_iobinding(bound), 300, 20)
-    return {"GroupQueryAttention in place": in_place, "masked whole cache": whole}
+
+    def in_place(int8: bool) -> float:
+        gqa = ort.InferenceSession(group_query_attention(int8), options)
+        bound = gqa.io_binding()
+        stored = (lambda: (cache() * 20).astype(np.int8)) if int8 else cache
+        keys, values = (ort.OrtValue.ortvalue_from_numpy(stored()) for _ in "kv")
+        bound.bind_cpu_input("q", q_rows)
+        bound.bind_cpu_input("k", new)
+        bound.bind_cpu_input("v", new)
+        bound.bind_ortvalue_input("past_k", keys)
+        bound.bind_ortvalue_input("past_v", values)
+        bound.bind_cpu_input("seqlens_k", np.array([positions + tokens - 1], np.int32))
+        bound.bind_cpu_input("total", np.array(positions + tokens, np.int32))
+        if int8:
+            for name in ("k_scale", "v_scale"):
+                bound.bind_cpu_input(name, np.array([0.05], np.float32))
+        bound.bind_ortvalue_output("present_k", keys)
+        bound.bind_ortvalue_output("present_v", values)
+        bound.bind_output("out")
+        return median_us(lambda: gqa.run_with_iobinding(bound), 300, 20)
+    return {"GroupQueryAttention in place": in_place(False),
+            "the same, int8 cache": in_place(True), "masked whole cache": whole}
 
 
 def main() -> None:
@@ -114,7 +132,7 @@ def main() -> None:
              f"Machine: {info['cpu']}, {info['cores']} cores; onnxruntime {ort.__version__}, "
              f"one thread. Command: `{command}`. Median microseconds per call, cache hot.", "",
              "| cache, new tokens | " + " | ".join(next(iter(us.values()))) + " |",
-             "|---|---|---|"]
+             "|---|---|---|---|"]
     lines += [f"| {n} | " + " | ".join(f"{t:.0f}" for t in r.values()) + " |"
               for n, r in us.items()]
     write("attention", payload, "\n".join(lines + [""]))
