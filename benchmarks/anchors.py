@@ -1,5 +1,6 @@
-"""River against what a CPU user runs instead: llama.cpp on GGUFs of the same weights, at
-short and long contexts, speed, output identity and peak memory in one interleaved run.
+"""River against what a CPU user runs instead: llama.cpp and ONNX Runtime GenAI on the same
+weights, at short and long contexts, speed, output identity and peak memory in one
+interleaved run.
 
     python -m benchmarks anchors                           # 64 and 2,048 positions
     python -m benchmarks anchors --positions 64 --prompts 1 --rounds 1   # a quick look
@@ -72,8 +73,8 @@ def anchors_python(given: str | None) -> Path:
     venv = cache_root() / "anchors" / "venv"
     python = venv / "bin" / "python"
     check = "import llama_cpp, onnxruntime_genai, torch, transformers"
-    if subprocess.run([python, "-c", check], capture_output=True).returncode if \
-            python.exists() else True:
+    if not python.exists() or subprocess.run([python, "-c", check],
+                                             capture_output=True).returncode:
         print(f"installing {' '.join(ANCHOR_PACKAGES)} into {venv} (compiles llama.cpp: about "
               "8 minutes here)", file=sys.stderr, flush=True)
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
@@ -158,10 +159,9 @@ class Worker:
         self.process.wait()
 
 
-def layer_costs(quantizer: str, positions: int = 64) -> dict:
+def layer_costs(model: RiverModel, positions: int = 64) -> dict:
     """One decode step's backbone layer and stand-in layer on onnx, µs, cycling through the
     layers (cold caches, as in a real step)."""
-    model = RiverModel.from_pretrained(backend="onnx", quant=QuantSpec(method=quantizer))
     b = model.backend
     ids = prompt_of(model, positions)
     b.prefill([ids], positions + 8, None)
@@ -193,8 +193,8 @@ def main() -> None:
              for kind in GGUF_TYPES}
     ggufs["Q4_1"] = q4
     print("measuring layer costs", file=sys.stderr, flush=True)
-    layers = layer_costs(args.quantizer)
-    model = RiverModel.from_pretrained(backend="onnx")
+    model = RiverModel.from_pretrained(backend="onnx", quant=QuantSpec(method=args.quantizer))
+    layers = layer_costs(model)
     prompts = {n: [prompt_of(model, n, offset=50 * p) for p in range(args.prompts)]
                for n in args.positions}
     del model
