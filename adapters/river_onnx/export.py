@@ -98,7 +98,7 @@ def export_model(checkpoint: Checkpoint, stand_ins: StandIns, folder: Path,
                   disable=not progress, unit="layer")
     quantized = []
     for i, layer in layers:
-        full = graphs.BlockWeights.of(layer, spec, backbone and backbone.layers[i])
+        full = graphs.BlockWeights.of(layer, spec, None if backbone is None else backbone.layers[i])
         quantized.append(graphs.BlockWeights.of(layer, spec, stand_ins.layers[i]))
         weights.save(graphs.block(full), f"layer_{i}")
         weights.save(graphs.block(quantized[i]), f"stand_in_{i}")
