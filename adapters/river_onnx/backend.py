@@ -167,17 +167,20 @@ class OnnxBackend(LayerEngine):
 
     def _feeds(self, s: _Step, i: int, h: np.ndarray, idx, attention: bool = True) -> dict:
         """Inputs of layer i's graphs; per row, for rows `idx`, all but the rotary tables
-        (the rows' positions keep pointing into the whole step's)."""
+        (the rows' positions keep pointing into the whole step's) and the step's total."""
         rows = {"h": h, "positions": s.positions}
         if attention:
             rows.update(seqlens=s.seqlens, bias=s.bias(i))
         if idx is not None:
             rows = {k: v[idx] for k, v in rows.items()}
         cos, sin = s.rope[self.spec.rope_keys[i]]
-        return {**rows, "cos": cos, "sin": sin}
+        feeds = {**rows, "cos": cos, "sin": sin}
+        if attention:
+            feeds["total"] = s.total
+        return feeds
 
     def _run_in_place(self, sess, feeds: dict, layers: dict[str, int], idx,
-                      outputs: list[str], step: _Step) -> list[np.ndarray]:
+                      outputs: list[str]) -> list[np.ndarray]:
         """Runs `sess` with each layer's cache (by the suffix of its inputs) bound as both past
         and present K/V, so the graph writes the new tokens' K/V into the cache itself. Rows
         `idx` run on a copy of theirs, written back after."""
@@ -188,7 +191,6 @@ class OnnxBackend(LayerEngine):
             binding.bind_output(name)
         copies = []
         for suffix, i in layers.items():
-            binding.bind_cpu_input(f"total{suffix}", step.total)
             for kv, cache in (("k", self.cache.k[i]), ("v", self.cache.v[i])):
                 array = cache if idx is None else cache[idx]
                 value = ort.OrtValue.ortvalue_from_numpy(array)
@@ -205,7 +207,7 @@ class OnnxBackend(LayerEngine):
         step = step or self._step
         idx = None if rows is None else np.asarray(rows)
         out, mid = self._run_in_place(sess, self._feeds(step, i, h, idx), {"": i}, idx,
-                                      ["h_out", "mid"], step)
+                                      ["h_out", "mid"])
         self._sub_blocks = (h, mid, out, rows)
         if idx is None:
             return out
@@ -239,16 +241,16 @@ class OnnxBackend(LayerEngine):
                 h = self.stand_in_layer(i, h, rows)
             return h
         s, idx = self._step, None if rows is None else np.asarray(rows)
-        feeds = {"h": h, "positions": s.positions}
+        feeds = {"h": h, "positions": s.positions, "seqlens": s.seqlens}
         layers = dict(enumerate(range(start, self.num_layers)))
-        for j, i in layers.items():
-            feeds.update({f"seqlens_{j}": s.seqlens, f"bias_{j}": s.bias(i)})
+        feeds.update({f"bias_{j}": s.bias(i) for j, i in layers.items()})
         if idx is not None:
             feeds = {name: value[idx] for name, value in feeds.items()}
+        feeds["total"] = s.total
         for key in {self.spec.rope_keys[i] for i in layers.values()}:
             feeds.update({f"cos{key}": s.rope[key][0], f"sin{key}": s.rope[key][1]})
         out, = self._run_in_place(self._tails[start], feeds,
-                                  {f"_{j}": i for j, i in layers.items()}, idx, ["h_out"], s)
+                                  {f"_{j}": i for j, i in layers.items()}, idx, ["h_out"])
         if idx is None:
             return out
         full = h.copy()

@@ -30,7 +30,7 @@ from river_models.source import locate, open_model
 
 from . import graphs
 
-FORMAT = 10   # bump when the graphs change: old exports are then ignored
+FORMAT = 11   # bump when the graphs change: old exports are then ignored
 
 
 def tail_starts(num_layers: int) -> tuple[int, ...]:

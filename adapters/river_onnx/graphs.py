@@ -6,8 +6,8 @@ A block graph takes its layer's whole preallocated cache as past K/V and gives i
 present K/V: ONNX Runtime's GroupQueryAttention writes the new tokens' K/V into it, in place when
 the backend binds both to the same buffer, and reads only the slots written so far, under the
 backend's additive bias (padding, holes, windows: -inf), so a step's cost follows the context,
-not the capacity. Rotary and the per-head norms stay ordinary nodes, so the K/V projection
-graph and the attention agree by construction.
+not the capacity. Rotary is ONNX Runtime's RotaryEmbedding, applied before the attention in
+the block and in the K/V projection graph alike, so the two agree by construction.
 """
 
 from __future__ import annotations
@@ -213,23 +213,28 @@ class Rope:
 
 @attrs.frozen
 class LayerInputs:
-    """The names of one layer's attention inputs: its whole cache [B, Hkv, capacity, hd],
-    seqlens (int32 [B], every row total-1), total (int32 scalar: the slots a step reads) and
-    bias [B, 1, T, total], additive (0 or -inf: padding, holes, windows, future slots)."""
+    """The names of one layer's attention inputs: its whole cache [B, Hkv, capacity, hd] and
+    bias [B, 1, T, total], additive (0 or -inf: padding, holes, windows, future slots); and the
+    step's lengths, one pair per graph: seqlens (int32 [B], every row total-1) and total (int32
+    scalar: the slots a step reads)."""
 
     past_k: str
     past_v: str
+    bias: str
     seqlens: str
     total: str
-    bias: str
+
+    @staticmethod
+    def lengths(g: "Graph") -> tuple[str, str]:
+        return (g.input("seqlens", ["batch"], TensorProto.INT32),
+                g.input("total", [], TensorProto.INT32))
 
     @classmethod
-    def declare(cls, g: "Graph", b: BlockWeights, suffix: str = "") -> "LayerInputs":
+    def declare(cls, g: "Graph", b: BlockWeights, lengths: tuple[str, str],
+                suffix: str = "") -> "LayerInputs":
         cache = ["batch", b.kv_heads, "capacity", b.head_dim]
         return cls(g.input(f"past_k{suffix}", cache), g.input(f"past_v{suffix}", cache),
-                   g.input(f"seqlens{suffix}", ["batch"], TensorProto.INT32),
-                   g.input(f"total{suffix}", [], TensorProto.INT32),
-                   g.input(f"bias{suffix}", ["batch", 1, "tokens", "total"]))
+                   g.input(f"bias{suffix}", ["batch", 1, "tokens", "total"]), *lengths)
 
 
 def _decoder_block(g: Graph, b: BlockWeights, h: str, rope: Rope, layer: LayerInputs,
@@ -251,7 +256,8 @@ def block(b: BlockWeights) -> onnx.ModelProto:
     mid [B, 1, D]: the last token's state between the attention and MLP sub-blocks."""
     g = Graph()
     h = g.input("h", ["batch", "tokens", "hidden"])
-    h, mid = _decoder_block(g, b, h, Rope.declare(g), LayerInputs.declare(g, b))
+    layer = LayerInputs.declare(g, b, LayerInputs.lengths(g))
+    h, mid = _decoder_block(g, b, h, Rope.declare(g), layer)
     g.output(h, "h_out")
     last = g.const(np.array([-1], dtype=np.int64))
     g.output(g.op("Slice", mid, last, g.const(np.array([np.iinfo(np.int64).max], np.int64)),
@@ -261,15 +267,17 @@ def block(b: BlockWeights) -> onnx.ModelProto:
 
 def tail(blocks: list[BlockWeights], rope_keys: list[str]) -> onnx.ModelProto:
     """Several blocks in a row as one graph (the stand-ins of layers start..L-1, one session
-    run for a token's whole exit river): h, positions, then per block j the LayerInputs and
-    the outputs present_k, present_v suffixed _j; one cos/sin pair per rotary table, named
-    cos<key>, sin<key>."""
+    run for a token's whole exit river): h, positions, seqlens, total, then per block j its
+    cache and bias and the outputs present_k, present_v, suffixed _j; one cos/sin pair per
+    rotary table, named cos<key>, sin<key>."""
     g = Graph()
     h = g.input("h", ["batch", "tokens", "hidden"])
     positions = g.input("positions", ["batch", "tokens"], TensorProto.INT64)
+    lengths = LayerInputs.lengths(g)
     ropes = {key: Rope.declare(g, key, positions) for key in dict.fromkeys(rope_keys)}
     for j, (b, key) in enumerate(zip(blocks, rope_keys)):
-        h, _ = _decoder_block(g, b, h, ropes[key], LayerInputs.declare(g, b, f"_{j}"), f"_{j}")
+        layer = LayerInputs.declare(g, b, lengths, f"_{j}")
+        h, _ = _decoder_block(g, b, h, ropes[key], layer, f"_{j}")
     g.output(h, "h_out")
     return g.model()
 
