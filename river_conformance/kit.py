@@ -17,7 +17,9 @@ Tolerances and why (docs/backends.md):
 - full depth against the reference: the same greedy tokens, logits within FULL_DEPTH_RTOL;
 - stand-in K/V: relative error <= STAND_IN_BOUND_C * eps_j * d at the d-th stand-in layer j of
   a token, eps_j = the backend's own `stand_in_error[j]`;
-- exit after the last layer and `propagate` at layer k+1: bit-identical, within the backend.
+- exit after the last layer and `propagate` at layer k+1: bit-identical, within the backend;
+- speculative mode: greedy, full depth's tokens; sampled, full depth's distribution, by the
+  statistical tests of distribution.py at family level 0.001, their power stated.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from river_core.config import ExitConfig, GenerationConfig
-from river_core.decode import generate_ids
+from river_core.decode import generate_ids, teacher_force
 from river_core.errors import CapabilityError, ConfigError
 from river_core.kv import Full, Mask, Monotonic, Propagate, Recompute, River
 from river_core.model import RiverModel
@@ -40,6 +42,7 @@ from river_core.predictor import STAND_IN_BOUND_C, relative_error
 from river_core.speculative import DraftLength, rounds, speculative_ids
 from river_models import tiny
 
+from .distribution import Comparison, Scored, compare, score
 from .scripted import forced_logits, scripted_run
 
 # Float32 across frameworks: kernels sum in different orders; measured differences ~1e-5.
@@ -445,6 +448,66 @@ def test_no_river_kv_survives_verification(conformance_backend, prompt, n, gamma
             for got, full in zip(b.read_kv(i), want[i]):
                 assert relative_error(got[:, :, :stands], full[:, :, :stands]) <= FULL_DEPTH_RTOL
     assert out == tokens
+
+
+# Sampled exactness: seeded samples of lossless and plain generation against each other and
+# against the plain model's exact distributions (distribution.py, at family level 0.001). With
+# 400 a side a run detects, with power 0.9, a total-variation shift of about 0.27 at any of the
+# first four tokens, or a log-likelihood shift of 0.14-0.18 nats per token (the failure message
+# states it); keeping drafts without the ratio test shifts the likelihood by about 0.2-0.3 nats
+# on the tiny models, and is caught (tests/test_speculative.py checks that it is).
+SAMPLES = 400
+SAMPLED_TOKENS = 6      # a continuation: the prompt's token, four drafts, the backbone's own
+SAMPLED_POSITIONS = 4   # the positions whose token frequencies are compared
+SAMPLED_PROMPT = [1, 20, 21, 22]
+SAMPLED_SETTINGS = {"temperature 1.0": dict(temperature=1.0),
+                    "temperature 0.7, top-p 0.9": dict(temperature=0.7, top_p=0.9)}
+
+
+def plain_samples(backend, prompt, gen: GenerationConfig, n: int) -> list[list[int]]:
+    """n continuations of `prompt` sampled at full depth (seeds gen.seed * n + 0..n-1, or one
+    batch seeded gen.seed)."""
+    if backend.capabilities.batch:
+        return generate_ids(backend, [prompt] * n, gen, scripted_run(Full())).tokens
+    return [generate_ids(backend, [prompt], attrs.evolve(gen, seed=gen.seed * n + s),
+                         scripted_run(Full())).tokens[0] for s in range(n)]
+
+
+def lossless_samples(backend, prompt, gen: GenerationConfig, n: int) -> list[list[int]]:
+    """n continuations of `prompt` in speculative mode (seeds gen.seed * n + 0..n-1), drafting
+    as far from the backbone as the backend allows: stand-ins only where it has them, so that
+    about half of the drafts are rejected and both branches of the ratio test run."""
+    strategy, exits = (River(), [-1] * 4 * gen.max_new_tokens) \
+        if backend.capabilities.stand_in else (Full(), [])
+    return [speculative_ids(backend, [prompt], attrs.evolve(gen, seed=gen.seed * n + s),
+                            scripted_run(strategy, exits), DraftLength(4)).tokens[0]
+            for s in range(n)]
+
+
+def scored(backend, prompt, continuations, gen: GenerationConfig) -> Scored:
+    """Continuations of `prompt` scored under the backend's plain model (distribution.py)."""
+    forced = teacher_force(backend, [prompt] * len(continuations), continuations,
+                           scripted_run(Full()))
+    return score(continuations, [f.logits for f in forced], gen.temperature, gen.top_p,
+                 gen.top_k)
+
+
+def lossless_against_plain(backend, n: int = SAMPLES, seed: int = 0, **sampling) -> Comparison:
+    """The sampled-exactness comparison of a backend's speculative mode (`sampling`:
+    GenerationConfig's temperature, top_p, top_k)."""
+    gen = GenerationConfig(max_new_tokens=SAMPLED_TOKENS, **sampling)
+    plain = plain_samples(backend, SAMPLED_PROMPT, attrs.evolve(gen, seed=2 * seed), n)
+    other = lossless_samples(backend, SAMPLED_PROMPT, attrs.evolve(gen, seed=2 * seed + 1), n)
+    return compare(scored(backend, SAMPLED_PROMPT, plain, gen),
+                   scored(backend, SAMPLED_PROMPT, other, gen), SAMPLED_POSITIONS)
+
+
+@pytest.mark.parametrize("sampling", SAMPLED_SETTINGS.values(), ids=SAMPLED_SETTINGS.keys())
+def test_speculative_sampling_draws_full_depths_distribution(conformance_backend, sampling):
+    b = conformance_backend.backend(bits=4)
+    _needs(b, "verify")
+    comparison = lossless_against_plain(b, **sampling)
+    assert comparison.same, comparison.summary()
 
 
 def test_speculative_mode_refuses_what_would_break_it(conformance_backend):

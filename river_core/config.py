@@ -80,11 +80,12 @@ class ExitConfig:
 
 @attrs.frozen
 class GenerationConfig:
-    """Decoding settings. temperature 0 means greedy."""
+    """Decoding settings. temperature 0 means greedy; top_k 0 keeps every token."""
 
     max_new_tokens: int = 128
     temperature: float = 0.0
     top_p: float = 1.0
+    top_k: int = 0
     stop: tuple[str, ...] = attrs.field(default=(), converter=tuple)
     seed: int = 0
 
@@ -92,3 +93,4 @@ class GenerationConfig:
         _check(self.max_new_tokens > 0, f"max_new_tokens must be > 0, got {self.max_new_tokens}")
         _check(self.temperature >= 0.0, f"temperature must be >= 0, got {self.temperature}")
         _check(0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p}")
+        _check(self.top_k >= 0, f"top_k must be >= 0, got {self.top_k}")

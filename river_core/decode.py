@@ -291,15 +291,15 @@ def stream_ids(backend: Backend, prompts: Sequence[Sequence[int]], gen: Generati
                eos: Collection[int] | None = None) -> Stream:
     """`generate_ids` as a stream. Ctrl-C (or `throw(KeyboardInterrupt)`) ends it early with
     what was generated so far, marked `interrupted`. A caller with its own token choice and
-    stopping rules (transformers' generate) passes `sample` (instead of gen's temperature and
-    top_p) and `eos` (instead of the tokenizer's; empty: never), and closes the stream when
-    it is done."""
+    stopping rules (transformers' generate) passes `sample` (instead of gen's temperature,
+    top_p and top_k) and `eos` (instead of the tokenizer's; empty: never), and closes the
+    stream when it is done."""
     capacity = check_capacity(backend, prompts, gen.max_new_tokens)
     if len(prompts) > 1 and not backend.capabilities.batch:
         raise ConfigError(f"backend {backend.name!r} runs one sequence at a time")
     if len(prompts) > 1 and not run.strategy.batch:
         raise ConfigError(f"kv strategy {run.strategy.name!r} runs one sequence at a time")
-    sample = sample or make_sampler(gen.temperature, gen.top_p, gen.seed)
+    sample = sample or make_sampler(gen.temperature, gen.top_p, gen.seed, gen.top_k)
     eos = backend.tokenizer.eos_ids if eos is None else eos
 
     start = time.perf_counter()

@@ -29,10 +29,15 @@ def softmax(logits: np.ndarray) -> np.ndarray:
     return p / p.sum()
 
 
-def probabilities(logits: np.ndarray, temperature: float, top_p: float = 1.0) -> np.ndarray:
+def probabilities(logits: np.ndarray, temperature: float, top_p: float = 1.0,
+                  top_k: int = 0) -> np.ndarray:
     """The distribution a sampler draws one row's token from: softmax(logits / temperature)
-    cut to the nucleus (the smallest most-likely set with mass >= top_p), renormalised."""
+    cut to the `top_k` most likely tokens (0: all; ties at the cut stay), then to the nucleus
+    (the smallest most-likely set with mass >= top_p), renormalised after each cut."""
     p = softmax(logits.astype(np.float64) / temperature)
+    if 0 < top_k < p.size:
+        p = np.where(p >= np.partition(p, -top_k)[-top_k], p, 0.0)
+        p /= p.sum()
     if top_p < 1.0:
         order = np.argsort(-p)
         cut = np.zeros_like(p)
@@ -42,13 +47,14 @@ def probabilities(logits: np.ndarray, temperature: float, top_p: float = 1.0) ->
     return p
 
 
-def make_sampler(temperature: float = 0.0, top_p: float = 1.0, seed: int = 0) -> Sampler:
+def make_sampler(temperature: float = 0.0, top_p: float = 1.0, seed: int = 0,
+                 top_k: int = 0) -> Sampler:
     if temperature == 0.0:
         return greedy
     rng = np.random.default_rng(seed)
 
     def sample(logits: np.ndarray) -> list[int]:
-        return [draw(probabilities(row, temperature, top_p), rng) for row in logits]
+        return [draw(probabilities(row, temperature, top_p, top_k), rng) for row in logits]
 
     return sample
 

@@ -95,7 +95,7 @@ def rounds(backend: Backend, prompt: Sequence[int], gen: GenerationConfig, run: 
     sampled = gen.temperature > 0
 
     def distribution(logits: np.ndarray) -> np.ndarray:
-        return probabilities(logits, gen.temperature, gen.top_p)
+        return probabilities(logits, gen.temperature, gen.top_p, gen.top_k)
 
     def choose(logits: np.ndarray) -> int:
         return draw(distribution(logits), rng) if sampled else int(logits.argmax())

@@ -3,10 +3,11 @@
 import numpy as np
 import pytest
 
-from river_core import RiverModel
+from river_core import ConfigError, RiverModel
 from river_cli.main import main
 from river_core.sampling import verify_draft
 from river_core.speculative import DraftLength, Round
+from river_conformance.kit import SAMPLED_SETTINGS, lossless_against_plain
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -78,3 +79,44 @@ def test_cli_speculative_mode(folder, capsys):
     assert main(["generate", "abc", "--model", folder, "--mode", "speculative",
                  "--draft-tokens", "0"]) == 2
     assert "draft_tokens must be >= 1" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def tiny4():
+    from river_hf.plugin import tiny_backend
+
+    return tiny_backend("llama", 0, 4)
+
+
+def test_speculative_sampling_with_top_k_draws_full_depths_distribution(tiny4):
+    comparison = lossless_against_plain(tiny4, temperature=0.8, top_k=12)
+    assert comparison.same, comparison.summary()
+
+
+def _keep_every_draft(target, draft, token, rng):
+    return None
+
+
+
+@pytest.mark.parametrize("sampling", SAMPLED_SETTINGS.values(), ids=SAMPLED_SETTINGS.keys())
+def test_the_kits_sampled_test_catches_drafts_kept_without_the_ratio_test(tiny4, monkeypatch,
+                                                                          sampling):
+    """The kit's distribution test has the power it claims: a verification that keeps every
+    draft fails it at both of its settings."""
+    monkeypatch.setattr("river_core.speculative.verify_draft", _keep_every_draft)
+    comparison = lossless_against_plain(tiny4, **sampling)
+    assert not comparison.same, comparison.summary()
+
+
+
+def test_speculative_mode_keeps_stop_strings_and_refuses_unknown_sampling_settings(folder):
+    """Every sampling setting River's engines take (temperature, top_p, top_k, seed, stop) is
+    exact in lossless mode (the kit's tests, and above); any other is refused by name."""
+    model = RiverModel.from_pretrained(folder)
+    full = model.generate("abc", chat=False, max_new_tokens=12, kv="full").text
+    stop = full[3:5]
+    lossless = model.generate("abc", chat=False, max_new_tokens=12, mode="speculative",
+                              policy="fixed", layer=0, stop=[stop])
+    assert lossless.text == full[:full.index(stop)]
+    with pytest.raises(ConfigError, match="unknown option 'min_p'"):
+        model.generate("abc", chat=False, mode="speculative", temperature=1.0, min_p=0.1)

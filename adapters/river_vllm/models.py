@@ -35,7 +35,7 @@ from river_core.predictor import TransitionPredictor
 from river_hf.blocks import Block, mlp, packed
 from river_models import open_model, stand_ins
 
-from . import CAPABILITIES
+from . import CAPABILITIES, repairs
 
 logger = init_logger(__name__)
 REPORT_EVERY = 64   # decode steps between exit statistics in the log
@@ -70,6 +70,9 @@ class RiverExits:
         # this forward runs every layer and the river only drafts (drafter.py)
         self.river_verifies = vllm_config.speculative_config is not None
         self.river_step = None   # the last forward's attention metadata, for the drafter
+        if self.river_verifies and (repaired := repairs.repair()):
+            logger.info("River: repaired vLLM's rejection sampler for sampled requests (%s; "
+                        "river_vllm/repairs.py)", ", ".join(repaired))
 
     def load_weights(self, weights) -> set[str]:
         loaded = super().load_weights(weights)
