@@ -8,47 +8,32 @@ import json
 import sys
 from pathlib import Path
 
-import attrs
 import numpy as np
 
 from .calibrate import calibrate, tuned_option
 from .calibrate import __doc__ as calibrate_doc_text
-from river_core.config import MODES, ExitConfig, GenerationConfig, QuantSpec
+from river_core import arguments
+from river_core.arguments import default
+from river_core.config import ExitConfig, GenerationConfig
 from river_core.decode import DecodeResult
 from river_core.errors import ConfigError, RiverError
 from river_core.model import RiverModel, check_text
-from river_core.options import parse
 from river_core.plan import Plan, resolve
 from river_core.plugins import KINDS, default_registry
 from .profile import Profile, Target, default_path
 from .prompts import GSM8K_TRAIN, read_prompts
 
 
-def _default(cls, name: str):
-    return getattr(attrs.fields(cls), name).default
-
-
-def _model_arguments(p: argparse.ArgumentParser) -> None:
-    """What picks the model, river precision and exit rule: shared by generate and calibrate."""
+def _model_arguments(p: argparse.ArgumentParser, *, speculative: bool) -> None:
+    """What picks the model, river precision and exit rule: shared by generate and calibrate
+    (the settings' own arguments declared once, river_core.arguments)."""
     p.add_argument("--model", help="local Hugging Face folder or .gguf (default: embedded "
                    "SmolLM2-135M-Instruct)")
     p.add_argument("--backend", default="hf", help="hf, onnx, llamacpp (river plugins)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32")
-    p.add_argument("--policy", help=f"exit policy: {_default(ExitConfig, 'policy')} (default), "
-                   "similarity, confidence, ... (river plugins)")
-    p.add_argument("--predictor", default=_default(ExitConfig, "predictor"))
-    p.add_argument("--kv", default=_default(ExitConfig, "kv"),
-                   help="KV strategy: river, propagate, mask, monotonic, recompute, full")
-    p.add_argument("-o", "--option", action="append", default=[], metavar="KEY=VALUE",
-                   help="an option of the chosen policy, predictor or KV strategy, e.g. "
-                   "-o tau=0.95 (repeatable; river plugins lists them)")
-    p.add_argument("--bits", type=int, default=_default(QuantSpec, "bits"),
-                   help="stand-in weight precision: 4 (default) or 8")
-    p.add_argument("--group-size", type=int, default=_default(QuantSpec, "group_size"))
-    p.add_argument("--quantizer", default=_default(QuantSpec, "method"),
-                   help="4-bit stand-in quantizer: hqq (default, as the paper) or rtn; "
-                   "hqq-int, rtn-int: zero points rounded to integers (faster on onnx)")
+    arguments.add_exit_arguments(p, speculative=speculative, prefill=speculative)
+    arguments.add_quant_arguments(p)
     p.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
 
 
@@ -58,36 +43,26 @@ def _parser(registry) -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     g = sub.add_parser("generate", help="generate text with early exit")
     g.add_argument("prompt")
-    _model_arguments(g)
-    g.add_argument("--prefill-exit", type=int, metavar="K",
-                   help="run the prompt's layers past K as stand-ins (sequence-level exit)")
-    g.add_argument("--mode", default=_default(ExitConfig, "mode"), choices=MODES,
-                   help="exit: exited tokens are final (the paper, lossy); speculative: they "
-                   "are drafts the backbone verifies (lossless)")
-    g.add_argument("--draft-tokens", type=int, default=_default(ExitConfig, "draft_tokens"),
-                   help="speculative mode: the most tokens drafted per verification")
-    g.add_argument("--adaptive-draft", action="store_true",
-                   help="speculative mode: vary the draft length with the drafts' runs, up "
-                   "to --draft-tokens")
+    _model_arguments(g, speculative=True)
     g.add_argument("--profile", type=Path, help="a calibration profile to use (default: the "
                    "one `river calibrate` saved for this model, precision and policy, if any)")
     g.add_argument("--no-profile", action="store_true",
                    help="ignore saved calibration profiles: the policy's own defaults")
     g.add_argument("--max-new-tokens", type=int,
-                   default=_default(GenerationConfig, "max_new_tokens"))
-    g.add_argument("--temperature", type=float, default=_default(GenerationConfig, "temperature"))
-    g.add_argument("--top-p", type=float, default=_default(GenerationConfig, "top_p"))
-    g.add_argument("--top-k", type=int, default=_default(GenerationConfig, "top_k"),
+                   default=default(GenerationConfig, "max_new_tokens"))
+    g.add_argument("--temperature", type=float, default=default(GenerationConfig, "temperature"))
+    g.add_argument("--top-p", type=float, default=default(GenerationConfig, "top_p"))
+    g.add_argument("--top-k", type=int, default=default(GenerationConfig, "top_k"),
                    help="sample among the K most likely tokens (0: all)")
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    g.add_argument("--seed", type=int, default=_default(GenerationConfig, "seed"))
+    g.add_argument("--seed", type=int, default=default(GenerationConfig, "seed"))
     g.add_argument("--stream", action="store_true",
                    help="print the text as it is generated (Ctrl-C stops, with statistics)")
     c = sub.add_parser("calibrate", help="fit the policy's threshold to a quality target on "
                        "your prompts (no training); saves a profile `generate` then uses",
                        description=calibrate_doc_text,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    _model_arguments(c)
+    _model_arguments(c, speculative=False)
     c.add_argument("--prompts", type=Path, default=GSM8K_TRAIN, help="JSONL (a question, "
                    "prompt or text field a line) or text (a prompt a line); default: the "
                    "bundled GSM8K train slice")
@@ -134,20 +109,20 @@ def report_stats(stats: DecodeResult) -> str:
     return "\n".join(lines)
 
 
-def _exit_config(args, profile: Profile | None = None, **fields) -> ExitConfig:
-    policy = args.policy or (profile.policy if profile else _default(ExitConfig, "policy"))
-    config = ExitConfig(policy=policy, kv=args.kv, predictor=args.predictor,
-                        options=parse(args.option), **fields)
-    return profile.exit_config(config) if profile else config
+def _exit_config(args, profile: Profile | None = None) -> ExitConfig:
+    """The command's exit settings; a profile named on the command line fills in its policy
+    (unless one is given) and its calibrated options (unless given)."""
+    if profile is None:
+        return arguments.exit_config(args)
+    return profile.exit_config(arguments.exit_config(args, policy=args.policy or profile.policy))
 
 
-def _quant(args) -> QuantSpec:
-    return QuantSpec(bits=args.bits, group_size=args.group_size, method=args.quantizer)
-
-
-def _load(args, exit_config: ExitConfig, max_new_tokens: int = 1) -> tuple[RiverModel, Plan]:
-    """The plan, resolved before the model loads wherever the backend can read the model's
-    shape first (bad input fails in a second, not after a load), then the model."""
+def _load(args, exit_config: ExitConfig, max_new_tokens: int = 1,
+          find_profile: bool = False) -> tuple[RiverModel, Plan, "Profile | None"]:
+    """The model and its plan: resolved before the model loads wherever the backend can read
+    the model's shape first (bad input fails in a second, not after a load), and again after
+    it only if a saved profile, found by the loaded model's fingerprint (`find_profile`),
+    changes the settings; that profile, if any."""
     registry = default_registry()
     backend = registry.backend(args.backend)
     shape = backend.shape(args.model)
@@ -158,32 +133,30 @@ def _load(args, exit_config: ExitConfig, max_new_tokens: int = 1) -> tuple[River
             raise ConfigError(f"max_new_tokens ({max_new_tokens}) leaves no room for a prompt "
                               f"in the model's context of {shape.max_positions} positions")
     model = RiverModel.from_pretrained(args.model, backend=args.backend, device=args.device,
-                                       dtype=args.dtype, quant=_quant(args), progress=True,
-                                       registry=registry)
-    return model, model.plan(plan or exit_config)
+                                       dtype=args.dtype, quant=arguments.quant_spec(args),
+                                       progress=True, registry=registry)
+    found = Profile.find(model.backend, exit_config.policy) if find_profile else None
+    if found and not set(found.options) <= set(exit_config.options):
+        found.check(model.backend, default_path(model.backend, exit_config.policy))
+        exit_config, plan = found.exit_config(exit_config), None
+    else:
+        found = None
+    return model, model.plan(plan or exit_config), found
 
 
 def _generate(args) -> None:
     profile = Profile.load(args.profile) if args.profile else None
-    exit_config = _exit_config(args, profile, prefill_exit=args.prefill_exit, mode=args.mode,
-                               draft_tokens=args.draft_tokens, adaptive=args.adaptive_draft)
+    exit_config = _exit_config(args, profile)
     gen = GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                            top_p=args.top_p, top_k=args.top_k, stop=args.stop, seed=args.seed)
     if not check_text(args.prompt).strip():
         raise RiverError("empty prompt")
-    model, plan = _load(args, exit_config, gen.max_new_tokens)
+    saved = not profile and not args.no_profile and exit_config.mode == "exit"
+    model, plan, found = _load(args, exit_config, gen.max_new_tokens, find_profile=saved)
     backend = model.backend
     if profile:
         profile.check(backend, args.profile)
-    elif not args.no_profile and exit_config.mode == "exit":
-        # a saved profile is found by the loaded model's fingerprint: the one case resolved
-        # twice, since its options change the plan
-        profile = Profile.find(backend, exit_config.policy)
-        if profile and not set(profile.options) <= set(exit_config.options):
-            profile.check(backend, default_path(backend, exit_config.policy))
-            plan = model.plan(profile.exit_config(exit_config))
-        else:
-            profile = None
+    profile = profile or found
     if profile:
         print(f"calibrated: {profile.describe()}", file=sys.stderr)
     if args.stream:
@@ -204,11 +177,11 @@ def _calibrate(args) -> None:
     exit_config = _exit_config(args)
     tuned_option(default_registry(), exit_config)   # fails before the model loads
     prompts = read_prompts(args.prompts, args.limit, args.offset)
-    model, _ = _load(args, exit_config)
+    model, _, _ = _load(args, exit_config)
     source = "GSM8K train (bundled)" if args.prompts == GSM8K_TRAIN else str(args.prompts)
     [profile] = calibrate(model, [model.encode(p, not args.no_chat)[0] for p in prompts],
                           exit_config, [args.target], tokens=args.tokens,
-                          layer_prompts=args.layer_prompts, precision=_quant(args).label,
+                          layer_prompts=args.layer_prompts, precision=arguments.quant_spec(args).label,
                           model_name=args.model or "default", source=source, progress=True)
     print(_layer_report(profile))
     path = profile.save(args.out or default_path(model.backend, exit_config.policy))
@@ -258,8 +231,8 @@ def _plugins() -> None:
         print(f"{kind}:")
         for e in registry.entries(kind).values():
             print(f"  {e.name:<12} {e.provider:<20} {e.summary}")
-            for name, default, doc in e.options:
-                print(f"  {'':<12} -o {name}={json.dumps(default)}: {doc}")
+            for name, value, doc in e.options:
+                print(f"  {'':<12} -o {name}={json.dumps(value)}: {doc}")
 
 
 def main(argv: list[str] | None = None) -> int:

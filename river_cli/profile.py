@@ -11,7 +11,7 @@ from typing import Any, Mapping
 
 import attrs
 
-from river_core.backend import Backend
+from river_core.backend import Backend, StandIns
 from river_core.config import ExitConfig
 from river_core.errors import ConfigError
 from river_models import cache_root
@@ -132,7 +132,10 @@ class Profile:
 
     @classmethod
     def find(cls, backend: Backend, policy: str) -> "Profile | None":
-        """The profile `river calibrate` saved for this model, precision and policy, if any."""
+        """The profile `river calibrate` saved for this model, precision and policy, if any
+        (none for a backend without stand-ins, which has no exits to calibrate)."""
+        if not isinstance(backend, StandIns):
+            return None
         path = default_path(backend, policy)
         return cls.load(path) if path.is_file() else None
 

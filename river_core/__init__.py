@@ -1,16 +1,20 @@
 """River: training-free token-level early exit with a KV-shared exit river.
 
 The method, read in this order: predictor.py (when a token's state has settled), policy.py
-(when to exit), kv.py (what exiting must leave in the cache), backend.py (the primitives a
-backend supplies), engine.py (the bookkeeping every layer-by-layer backend shares), layout.py
-(where tokens sit in the cache), decode.py (the loop), speculative.py (lossless mode), plan.py
-(settings resolved once), model.py (`RiverModel`).
+(when to exit), kv.py (what exiting must leave in the cache), backend.py (what a backend
+supplies), layout.py and cache.py (where tokens sit, the cache that owns them),
+layer_engine.py (the bookkeeping every layer-by-layer backend shares), decode.py (the loop and
+the one walk through the layers), speculative.py (lossless mode), plan.py (settings resolved
+once), model.py (`RiverModel`).
 """
 
-from .backend import Backend, Capabilities, ModelShape, Prefill, Tokenizer
+from .backend import (Backend, Capabilities, DraftHead, FusedTail, Layered, MasksEntries,
+                      MixedLayers, ModelShape, Prefill, ProjectsKV, RecomputesSpans, StandIns,
+                      Tokenizer, Verifies)
+from .cache import KVCache
 from .config import ExitConfig, GenerationConfig, QuantSpec
-from .decode import DecodeResult, Forced, Run, Token
-from .engine import KVCache, LayerEngine
+from .decode import DecodeResult, Forced, Run, Token, Walk
+from .layer_engine import LayerEngine
 from .errors import CapabilityError, ConfigError, ModelError, RiverError
 from .footprint import Footprint
 from .hookspecs import (BackendPlugin, KVStrategyPlugin, PolicyPlugin, PredictorPlugin,
@@ -23,9 +27,10 @@ from .policy import ExitPolicy, Needs, Policy, RowView
 from .predictor import SimilarityPredictor
 
 __all__ = ["Backend", "BackendPlugin", "CapabilityError", "Capabilities", "Completion",
-           "ConfigError", "DecodeResult", "ExitConfig", "ExitPolicy", "Footprint", "Forced",
-           "GenerationConfig", "KVCache", "KVStrategy", "KVStrategyPlugin", "LayerEngine",
-           "ModelError", "ModelShape", "Needs", "Plan", "PolicyPlugin", "Policy",
-           "PredictorPlugin", "Prefill", "QuantSpec", "Registry", "RiverError", "RiverModel",
-           "RowView", "Run", "SimilarityPredictor", "Token", "TokenStream", "Tokenizer",
-           "default_registry", "hookimpl", "resolve"]
+           "ConfigError", "DecodeResult", "DraftHead", "ExitConfig", "ExitPolicy", "Footprint",
+           "Forced", "FusedTail", "GenerationConfig", "KVCache", "KVStrategy", "KVStrategyPlugin",
+           "LayerEngine", "Layered", "MasksEntries", "MixedLayers", "ModelError", "ModelShape",
+           "Needs", "Plan", "PolicyPlugin", "Policy", "PredictorPlugin", "Prefill", "ProjectsKV",
+           "QuantSpec", "RecomputesSpans", "Registry", "RiverError", "RiverModel", "RowView",
+           "Run", "SimilarityPredictor", "StandIns", "Token", "TokenStream", "Tokenizer",
+           "Verifies", "Walk", "default_registry", "hookimpl", "resolve"]

@@ -1,12 +1,22 @@
-"""The backend contract: the primitives a backend supplies. The decode loop lives in the core.
+"""The backend contract: what an engine supplies. The decode loop and every exit decision live
+in the core (decode.py); a backend supplies numerics.
 
-A backend owns the model weights, its KV cache and an opaque hidden-state type `H` (a torch
+A backend owns the model's weights, its KV cache and an opaque hidden-state type `H` (a torch
 tensor, a numpy array...). The core never looks inside `H`; it only passes it back.
 
-Cache model. Every layer has one K/V slot per position. `prefill` fills positions
-0..T-1 of every layer. Each decode step then writes exactly one new position, the same one in
-every layer, at index `offset`; `commit()` advances `offset`. Between `embed` and `commit` the
-core calls, for every layer i in order, exactly one of:
+Required of every backend (`Backend`): prefill prompts at full depth, decode one token per
+sequence at full depth, commit it. That is a complete engine (llama.cpp is one); River's
+method needs more, declared in two places that must agree:
+
+- `Capabilities`: what a backend promises before anything loads, so a plan is checked against
+  it first and a bad setting never waits for a long load;
+- the sub-protocols below: what the loaded backend implements, checked with `isinstance`
+  (the conformance kit checks that every promise is kept).
+
+Cache model. Every layer has one K/V slot per position. `prefill` fills positions 0..T-1 of
+every layer. Each decode step then writes exactly one new position, the same one in every
+layer, at index `offset`; `commit()` advances `offset`. Between `embed` and `commit` the core
+calls, for every layer i in order, one of (for each row of the batch):
 
 - `layer(i, h, rows)`: the backbone layer; writes layer i's slot for those rows;
 - `stand_in_layer(i, h, rows)`: layer i's stand-in (its weight-quantized copy); reads layer
@@ -20,23 +30,13 @@ core calls, for every layer i in order, exactly one of:
   left unwritten, then this step's token (only for the `recompute` strategy, which guarantees
   that no read of those slots happens before).
 
-Outside that per-token protocol, for speculative decoding (one sequence only):
-
-- `extend(tokens)`: the backbone over the next len(tokens) positions at once, causally, at full
-  depth: writes every layer's slots offset..offset+m-1, advances `offset` by m and returns the
-  logits of every position;
-- `rewind(offset)`: forgets every position from `offset` on; the next write lands there.
-
 So after any sequence of exits every layer holds the same number of positions (some of them
 marked absent under `mask`, some not yet written under `recompute`).
 
-`rows` selects batch rows (a sorted list of row indices) or None for all of them. Layer
-calls return a new `H` of the full batch in which only `rows` changed.
-
-Padding, rotary positions, attention windows and holes are the same for every engine: a backend
-takes them from `river_core.layout.Layout` rather than computing its own. A layer-by-layer
-engine need not write the bookkeeping above: `river_core.engine.LayerEngine` implements
-offset, prefill, embed, commit, extend, rewind, skip and read_kv, and asks only for numerics.
+`rows` selects batch rows (a sorted list of row indices) or None for all of them. Layer calls
+return a new `H` of the full batch in which only `rows` changed. A layer-by-layer engine need
+not write the bookkeeping: `river_core.layer_engine.LayerEngine` implements the cache's side
+(through `river_core.cache.KVCache`) and asks only for numerics.
 """
 
 from __future__ import annotations
@@ -54,20 +54,23 @@ Rows = Sequence[int] | None
 
 @attrs.frozen
 class Capabilities:
-    """What a backend can do, beyond full-depth decoding of one sequence: nothing is claimed
-    unless a backend says so. The core refuses anything not declared here with a clear
-    error."""
+    """What a backend promises, known before it loads: nothing beyond full-depth decoding of
+    one sequence unless it says so. The core refuses anything not declared here with a clear
+    error; each promise names the sub-protocol that keeps it."""
 
-    exits: bool = False       # can stop a token part-way through the backbone
-    stand_in: bool = False    # has `stand_in_layer`
-    propagate: bool = False   # has `project_kv`
-    mask: bool = False        # has `skip`: absent entries, masked from later reads
-    recompute: bool = False   # has `layer_span`: late K/V for earlier tokens, batch 1
-    sub_blocks: bool = False  # has `sub_block_similarity`
-    stand_in_tail: bool = False   # has `stand_in_tail`: a token's whole exit river in one call
-    verify: bool = False      # has `extend` and `rewind`: speculative decoding, batch 1
-    stand_in_head: bool = False   # has `stand_in_logits`: the LM head at stand-in precision
+    exits: bool = False       # `Layered`: a token can stop part-way through the backbone
+    stand_in: bool = False    # `StandIns`
+    propagate: bool = False   # `ProjectsKV`
+    mask: bool = False        # `MasksEntries`
+    recompute: bool = False   # `RecomputesSpans`, batch 1
+    sub_blocks: bool = False  # `layer(..., sub_blocks=True)` reports the sub-blocks' cosines
+    verify: bool = False      # `Verifies`: speculative decoding, batch 1
     batch: bool = False       # accepts more than one sequence
+    sequences: bool = True    # keeps each sequence's exit state (its policy's, its
+                              # predictor's) across steps; False where the engine sees tokens,
+                              # not requests (inside vLLM)
+    rerun: bool = True        # can run backbone layers again for chosen rows after a step
+                              # (a policy's recheck)
     devices: tuple[str, ...] = ("cpu",)
 
 
@@ -85,7 +88,8 @@ class Prefill:
 
     logits: [batch, vocab] float32 at each prompt's last position.
     similarity: [batch, layers] mean cosine between each layer's input and output over the
-    prompt's tokens: the predictor's prior for how much each block moves the state.
+    prompt's tokens: the predictor's prior for how much each block moves the state (1.0 where
+    a backend cannot observe layers).
     """
 
     logits: np.ndarray
@@ -104,15 +108,14 @@ class Tokenizer(Protocol):
 
 
 @runtime_checkable
-class Backend(Protocol, Generic[H]):
+class Backend(Protocol):
+    """What every backend supplies: full-depth decoding over its own cache."""
+
     name: str
     num_layers: int
     max_positions: int
     capabilities: Capabilities
     tokenizer: Tokenizer
-    stand_in_error: Sequence[float]
-    """Per layer: relative weight error of its stand-in, ||Q(W) - W|| / ||W|| over the layer's
-    projections. The predictor scales its KV-error estimate by it."""
     runs_on: tuple[str, ...]
     """Where the backend really computes: devices or execution providers, as the engine
     reports them (e.g. ("cpu",), ("CPUExecutionProvider",))."""
@@ -129,46 +132,9 @@ class Backend(Protocol, Generic[H]):
 
         Shorter prompts are left-padded; padding is masked from attention everywhere."""
 
-    def embed(self, tokens: Sequence[int]) -> H: ...
-
-    def layer(self, i: int, h: H, rows: Rows) -> H: ...
-
-    def stand_in_layer(self, i: int, h: H, rows: Rows) -> H: ...
-
-    def stand_in_tail(self, start: int, h: H, rows: Rows) -> H:
-        """The stand-ins of layers start..L-1 in turn, as one call where the engine can fuse
-        them (the same result as `stand_in_layer` for each; any start must work)."""
-
-    def project_kv(self, i: int, h: H, rows: Rows) -> None: ...
-
-    def extend(self, tokens: Sequence[int]) -> np.ndarray:
-        """Run `tokens` through the whole backbone at positions offset.. of the one sequence,
-        write their slots in every layer and commit them: [len(tokens), vocab] float32 logits,
-        row t predicting the token after tokens[t] (only with `Capabilities.verify`)."""
-
-    def rewind(self, offset: int) -> None:
-        """Forget positions offset.. (offset <= `offset` now): later steps overwrite them."""
-
-    def skip(self, i: int, rows: Rows) -> None: ...
-
-    def layer_span(self, i: int, states: Sequence[H], start: int) -> list[H]:
-        """Layer i for positions start..offset of the one sequence: `states` holds one
-        single-token state per position, in order; returns their outputs likewise."""
-
-    def similarity(self, before: H, after: H, rows: Rows) -> list[float]:
-        """Cosine of each selected row's state before and after a layer."""
-
-    def sub_block_similarity(self, rows: Rows) -> list[tuple[float, float]]:
-        """For the latest `layer` call: per selected row, the cosine between the last token's
-        state before and after the attention sub-block, and before and after the MLP
-        sub-block (only with `Capabilities.sub_blocks`)."""
-
-    def logits(self, h: H) -> np.ndarray:
-        """Final norm and LM head: [batch, vocab] float32."""
-
-    def stand_in_logits(self, h: H) -> np.ndarray:
-        """`logits` with the head's stand-in (its weight-quantized copy): for drafts, whose
-        logits only pick a token the backbone then checks (`Capabilities.stand_in_head`)."""
+    def decode(self, tokens: Sequence[int]) -> np.ndarray:
+        """One token per sequence through every backbone layer at position `offset`, writing
+        its slots: [batch, vocab] float32 logits. `commit` then advances `offset`."""
 
     def commit(self) -> None:
         """Advance `offset` past the position this step wrote."""
@@ -176,6 +142,106 @@ class Backend(Protocol, Generic[H]):
     def footprint(self) -> Footprint:
         """What a decode step reads from memory, for speed limits in benchmarks."""
 
+
+@runtime_checkable
+class Layered(Backend, Protocol, Generic[H]):
+    """Layer by layer (`Capabilities.exits`): the core walks the layers itself."""
+
+    def embed(self, tokens: Sequence[int]) -> H: ...
+
+    def layer(self, i: int, h: H, rows: Rows,
+              sub_blocks: bool = False) -> tuple[H, np.ndarray | None]:
+        """Backbone layer i for `rows`, and with `sub_blocks` (`Capabilities.sub_blocks`)
+        [len(rows), 2] float cosines of each row's last token before and after the attention
+        sub-block, and before and after the MLP sub-block (what the paper's rule reads);
+        else None."""
+
+    def similarity(self, before: H, after: H, rows: Rows) -> list[float]:
+        """Cosine of each selected row's last token before and after a layer."""
+
+    def logits(self, h: H) -> np.ndarray:
+        """Final norm and LM head: [batch, vocab] float32."""
+
     def read_kv(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         """Layer i's keys and values for positions 0..offset-1: two [batch, kv_heads, offset,
         head_dim] float32 arrays. For tests and measurements, not the hot path."""
+
+
+@runtime_checkable
+class StandIns(Protocol, Generic[H]):
+    """`Capabilities.stand_in`: every layer has a stand-in, its weight-quantized copy."""
+
+    stand_in_error: Sequence[float]
+    """Per layer: relative weight error of its stand-in, ||Q(W) - W|| / ||W|| over the layer's
+    projections. The predictor scales its KV-error estimate by it."""
+
+    def stand_in_layer(self, i: int, h: H, rows: Rows) -> H: ...
+
+
+@runtime_checkable
+class ProjectsKV(Protocol, Generic[H]):
+    """`Capabilities.propagate`."""
+
+    def project_kv(self, i: int, h: H, rows: Rows) -> None: ...
+
+
+@runtime_checkable
+class MasksEntries(Protocol):
+    """`Capabilities.mask`."""
+
+    def skip(self, i: int, rows: Rows) -> None: ...
+
+
+@runtime_checkable
+class RecomputesSpans(Protocol, Generic[H]):
+    """`Capabilities.recompute`."""
+
+    def layer_span(self, i: int, states: Sequence[H], start: int) -> list[H]:
+        """Layer i for positions start..offset of the one sequence: `states` holds one
+        single-token state per position, in order; returns their outputs likewise."""
+
+
+@runtime_checkable
+class Verifies(Protocol):
+    """`Capabilities.verify`: speculative decoding, one sequence."""
+
+    def extend(self, tokens: Sequence[int]) -> np.ndarray:
+        """Run `tokens` through the whole backbone at positions offset.. of the one sequence,
+        write their slots in every layer and commit them: [len(tokens), vocab] float32 logits,
+        row t predicting the token after tokens[t]."""
+
+    def rewind(self, offset: int) -> None:
+        """Forget positions offset.. (offset <= `offset` now): later steps overwrite them."""
+
+
+@runtime_checkable
+class FusedTail(Protocol, Generic[H]):
+    """Optional speed: a token's whole exit river in one call."""
+
+    def stand_in_tail(self, start: int, h: H, rows: Rows) -> H:
+        """The stand-ins of layers start..L-1 in turn (the same result as `stand_in_layer`
+        for each; any start must work)."""
+
+
+@runtime_checkable
+class DraftHead(Protocol, Generic[H]):
+    """Optional speed: the LM head at stand-in precision, for drafts, whose logits only pick
+    a token the backbone then checks."""
+
+    def stand_in_logits(self, h: H) -> np.ndarray: ...
+
+
+@runtime_checkable
+class MixedLayers(Protocol, Generic[H]):
+    """Optional: an engine that must run a layer's backbone rows and stand-in rows in one call
+    (one attention call per layer for the whole batch, as inside vLLM)."""
+
+    def mixed_layer(self, i: int, h: H, deep: Rows, gone: Rows,
+                    sub_blocks: bool = False) -> tuple[H, np.ndarray | None]:
+        """Layer i: the backbone for `deep` rows, the stand-in for `gone` rows; the deep rows'
+        sub-block cosines as `Layered.layer` gives them."""
+
+
+PROMISES = {"exits": Layered, "stand_in": StandIns, "propagate": ProjectsKV,
+            "mask": MasksEntries, "recompute": RecomputesSpans, "verify": Verifies}
+"""Each promise of `Capabilities` and the sub-protocol that keeps it."""

@@ -35,7 +35,8 @@ def river_exit_policies():
 
 @hookimpl
 def river_predictors():
-    return {"transition": PredictorPlugin(transition_predictor, TransitionOptions)}
+    return {"transition": PredictorPlugin(transition_predictor, TransitionOptions,
+                                          across_tokens=("momentum",))}
 
 
 @hookimpl

@@ -7,15 +7,15 @@ from __future__ import annotations
 
 import functools
 import time
-from typing import Callable, Collection, Generator, Sequence
+from typing import Callable, Collection, Generator, Mapping, Sequence
 
 import attrs
 import numpy as np
 
-from .backend import Backend, Rows
+from .backend import Backend, DraftHead, Layered
 from .config import GenerationConfig
 from .errors import ConfigError
-from .kv import KVStrategy
+from .kv import KVStrategy, subset
 from .policy import ExitPolicy, RowView
 from .predictor import SimilarityPredictor
 from .sampling import Sampler, log_softmax, make_sampler
@@ -125,64 +125,82 @@ class Row:
     policy_state: object
 
 
-def start_rows(backend: Backend, run: Run, prompt_similarity: np.ndarray) -> list[Row]:
-    return [Row(run.new_predictor(backend.stand_in_error, s), run.policy.new_row())
+def start_rows(stand_in_error: Sequence[float], run: Run,
+               prompt_similarity: Sequence[Sequence[float]]) -> list[Row]:
+    """A fresh `Row` per sequence, its predictor primed with its prompt's similarities."""
+    return [Row(run.new_predictor(stand_in_error, s), run.policy.new_row())
             for s in prompt_similarity]
 
 
-def _subset(rows: list[int], batch: int) -> Rows:
-    return None if len(rows) == batch else rows
+class Walk:
+    """One decode step's way through the layers, for every engine: which rows are still in
+    the backbone (`deep`), which have left (`gone`), what the policy reads on the way, and
+    where each row left (`exits`). `rows` holds the state of the rows that may leave (by
+    index in the batch; the others, prompt tokens inside a serving engine, run every layer).
+    The engine supplies numerics only, through `run.strategy.layer` (backend.py)."""
 
-
-class _Walk:
-    """One decode step's way through the layers: which rows are still in the backbone
-    (`deep`), which have left (`gone`), and what the policy reads on the way."""
-
-    def __init__(self, backend: Backend, run: Run, rows: list[Row], step: int) -> None:
-        self.backend, self.run, self.rows, self.step = backend, run, rows, step
+    def __init__(self, backend: Layered, run: Run, rows: Mapping[int, Row], step: int,
+                 batch: int) -> None:
+        self.backend, self.run, self.rows, self.step, self.batch = backend, run, rows, step, batch
         strategy, needs = run.strategy, run.policy.needs
-        self.batch = len(rows)
-        self.deep, self.gone = list(range(self.batch)), []
-        self.exits = [backend.num_layers - 1] * self.batch
-        self.watch = strategy.allows_exit and needs.similarity
+        self.deep, self.gone = list(range(batch)), []
+        self.exits = [backend.num_layers - 1] * batch
+        self.watch = strategy.allows_exit and needs.similarity and bool(rows)
         self.sub_blocks = self.watch and needs.sub_blocks
         # once every row has left, the rest is one call unless the predictor watches exited rows
         self.watch_exited = self.watch and strategy.moves_state and not self.sub_blocks
         self.rechecks = strategy.allows_exit and needs.recheck
-        self.left: dict[int, object] = {}   # exit layer -> the state then, for a recheck
+        self.exit_states: dict[int, object] = {}   # exit layer -> the state then, for a recheck
 
-    def layer(self, i: int, h):
-        """Layer i: the backbone for deep rows, the strategy's stand-in for rows that left."""
-        before, strategy = h, self.run.strategy
-        if self.deep:
-            h = strategy.deep_layer(self.backend, i, h, _subset(self.deep, self.batch))
-            if self.sub_blocks:   # the rule reads the backbone's sub-blocks, deep rows only
-                pairs = self.backend.sub_block_similarity(_subset(self.deep, self.batch))
-                for r, (attention, mlp) in zip(self.deep, pairs):
-                    self.rows[r].predictor.observe(i, min(attention, mlp))
-        if self.gone:
-            h = strategy.skipped_layer(self.backend, i, h, self.gone)
-        if self.watch and not self.sub_blocks:   # with propagate, left rows no longer move
-            seen = sorted(self.deep + self.gone if strategy.moves_state else self.deep)
-            if seen:
-                cosines = self.backend.similarity(before, h, _subset(seen, self.batch))
-                for r, s in zip(seen, cosines):
-                    self.rows[r].predictor.observe(i, s)
+    def through(self, h):
+        """Every layer for `h`, rows leaving as the policy says; the state for the head."""
+        strategy = self.run.strategy
+        # i = -1: a policy may exit a token before the first layer, so it runs stand-ins only
+        # (the whole model quantized: the baseline River is measured against)
+        if self._leave(-1, h):
+            return strategy.skipped_tail(self.backend, 0, h, subset(self.gone, self.batch))
+        for i in range(self.backend.num_layers):
+            h = self._layer(i, h)
+            if self._leave(i, h):
+                return strategy.skipped_tail(self.backend, i + 1, h,
+                                             subset(self.gone, self.batch))
         return h
 
-    def leave(self, i: int, h) -> bool:
+    def _layer(self, i: int, h):
+        """Layer i: the backbone for deep rows, the strategy's way for rows that left."""
+        before, strategy = h, self.run.strategy
+        h, cosines = strategy.layer(self.backend, i, h, self.deep, self.gone, self.batch,
+                                    self.sub_blocks)
+        if not self.watch:
+            return h
+        if self.sub_blocks and cosines is not None:   # the paper's rule: the deep rows' blocks
+            for r, pair in zip(self.deep, cosines):
+                if r in self.rows:
+                    self.rows[r].predictor.observe(i, float(min(pair)))
+            return h
+        # whole blocks; with a strategy that moves the state, rows that left keep moving
+        seen = [r for r in sorted(self.deep + self.gone if strategy.moves_state else self.deep)
+                if r in self.rows]
+        if seen:
+            cosines = self.backend.similarity(before, h, subset(seen, self.batch))
+            for r, s in zip(seen, cosines):
+                self.rows[r].predictor.observe(i, s)
+        return h
+
+    def _leave(self, i: int, h) -> bool:
         """Rows whose policy says so leave after layer i; True when the rest is one call."""
         strategy = self.run.strategy
         if not strategy.allows_exit or not self.deep or i == self.backend.num_layers - 1:
             return False
         early = functools.cache(lambda: self.backend.logits(h))   # only if a policy reads it
-        leaving = [r for r in self.deep if _capped(strategy.ceiling(r), i) or
-                   self.run.policy.should_exit(self._view(r, i, early))]
+        leaving = [r for r in self.deep if r in self.rows and (
+            _capped(strategy.ceiling(r), i) or
+            self.run.policy.should_exit(self._view(r, i, early)))]
         for r in leaving:
             self.exits[r] = i
             self.deep.remove(r)
         if leaving and self.rechecks:
-            self.left[i] = h
+            self.exit_states[i] = h
         self.gone = sorted(self.gone + leaving)
         return not self.deep and not self.watch_exited
 
@@ -190,11 +208,13 @@ class _Walk:
         row = self.rows[r]
         return RowView(i, self.step, row.predictor, row.policy_state, lambda: early()[r])
 
-    def finish(self, logits: np.ndarray) -> None:
+    def finish(self, logits: np.ndarray | None = None) -> None:
+        """After the head: the predictors fold the token in, a policy may recheck rows (their
+        `logits` and exits become full depth's), the strategy learns each row's exit."""
         if self.watch:
-            for row in self.rows:
+            for row in self.rows.values():
                 row.predictor.end_token()
-        if self.rechecks:
+        if self.rechecks and logits is not None:
             self._recheck(logits)
         for r, k in enumerate(self.exits):
             self.run.strategy.exited(r, k)
@@ -206,9 +226,9 @@ class _Walk:
         n = self.backend.num_layers
         for r, k in enumerate(self.exits):
             if k < n - 1 and self.run.policy.recheck(logits[r]):
-                h = self.left[k]
+                h = self.exit_states[k]
                 for i in range(k + 1, n):
-                    h = self.backend.layer(i, h, [r])
+                    h = self.backend.layer(i, h, [r])[0]
                 logits[r] = self.backend.logits(h)[r]
                 self.exits[r] = n - 1
 
@@ -217,24 +237,19 @@ def decode_step(backend: Backend, tokens: Sequence[int], run: Run, rows: list[Ro
                 step: int, draft: bool = False) -> tuple[np.ndarray, list[int]]:
     """Run one token per sequence through the layers; return logits and each exit layer.
     A `draft` step's logits come from the head's stand-in where the backend has one."""
-    walk = _Walk(backend, run, rows, step)
-    h = backend.embed(tokens)
-    # i = -1: a policy may exit a token before the first layer, so it runs stand-ins only
-    # (the whole model quantized: the baseline River is measured against)
-    if walk.leave(-1, h):
-        h = run.strategy.skipped_tail(backend, 0, h, _subset(walk.gone, walk.batch))
-    else:
-        for i in range(backend.num_layers):
-            h = walk.layer(i, h)
-            if walk.leave(i, h):
-                h = run.strategy.skipped_tail(backend, i + 1, h,
-                                              _subset(walk.gone, walk.batch))
-                break
-    head = backend.stand_in_logits if draft and backend.capabilities.stand_in_head \
-        else backend.logits
-    logits = head(h)
+    if not isinstance(backend, Layered):   # an engine that only decodes at full depth
+        return backend.decode(tokens), [backend.num_layers - 1] * len(tokens)
+    walk = Walk(backend, run, dict(enumerate(rows)), step, len(tokens))
+    h = walk.through(backend.embed(tokens))
+    logits = (backend.stand_in_logits if draft and isinstance(backend, DraftHead)
+              else backend.logits)(h)
     walk.finish(logits)
     return logits, walk.exits
+
+
+def stand_in_error(backend: Backend) -> Sequence[float]:
+    """The backend's stand-ins' weight errors; no stand-ins, no error to scale."""
+    return getattr(backend, "stand_in_error", None) or [0.0] * backend.num_layers
 
 
 def _capped(ceiling: int | None, layer: int) -> bool:
@@ -305,7 +320,7 @@ def stream_ids(backend: Backend, prompts: Sequence[Sequence[int]], gen: Generati
     start = time.perf_counter()
     pre = backend.prefill(prompts, capacity, prefill_exit)
     prefill_seconds = time.perf_counter() - start
-    rows = start_rows(backend, run, pre.similarity)
+    rows = start_rows(stand_in_error(backend), run, pre.similarity)
 
     batch = len(prompts)
     tokens: list[list[int]] = [[] for _ in range(batch)]
@@ -365,7 +380,7 @@ def teacher_force(backend: Backend, prompts: Sequence[Sequence[int]],
     longest = max(len(c) for c in continuations)
     capacity = max(len(p) for p in prompts) + longest
     pre = backend.prefill(prompts, capacity, prefill_exit)
-    rows = start_rows(backend, run, pre.similarity)
+    rows = start_rows(stand_in_error(backend), run, pre.similarity)
     logits = [[row] for row in pre.logits]
     exits: list[list[int]] = [[] for _ in prompts]
     for step in range(longest):

@@ -56,6 +56,9 @@ class PredictorPlugin:
     make: Callable[[Any, Any, Any], Any]
     """make(options, stand_in_error, prompt_similarity) -> SimilarityPredictor."""
     options: type = NoOptions
+    across_tokens: tuple[str, ...] = ()
+    """Options that act only across a sequence's tokens: refused by name where the engine
+    keeps no state per sequence (`Capabilities.sequences`), since they could do nothing."""
 
 
 @attrs.frozen

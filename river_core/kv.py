@@ -15,7 +15,7 @@ from typing import Protocol
 
 import attrs
 
-from .backend import Backend, Rows
+from .backend import Backend, FusedTail, MixedLayers, Rows
 from .footprint import Reads
 from .options import NoOptions
 
@@ -29,9 +29,16 @@ class KVStrategy(Protocol):
     skipped_reads: Reads   # the weights a skipped layer reads (for bytes-per-token figures)
     drafts: bool           # can draft for speculative mode: every step writes every slot it
                            # passes and nothing carries over from step to step
+    across_steps: bool     # keeps state per sequence from step to step (needs an engine with
+                           # `Capabilities.sequences`)
 
-    def deep_layer(self, backend: Backend, i: int, h, rows: Rows):
-        """Backbone layer i for `rows`, the tokens still in the backbone."""
+    def layer(self, backend: Backend, i: int, h, deep: list[int], gone: list[int], batch: int,
+              sub_blocks: bool = False):
+        """Layer i of a step: the backbone for the `deep` rows, what the strategy does for the
+        rows that have `gone` (of `batch`); (h, the deep rows' sub-block cosines or None)."""
+
+    def deep_layer(self, backend: Backend, i: int, h, rows: Rows, sub_blocks: bool = False):
+        """Backbone layer i for `rows`, the tokens still in the backbone: (h, cosines)."""
 
     def skipped_layer(self, backend: Backend, i: int, h, rows: Rows): ...
 
@@ -52,12 +59,22 @@ class Strategy:
 
     batch = True
     drafts = False
+    across_steps = False
 
     def __init__(self, options=NoOptions()) -> None:
         self.options = options
 
-    def deep_layer(self, backend: Backend, i: int, h, rows: Rows):
-        return backend.layer(i, h, rows)
+    def layer(self, backend: Backend, i: int, h, deep: list[int], gone: list[int], batch: int,
+              sub_blocks: bool = False):
+        cosines = None
+        if deep:
+            h, cosines = self.deep_layer(backend, i, h, subset(deep, batch), sub_blocks)
+        if gone:
+            h = self.skipped_layer(backend, i, h, subset(gone, batch))
+        return h, cosines
+
+    def deep_layer(self, backend: Backend, i: int, h, rows: Rows, sub_blocks: bool = False):
+        return backend.layer(i, h, rows, sub_blocks)
 
     def skipped_tail(self, backend: Backend, start: int, h, rows: Rows):
         for i in range(start, backend.num_layers):
@@ -77,11 +94,17 @@ class River(Strategy):
     name, allows_exit, moves_state, requires = "river", True, True, "stand_in"
     skipped_reads, drafts = "stand_in", True
 
+    def layer(self, backend: Backend, i: int, h, deep: list[int], gone: list[int], batch: int,
+              sub_blocks: bool = False):
+        if isinstance(backend, MixedLayers) and deep and gone:   # one call for both
+            return backend.mixed_layer(i, h, deep, gone, sub_blocks)
+        return super().layer(backend, i, h, deep, gone, batch, sub_blocks)
+
     def skipped_layer(self, backend: Backend, i: int, h, rows: Rows):
         return backend.stand_in_layer(i, h, rows)
 
     def skipped_tail(self, backend: Backend, start: int, h, rows: Rows):
-        if backend.capabilities.stand_in_tail:
+        if isinstance(backend, FusedTail):
             return backend.stand_in_tail(start, h, rows)
         return super().skipped_tail(backend, start, h, rows)
 
@@ -126,7 +149,7 @@ class Monotonic(Strategy):
     skipped layer did not write. Skipped layers write nothing; h_k feeds the head."""
 
     name, allows_exit, moves_state, requires = "monotonic", True, False, None
-    skipped_reads = "nothing"
+    skipped_reads, across_steps = "nothing", True
 
     def __init__(self, options=NoOptions()) -> None:
         super().__init__(options)
@@ -158,7 +181,7 @@ class Recompute(Strategy):
     anything reads it. One sequence at a time."""
 
     name, allows_exit, moves_state, requires = "recompute", True, False, "recompute"
-    batch, skipped_reads = False, "nothing"
+    batch, skipped_reads, across_steps = False, "nothing", True
 
     def __init__(self, options=NoOptions()) -> None:
         super().__init__(options)
@@ -167,18 +190,25 @@ class Recompute(Strategy):
         # a given layer are always a suffix of this list
         self._waiting: list[_Waiting] = []
 
-    def deep_layer(self, backend: Backend, i: int, h, rows: Rows):
+    def deep_layer(self, backend: Backend, i: int, h, rows: Rows, sub_blocks: bool = False):
+        """Without sub-block cosines when waiting tokens ran with this one (the walk then
+        observes the whole block)."""
         due = [w for w in self._waiting if w.layer < i]
         if not due:
-            return backend.layer(i, h, rows)
+            return backend.layer(i, h, rows, sub_blocks)
         *states, h = backend.layer_span(i, [w.state for w in due] + [h], due[0].position)
         for w, s in zip(due, states):
             w.layer, w.state = i, s
         if i == backend.num_layers - 1:
             self._waiting.clear()
-        return h
+        return h, None
 
     def skipped_layer(self, backend: Backend, i: int, h, rows: Rows):
         if not self._waiting or self._waiting[-1].position != backend.offset:
             self._waiting.append(_Waiting(backend.offset, i - 1, h))
         return h
+
+
+def subset(rows: list[int], batch: int) -> Rows:
+    """`rows` of a batch of `batch`, None when that is all of them."""
+    return None if len(rows) == batch else rows

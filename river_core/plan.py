@@ -60,6 +60,11 @@ def resolve(config: ExitConfig, registry: Registry, capabilities: Capabilities,
                                     "kv_strategy": kv.options})
     made = policy.make(options["policy"], shape.num_layers)
     _check(config, kv.make, made, capabilities, shape, backend)
+    unused = sorted(set(predictor.across_tokens) & set(config.options))
+    if unused and kv.make.allows_exit and not capabilities.sequences:
+        raise ConfigError(f"backend {backend!r} keeps no state per sequence (each token's "
+                          f"predictor starts afresh every step), so {', '.join(unused)} of "
+                          f"the {config.predictor!r} predictor would have no effect")
     return Plan(config, backend, shape, made, kv, options["kv_strategy"], predictor,
                 options["predictor"])
 
@@ -79,6 +84,17 @@ def _check(config: ExitConfig, strategy, policy: ExitPolicy, caps: Capabilities,
         raise ConfigError(f"the {config.policy!r} policy recomputes doubtful tokens through "
                           f"the backbone, which the {config.kv!r} kv strategy cannot take "
                           f"(river or propagate can)")
+    if strategy.allows_exit and needs.recheck and not caps.rerun:
+        raise CapabilityError(f"the {config.policy!r} policy reruns doubtful tokens through "
+                              f"the backbone after a step, which backend {backend!r} cannot")
+    if strategy.across_steps and not caps.sequences:
+        raise CapabilityError(f"the {config.kv!r} kv strategy keeps state per sequence, which "
+                              f"backend {backend!r} cannot give it (it sees tokens, not "
+                              f"sequences)")
+    if strategy.allows_exit and not caps.sequences and policy.new_row() is not None:
+        raise CapabilityError(f"the {config.policy!r} policy keeps state per sequence, which "
+                              f"backend {backend!r} cannot give it (it sees tokens, not "
+                              f"sequences)")
     if config.prefill_exit is not None:
         if strategy.skipped_reads != "stand_in":
             raise ConfigError(f"prefill_exit runs the prompt's deep layers as stand-ins; the "

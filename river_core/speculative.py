@@ -22,8 +22,8 @@ import numpy as np
 
 from .backend import Backend, Capabilities
 from .config import GenerationConfig
-from .decode import (DecodeResult, Run, Stream, Token, start_rows, check_capacity, decode_step,
-                     drain, stopped)
+from .decode import (DecodeResult, Run, Stream, Token, check_capacity, decode_step, drain,
+                     stand_in_error, start_rows, stopped)
 from .errors import CapabilityError, ConfigError
 from .kv import KVStrategy
 from .sampling import draw, probabilities, verify_draft
@@ -113,7 +113,7 @@ def rounds(backend: Backend, prompt: Sequence[int], gen: GenerationConfig, run: 
 
     start = time.perf_counter()
     pre = backend.prefill([prompt], len(prompt) + gen.max_new_tokens)
-    rows = start_rows(backend, run, pre.similarity)
+    rows = start_rows(stand_in_error(backend), run, pre.similarity)
     tokens, done = stand([choose(pre.logits[0])])
     yield Round(tokens, 0, 0, [], time.perf_counter() - start, 0.0)
     x, step = tokens[-1], 0

@@ -20,9 +20,11 @@ from __future__ import annotations
 import numpy as np
 
 from river_core.backend import Capabilities
-from river_core.footprint import Footprint
-from river_core.engine import KVCache, LayerEngine
+from river_core.cache import KVCache
 from river_core.errors import CapabilityError
+from river_core.footprint import Footprint
+from river_core.layer_engine import LayerEngine
+from river_core.layout import Layout
 from river_core.hookspecs import hookimpl
 from river_models import Checkpoint, StandIns, tiny
 
@@ -55,16 +57,18 @@ class NumpyBackend(LayerEngine):
         self.stand_in_head = quantized.head.dequantize()
         self.num_layers, self.max_positions = spec.num_layers, spec.max_positions
         self.capabilities = Capabilities(exits=True, stand_in=True, propagate=True, mask=True,
-                                         recompute=True, verify=True, stand_in_head=True,
+                                         recompute=True, sub_blocks=True, verify=True,
                                          batch=True)
         self.runs_on = ("cpu",)
         self.tokenizer = checkpoint.tokenizer
 
     # -- what the engine base asks for ------------------------------------------------------
 
-    def new_cache(self, batch: int, capacity: int) -> KVCache:
-        shape = (self.num_layers, batch, self.spec.kv_heads, capacity, self.spec.head_dim)
-        return KVCache(np.full(shape, np.nan, np.float32), np.full(shape, np.nan, np.float32))
+    def new_cache(self, layout: Layout) -> KVCache:
+        shape = (self.num_layers, layout.batch, self.spec.kv_heads, layout.capacity,
+                 self.spec.head_dim)
+        return KVCache(np.full(shape, np.nan, np.float32), np.full(shape, np.nan, np.float32),
+                       layout)
 
     def begin(self, start: int, end: int) -> None:
         """Nothing to prepare: rotary angles and masks are computed per layer (slow, plain)."""
@@ -82,7 +86,7 @@ class NumpyBackend(LayerEngine):
         return array.copy()
 
     def _rope(self, x, rows, start, end):
-        positions = self.layout.positions(start, end)[rows]
+        positions = self.cache.layout.positions(start, end)[rows]
         cos, sin = self.spec.rotary[""].angles(positions)
         half = x.shape[-1] // 2
         rotated = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
@@ -105,11 +109,13 @@ class NumpyBackend(LayerEngine):
         k = self._rope(self._heads(self._linear(i, "k", xn, proj), self.spec.kv_heads), rows,
                        start, end)
         v = self._heads(self._linear(i, "v", xn, proj), self.spec.kv_heads)
-        self.cache.write(i, rows, start, end, k, v)
+        self.cache.write(i, rows, k, v, start, end)
 
     def _block(self, i, h, rows, proj, start=None):
-        """Layer i (backbone or stand-in weights `proj`) for `rows`, queries start..end-1."""
-        start, end = self.start if start is None else start, self.end
+        """Layer i (backbone or stand-in weights `proj`) for `rows`, queries start..end-1:
+        the new state of the batch, and the rows' state between attention and MLP."""
+        layout = self.cache.layout
+        start, end = self.cache.start if start is None else start, self.cache.end
         rows = list(range(h.shape[0])) if rows is None else list(rows)
         layer, spec = self.w.layers[i], self.spec
         x = h[rows]
@@ -117,11 +123,11 @@ class NumpyBackend(LayerEngine):
         q = self._rope(self._heads(self._linear(i, "q", xn, proj), spec.heads), rows, start, end)
         self._write_kv(i, xn, rows, proj, start, end)
         window = spec.windows[i]
-        lo = self.layout.first_key(start, end, window)
+        lo = layout.first_key(start, end, window)
         keys = np.repeat(self.cache.k[i, rows, :, lo:end], spec.group, axis=1)
         values = np.repeat(self.cache.v[i, rows, :, lo:end], spec.group, axis=1)
         scores = q @ keys.transpose(0, 1, 3, 2) * spec.attn_scale
-        scores = np.where(self.layout.mask(start, end, window, i)[rows][:, None], scores, -np.inf)
+        scores = np.where(layout.mask(start, end, window, i)[rows][:, None], scores, -np.inf)
         p = np.exp(scores - scores.max(-1, keepdims=True))
         a = (p / p.sum(-1, keepdims=True)) @ values
         x = x + self._linear(i, "o", a.transpose(0, 2, 1, 3).reshape(*x.shape[:2], -1), proj)
@@ -129,24 +135,30 @@ class NumpyBackend(LayerEngine):
         m = silu(self._linear(i, "gate", xn, proj)) * self._linear(i, "up", xn, proj)
         out = h.copy()
         out[rows] = x + self._linear(i, "down", m, proj)
-        return out
+        return out, x
 
     # -- the contract -----------------------------------------------------------------------
 
-    def layer(self, i: int, h, rows):
-        return self._block(i, h, rows, self.w.layers[i].projections)
+    def layer(self, i: int, h, rows, sub_blocks: bool = False):
+        out, mid = self._block(i, h, rows, self.w.layers[i].projections)
+        if not sub_blocks:
+            return out, None
+        rows = list(range(h.shape[0])) if rows is None else list(rows)
+        before, mid, after = h[rows, -1], mid[:, -1], out[rows, -1]
+        return out, np.stack([cosine(before, mid), cosine(mid, after)], -1)
 
     def stand_in_layer(self, i: int, h, rows):
-        return self._block(i, h, rows, self.stand_in_weights[i])
+        return self._block(i, h, rows, self.stand_in_weights[i])[0]
 
     def project_kv(self, i: int, h, rows) -> None:
         rows = list(range(h.shape[0])) if rows is None else list(rows)
         xn = rms_norm(h[rows], self.w.layers[i].input_norm, self.spec.norm_eps)
-        self._write_kv(i, xn, rows, self.w.layers[i].projections, self.start, self.end)
+        self._write_kv(i, xn, rows, self.w.layers[i].projections, self.cache.start,
+                       self.cache.end)
 
     def layer_span(self, i: int, states, start: int):
-        out = self._block(i, np.concatenate(states, axis=1), None, self.w.layers[i].projections,
-                          start)
+        out, _ = self._block(i, np.concatenate(states, axis=1), None,
+                             self.w.layers[i].projections, start)
         return np.split(out, out.shape[1], axis=1)
 
     def similarity(self, before, after, rows) -> list[float]:

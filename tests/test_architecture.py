@@ -1,8 +1,8 @@
 """The layering rule (docs/architecture.md): the core imports no other package, the model
-package only the core, the application and the kit the core and the model package, no backend
-another (River inside vLLM reuses the hf backend's torch blocks); no package imports itself in
-a circle; nothing imports another package's private names; the core's public API is exported
-on purpose."""
+package only the core, the application and the kit the core and the model package, no engine
+another (the torch engines share River's torch blocks through the model package); no package
+imports itself in a circle; nothing imports another package's private names; the core's public
+API is exported on purpose; the base install imports no torch."""
 
 import ast
 from pathlib import Path
@@ -20,9 +20,7 @@ ALLOWED = {
     "river_cli": {"river_core", "river_models"},
     "river_conformance": {"river_core", "river_models"},
     "river_policies": {"river_core"},
-    **{b: {"river_core", "river_models"} for b in BACKENDS},
-    # River inside vLLM runs River's torch blocks (river_hf.blocks) in vLLM's model
-    "river_vllm": {"river_core", "river_models", "river_hf"},
+    **{b: {"river_core", "river_models"} for b in BACKENDS | {"river_vllm"}},
 }
 
 
@@ -101,3 +99,15 @@ def test_the_core_exports_its_public_api_on_purpose():
     for name in ("RiverModel", "ExitConfig", "Plan", "resolve", "Backend", "LayerEngine",
                  "KVCache", "ExitPolicy", "Needs", "RowView", "KVStrategy"):
         assert name in river_core.__all__
+
+
+def test_the_base_install_needs_no_torch():
+    """The core, the model package and the application import torch nowhere at import time:
+    only the torch engines (and what they build) need it."""
+    import subprocess
+    import sys
+
+    job = ("import sys, river_core, river_models, river_cli.main, river_conformance.plugin; "
+           "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", job], capture_output=True, text=True)
+    assert out.stdout.strip() == "False", out.stderr[-2000:]

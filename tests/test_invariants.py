@@ -44,7 +44,7 @@ def test_bfloat16_full_depth_matches_generate_and_river_runs(family):
        exits=st.lists(st.integers(0, 4), min_size=8, max_size=8))
 def test_mask_never_reads_an_absent_entry(prompt, cont, exits):
     """Whatever an absent entry holds, later tokens' outputs do not change."""
-    from river_core.engine import KVCache
+    from river_core.cache import KVCache
     from river_core.kv import Mask
 
     b = tiny_backend("qwen3", 0, 8)

@@ -99,5 +99,6 @@ def test_llamacpp_runs_full_depth_and_refuses_exits(capsys):
 
 @needs_llamacpp
 def test_llamacpp_needs_a_gguf_file(folder, capsys):
-    assert main(["generate", "abc", "--model", folder, "--backend", "llamacpp"]) == 2
+    assert main(["generate", "abc", "--model", folder, "--backend", "llamacpp", "--kv",
+                 "full"]) == 2
     assert "needs a .gguf file" in capsys.readouterr().err

@@ -20,10 +20,11 @@ class Recording:
         self.seen.append([])
         return self._inner.embed(tokens)
 
-    def sub_block_similarity(self, rows):
-        pairs = self._inner.sub_block_similarity(rows)
-        self.seen[-1].append(min(pairs[0]))
-        return pairs
+    def layer(self, i, h, rows, sub_blocks=False):
+        out, pairs = self._inner.layer(i, h, rows, sub_blocks)
+        if pairs is not None:
+            self.seen[-1].append(float(min(pairs[0])))
+        return out, pairs
 
 
 @given(tau=st.floats(0.0, 1.0), min_layer=st.integers(0, 4))
@@ -143,7 +144,7 @@ def test_a_policy_that_reads_logits_sees_the_state_after_each_layer():
     h = b.embed([token])
     assert np.allclose(policy.seen[0][-1], b.logits(h)[0], atol=1e-6)
     for layer in range(b.num_layers - 1):
-        h = b.layer(layer, h, None)
+        h, _ = b.layer(layer, h, None)
         assert np.allclose(policy.seen[0][layer], b.logits(h)[0], atol=1e-5)
 
 

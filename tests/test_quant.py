@@ -105,7 +105,7 @@ def test_onnx_runs_exactly_the_dequantized_weights(bits, monkeypatch, tmp_path):
 def test_hf_packed_kernels_run_the_dequantized_weights(bits):
     import torch
 
-    from river_hf.blocks import packed
+    from river_models.torch_blocks import packed
 
     w = heavy_tailed((96, 128), 1)
     q = quantize(w, QuantSpec(bits=bits, group_size=32))

@@ -4,6 +4,7 @@ queried by the openai client, on a tiny random Llama whose heads vLLM's CPU kern
 import contextlib
 import json
 import os
+import re
 from pathlib import Path
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")   # engines in this process
@@ -82,12 +83,42 @@ def test_river_inside_vllm_exits_as_rivers_own_engine_does(folders, family):
     assert inside != _river_greedy(folder, ExitConfig(kv="full"))   # the exits changed it
 
 
-def test_policies_vllm_cannot_serve_are_refused_with_a_clear_error(folder):
-    from river_core import ConfigError
+HONOURED = {"fixed after layer 2": {"policy": "fixed", "options": {"layer": 2}},
+            "the paper's rule from layer 3": {"policy": "settled",
+                                              "options": {"tau": -1.0, "min_layer": 3}},
+            "confidence (early logits)": {"policy": "confidence",
+                                          "options": {"threshold": 0.05, "min_layer": 1}}}
 
-    with pytest.raises(Exception) as e:
-        _vllm_greedy(folder, {"policy": "budget"})
-    assert "keeps state per sequence" in str(e.value) or isinstance(e.value, ConfigError)
+
+def test_river_inside_vllm_walks_the_cores_walk_with_every_policy_it_allows(folder):
+    """One walk for every engine: a policy and its options change vLLM's exits as they change
+    River's own engine's (its output, token for token, over the same stand-ins), the early
+    logits included."""
+    outputs = [_vllm_greedy(folder, river) for river in HONOURED.values()]
+    for river, inside in zip(HONOURED.values(), outputs):
+        assert inside == _river_greedy(folder, ExitConfig(**river)), river
+    assert len({json.dumps(o) for o in outputs}) == len(outputs)   # each option mattered
+
+
+@pytest.mark.parametrize("river, message", [
+    ({"policy": "budget"}, "keeps state per sequence"),
+    ({"kv": "monotonic"}, "keeps state per sequence"),
+    ({"options": {"momentum": 0.5}}, "momentum of the 'transition' predictor would have no "
+                                     "effect"),
+    ({"policy": "cascade"}, "reruns doubtful tokens"),
+    ({"kv": "propagate"}, "does not support the 'propagate' kv strategy"),
+    ({"bitz": 4}, "unknown River settings ['bitz']"),
+])
+def test_what_vllm_cannot_honour_is_refused_before_it_starts(river, message):
+    """Refused by the same resolution as in River's own engines, against vLLM's declared
+    capabilities (no state per sequence, no rerun of chosen rows): never silently dropped."""
+    from river_core import ModelShape, default_registry, resolve
+
+    from river_vllm import CAPABILITIES, settings
+
+    with pytest.raises(Exception, match=re.escape(message)):
+        exit_config, _ = settings(river)
+        resolve(exit_config, default_registry(), CAPABILITIES, ModelShape(6, 256), "vllm")
 
 
 PORT, LOSSLESS_PORT = 8791, 8792

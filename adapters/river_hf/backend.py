@@ -7,11 +7,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from river_core.cache import KVCache
 from river_core.footprint import Footprint
-from river_core.engine import KVCache, LayerEngine
+from river_core.layer_engine import LayerEngine
+from river_core.layout import Layout
 from river_models import Checkpoint, StandIns
 
-from .blocks import Block, Dense, Norm, forward, packed, project_kv
+from river_models.torch_blocks import Block, Dense, Norm, forward, packed, project_kv
 from . import CAPABILITIES
 from .step import Step
 
@@ -42,18 +44,19 @@ class HFBackend(LayerEngine):
         self.capabilities = CAPABILITIES
         self.runs_on = (str(self.device),)
         self.tokenizer = checkpoint.tokenizer
-        self._step: Step | None = None
+        self.step: Step | None = None
         self._packed = False   # the backbone's prepacked copy, made on the first `extend`
 
     # -- what the engine base asks for ------------------------------------------------------
 
-    def new_cache(self, batch: int, capacity: int) -> KVCache:
-        shape = (self.num_layers, batch, self.spec.kv_heads, capacity, self.spec.head_dim)
+    def new_cache(self, layout: Layout) -> KVCache:
+        shape = (self.num_layers, layout.batch, self.spec.kv_heads, layout.capacity,
+                 self.spec.head_dim)
         return KVCache(*(torch.full(shape, float("nan"), dtype=self.dtype, device=self.device)
-                         for _ in "kv"))
+                         for _ in "kv"), layout)
 
     def begin(self, start: int, end: int) -> None:
-        self._step = self._make_step(start, end)
+        self.step = self._make_step(start, end)
 
     @torch.inference_mode()
     def embed_ids(self, ids: np.ndarray) -> torch.Tensor:
@@ -76,24 +79,27 @@ class HFBackend(LayerEngine):
     # -- the contract -----------------------------------------------------------------------
 
     def _make_step(self, start: int, end: int) -> Step:
-        return Step(self.layout, start, end, self.spec, self._inv_freq, self.dtype, self.device)
+        return Step(self.cache.layout, start, end, self.spec, self._inv_freq, self.dtype,
+                    self.device)
 
     def _run(self, block: Block, i: int, h: torch.Tensor, rows, mids=None) -> torch.Tensor:
-        k, v = self.cache.k[i], self.cache.v[i]
         if rows is None:
-            return forward(block, i, h, self._step, k, v, None, mids)
+            return forward(block, i, h, self.step, self.cache, None, mids)
         idx = torch.tensor(rows, device=self.device)
         out = h.clone()
-        out[idx] = forward(block, i, h[idx], self._step, k, v, idx, mids)
+        out[idx] = forward(block, i, h[idx], self.step, self.cache, idx, mids)
         return out
 
     @torch.inference_mode()
-    def layer(self, i: int, h, rows):
-        mids: list = []
+    def layer(self, i: int, h, rows, sub_blocks: bool = False):
+        mids: list | None = [] if sub_blocks else None
         out = self._run(self.blocks[i], i, h, rows, mids)
-        # kept by reference; sub_block_similarity computes cosines only when a policy asks
-        self._sub_blocks = (h, mids[0], out, rows)
-        return out
+        if not sub_blocks:
+            return out, None
+        idx = slice(None) if rows is None else torch.tensor(rows, device=self.device)
+        before, mid, after = h[idx, -1].float(), mids[0][:, -1].float(), out[idx, -1].float()
+        return out, torch.stack([F.cosine_similarity(before, mid, dim=-1),
+                                 F.cosine_similarity(mid, after, dim=-1)], -1).cpu().numpy()
 
     @torch.inference_mode()
     def stand_in_layer(self, i: int, h, rows):
@@ -102,8 +108,8 @@ class HFBackend(LayerEngine):
     @torch.inference_mode()
     def layer_span(self, i: int, states, start: int):
         h = torch.cat(states, dim=1)
-        span = self._make_step(start, self._step.end)
-        out = forward(self.blocks[i], i, h, span, self.cache.k[i], self.cache.v[i], None)
+        span = self._make_step(start, self.step.end)
+        out = forward(self.blocks[i], i, h, span, self.cache, None)
         return list(out.split(1, dim=1))
 
     @torch.inference_mode()
@@ -120,9 +126,9 @@ class HFBackend(LayerEngine):
         block = self.blocks[i]
         idx = None if rows is None else torch.tensor(rows, device=self.device)
         x = h if idx is None else h[idx]
-        cos, sin = self._step.rope(block.rope_key, idx)
+        cos, sin = self.step.rope(block.rope_key, idx)
         _, k, v = project_kv(block, block.input_norm(x), cos, sin)
-        self._step.write(self.cache.k[i], self.cache.v[i], k, v, idx)
+        self.cache.write(i, idx, k, v)
 
     @torch.inference_mode()
     def similarity(self, before, after, rows) -> list[float]:
@@ -131,17 +137,6 @@ class HFBackend(LayerEngine):
             idx = torch.tensor(rows, device=self.device)
             a, b = a[idx], b[idx]
         return F.cosine_similarity(a.float(), b.float(), dim=-1).tolist()
-
-    @torch.inference_mode()
-    def sub_block_similarity(self, rows) -> list[tuple[float, float]]:
-        before, mid, after, ran = self._sub_blocks
-        ran = list(range(before.shape[0])) if ran is None else list(ran)
-        wanted = ran if rows is None else list(rows)
-        index = torch.tensor(wanted, device=self.device)
-        m = mid[torch.tensor([ran.index(r) for r in wanted], device=self.device), -1].float()
-        attention = F.cosine_similarity(before[index, -1].float(), m, dim=-1)
-        mlp = F.cosine_similarity(m, after[index, -1].float(), dim=-1)
-        return list(zip(attention.tolist(), mlp.tolist()))
 
     @torch.inference_mode()
     def logits(self, h):

@@ -7,9 +7,10 @@ import torch
 from river_core.layout import Layout
 from river_models import ModelSpec
 
+
 class Step:
-    """Cache slots start..end-1 of every sequence: rotary tables, masks, cache reads and writes,
-    built once per step from the layout and shared by all layers."""
+    """Cache slots start..end-1 of every sequence: rotary tables, masks and cache reads, built
+    once per step from the layout and shared by all layers."""
 
     def __init__(self, layout: Layout, start: int, end: int, spec: ModelSpec,
                  inv_freq: dict[str, torch.Tensor], dtype, device) -> None:
@@ -29,14 +30,6 @@ class Step:
     def rope(self, key: str, rows):
         cos, sin = self._ropes[key]
         return (cos, sin) if rows is None else (cos[rows], sin[rows])
-
-    def write(self, cache_k, cache_v, k, v, rows) -> None:
-        if rows is None:
-            cache_k[:, :, self.start:self.end] = k
-            cache_v[:, :, self.start:self.end] = v
-        else:
-            cache_k[rows, :, self.start:self.end] = k
-            cache_v[rows, :, self.start:self.end] = v
 
     def read(self, cache_k, cache_v, rows, window):
         lo = self.layout.first_key(self.start, self.end, window)

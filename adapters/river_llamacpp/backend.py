@@ -1,18 +1,17 @@
 """llama.cpp as a backend: full-depth generation and logits of a GGUF model, nothing more.
 
 llama.cpp builds one compute graph over all layers and has no per-token exit, no hook to run a
-single layer and no public access to its KV cache. So this backend declares `exits=False`: the
-core runs it with the `full` strategy only and refuses exit policies with a clear error. Its
-"layers" are bookkeeping: the state is the pending token, and the last layer evaluates it
-through the whole llama.cpp graph. A real integration would need llama.cpp to expose per-layer
-graph execution over a shared KV cache (see docs/backends.md).
+single layer and no public access to its KV cache. So this backend keeps the required contract
+alone (prefill, decode, commit: `river_core.backend.Backend`) and promises nothing else: the
+core runs it with the `full` strategy only and refuses exit policies with a clear error. A real
+integration would need llama.cpp to expose per-layer graph execution over a shared KV cache
+(see docs/backends.md).
 """
 
 from __future__ import annotations
 
 from typing import Sequence
 
-import attrs
 import numpy as np
 
 from river_core.backend import Prefill
@@ -22,16 +21,6 @@ from river_core.errors import CapabilityError
 from . import CAPABILITIES
 
 UNSUPPORTED = "llama.cpp cannot run single layers or exit early; use the full kv strategy"
-
-
-@attrs.frozen
-class Pending:
-    tokens: list[int]
-
-
-@attrs.frozen
-class Evaluated:
-    logits: np.ndarray   # [1, vocab]
 
 
 class LlamaCppTokenizer:
@@ -67,7 +56,6 @@ class LlamaCppBackend:
         self.capabilities = CAPABILITIES
         self.runs_on = ("cpu",)
         self.tokenizer = LlamaCppTokenizer(llm)
-        self.stand_in_error = [float("nan")] * num_layers   # there are no stand-ins
 
     @property
     def offset(self) -> int:
@@ -86,28 +74,13 @@ class LlamaCppBackend:
         (prompt,) = prompts   # batch=False: the core never sends more than one
         self._llm.reset()
         logits = self._eval(prompt)
-        return Prefill(logits, np.full((1, self.num_layers), np.nan))
+        return Prefill(logits, np.ones((1, self.num_layers)))
 
-    def embed(self, tokens: Sequence[int]) -> Pending:
-        return Pending(list(tokens))
-
-    def layer(self, i: int, h, rows):
-        return Evaluated(self._eval(h.tokens)) if i == self.num_layers - 1 else h
-
-    def stand_in_layer(self, i: int, h, rows):
-        raise CapabilityError(UNSUPPORTED)
-
-    def project_kv(self, i: int, h, rows) -> None:
-        raise CapabilityError(UNSUPPORTED)
-
-    def similarity(self, before, after, rows) -> list[float]:
-        raise CapabilityError(UNSUPPORTED)
-
-    def logits(self, h: Evaluated) -> np.ndarray:
-        return h.logits
+    def decode(self, tokens: Sequence[int]) -> np.ndarray:
+        return self._eval(tokens)
 
     def commit(self) -> None:
-        """llama.cpp advanced its own cache when the last layer evaluated the token."""
+        """llama.cpp advanced its own cache when it evaluated the token."""
 
     def footprint(self) -> Footprint:
         """Tensor bytes in the GGUF file; K/V as float16 (llama.cpp's default cache type)."""
@@ -130,6 +103,3 @@ class LlamaCppBackend:
         head_dim = width // heads
         return Footprint(tuple(layers), (0,) * self.num_layers, tuple(kv), head,
                          2 * kv_heads * head_dim * 2)
-
-    def read_kv(self, i: int):
-        raise CapabilityError("llama.cpp does not expose its KV cache")

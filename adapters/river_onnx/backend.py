@@ -14,9 +14,11 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from river_core.footprint import Footprint
-from river_core.engine import KVCache, LayerEngine
+from river_core.cache import KVCache
 from river_core.errors import CapabilityError
+from river_core.footprint import Footprint
+from river_core.layer_engine import LayerEngine
+from river_core.layout import Layout
 
 from .export import Manifest, weight_bytes
 from . import CAPABILITIES
@@ -88,7 +90,8 @@ class _Step:
     def __init__(self, backend: "OnnxBackend", start: int, end: int) -> None:
         self.start, self.end = start, end
         self._b = backend
-        positions = backend.layout.positions(start, end)
+        self.layout = layout = backend.cache.layout
+        positions = layout.positions(start, end)
         half = backend.spec.head_dim // 2
         self.rope = {}   # per rotary table: one row of cos and of sin per (row, token)
         for key, rotary in backend.spec.rotary.items():
@@ -98,13 +101,13 @@ class _Step:
         self.positions = np.arange(positions.size, dtype=np.int64).reshape(positions.shape)
         # GroupQueryAttention's lengths: every row reads slots 0..end-1 (the bias masks what a
         # row may not see) and writes the new tokens at end-T..end-1
-        self.seqlens = np.full(backend.layout.batch, end - 1, np.int32)
+        self.seqlens = np.full(layout.batch, end - 1, np.int32)
         self.total = np.array(end, np.int32)
         self._biases: dict = {}
 
     def bias(self, layer: int) -> np.ndarray:
         """[B, 1, T, end] additive bias of `layer` (0 where a token attends, else -inf)."""
-        layout, window = self._b.layout, self._b.spec.windows[layer]
+        layout, window = self.layout, self._b.spec.windows[layer]
         key = layout.mask_key(window, layer)
         if key not in self._biases:
             lo = layout.first_key(self.start, self.end, window)
@@ -137,19 +140,21 @@ class OnnxBackend(LayerEngine):
         self.stand_in_error = list(manifest.stand_in_error)
         self.capabilities = CAPABILITIES
         self.tokenizer = tokenizer
-        self._step: _Step | None = None
+        self.step: _Step | None = None
 
     # -- what the engine base asks for ------------------------------------------------------
 
-    def new_cache(self, batch: int, capacity: int) -> KVCache:
+    def new_cache(self, layout: Layout) -> KVCache:
         """Unwritten slots hold 0, not NaN: attention reads every slot before the step's end
         under an additive bias (a padded row's empty slots too), and NaN * 0 would poison the
         row."""
-        shape = (self.num_layers, batch, self.spec.kv_heads, capacity, self.spec.head_dim)
-        return KVCache(np.zeros(shape, np.float32), np.zeros(shape, np.float32), unwritten=0.0)
+        shape = (self.num_layers, layout.batch, self.spec.kv_heads, layout.capacity,
+                 self.spec.head_dim)
+        return KVCache(np.zeros(shape, np.float32), np.zeros(shape, np.float32), layout,
+                       unwritten=0.0)
 
     def begin(self, start: int, end: int) -> None:
-        self._step = _Step(self, start, end)
+        self.step = _Step(self, start, end)
 
     def embed_ids(self, ids: np.ndarray) -> np.ndarray:
         return self._embed.run(None, {"ids": ids})[0]
@@ -203,36 +208,33 @@ class OnnxBackend(LayerEngine):
             cache[idx] = array
         return [value.numpy() for value in binding.get_outputs()[:len(outputs)]]
 
-    def _run(self, sess, i: int, h: np.ndarray, rows, step: _Step | None = None) -> np.ndarray:
-        step = step or self._step
+    def _run(self, sess, i: int, h: np.ndarray, rows, step: _Step | None = None):
+        """Layer i's graph `sess` for `rows`: the whole batch's new state, and the rows' own
+        output and mid-layer state."""
+        step = step or self.step
         idx = None if rows is None else np.asarray(rows)
         out, mid = self._run_in_place(sess, self._feeds(step, i, h, idx), {"": i}, idx,
                                       ["h_out", "mid"])
-        self._sub_blocks = (h, mid, out, rows)
         if idx is None:
-            return out
+            return out, out, mid
         full = h.copy()
         full[idx] = out
-        return full
+        return full, out, mid
 
-    def layer(self, i: int, h, rows):
-        return self._run(self._layers[i], i, h, rows)
-
-    def sub_block_similarity(self, rows) -> list[tuple[float, float]]:
-        before, mid, after, ran = self._sub_blocks   # mid and after: the rows the layer ran
-        ran = list(range(before.shape[0])) if ran is None else list(ran)
-        wanted = ran if rows is None else list(rows)
-        at = [ran.index(r) for r in wanted]
-        m = mid[at, -1:]
-        attention = _cosine(before[wanted, -1:], m)[:, 0]
-        return list(zip(attention.tolist(), _cosine(m, after[at, -1:])[:, 0].tolist()))
+    def layer(self, i: int, h, rows, sub_blocks: bool = False):
+        full, out, mid = self._run(self._layers[i], i, h, rows)
+        if not sub_blocks:
+            return full, None
+        before = h[:, -1:] if rows is None else h[np.asarray(rows), -1:]
+        m = mid[:, -1:]
+        return full, np.stack([_cosine(before, m)[:, 0], _cosine(m, out[:, -1:])[:, 0]], -1)
 
     def stand_in_layer(self, i: int, h, rows):
-        return self._run(self._stand_ins[i], i, h, rows)
+        return self._run(self._stand_ins[i], i, h, rows)[0]
 
     def layer_span(self, i: int, states, start: int):
-        span = _Step(self, start, self._step.end)
-        out = self._run(self._layers[i], i, np.concatenate(states, axis=1), None, span)
+        span = _Step(self, start, self.step.end)
+        out = self._run(self._layers[i], i, np.concatenate(states, axis=1), None, span)[0]
         return np.split(out, out.shape[1], axis=1)
 
     def stand_in_tail(self, start: int, h, rows):
@@ -240,7 +242,7 @@ class OnnxBackend(LayerEngine):
             for i in range(start, self.num_layers):
                 h = self.stand_in_layer(i, h, rows)
             return h
-        s, idx = self._step, None if rows is None else np.asarray(rows)
+        s, idx = self.step, None if rows is None else np.asarray(rows)
         feeds = {"h": h, "positions": s.positions, "seqlens": s.seqlens}
         layers = dict(enumerate(range(start, self.num_layers)))
         feeds.update({f"bias_{j}": s.bias(i) for j, i in layers.items()})
@@ -259,8 +261,8 @@ class OnnxBackend(LayerEngine):
 
     def project_kv(self, i: int, h, rows) -> None:
         idx = None if rows is None else np.asarray(rows)
-        k, v = self._kv_proj[i].run(None, self._feeds(self._step, i, h, idx, attention=False))
-        self.cache.write(i, idx, self._step.start, self._step.end, k, v)
+        k, v = self._kv_proj[i].run(None, self._feeds(self.step, i, h, idx, attention=False))
+        self.cache.write(i, idx, k, v)
 
     def similarity(self, before, after, rows) -> list[float]:
         cos = _cosine(before[:, -1:], after[:, -1:])[:, 0]

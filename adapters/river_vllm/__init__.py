@@ -11,12 +11,41 @@ which a server selects with `--hf-overrides`:
 at import time, so the package costs nothing to processes that never start vLLM.
 """
 
-from river_core import Capabilities
+from __future__ import annotations
 
-# what River can do inside vLLM's step (known without importing vLLM); vLLM's speculative
-# decoding verifies the drafts of lossless mode (drafter.py)
+from typing import Any, Mapping
+
+import attrs
+
+from river_core import Capabilities, ConfigError, ExitConfig, QuantSpec
+
+# what River can do inside vLLM's step (known without importing vLLM): vLLM's speculative
+# decoding verifies the drafts of lossless mode (drafter.py); its model sees tokens, not
+# requests, so no state per sequence, and no rerun of chosen rows after a step
 CAPABILITIES = Capabilities(exits=True, stand_in=True, sub_blocks=True, batch=True,
-                            verify=True)
+                            verify=True, sequences=False, rerun=False)
+_EXIT = {f.name for f in attrs.fields(ExitConfig)}
+_QUANT = {f.name for f in attrs.fields(QuantSpec)}
+
+
+def settings(river: Mapping[str, Any] | None) -> tuple[ExitConfig, QuantSpec]:
+    """The `river` entry of a model config: `ExitConfig`'s fields and `QuantSpec`'s (`bits`,
+    `group_size`, `method`) by name, each defaulting as everywhere in River."""
+    river = dict(river or {})
+    unknown = sorted(set(river) - _EXIT - _QUANT)
+    if unknown:
+        raise ConfigError(f"unknown River settings {unknown} in the model config; it takes "
+                          f"{', '.join(sorted(_EXIT | _QUANT))}")
+    return (ExitConfig(**{k: v for k, v in river.items() if k in _EXIT}),
+            QuantSpec(**{k: v for k, v in river.items() if k in _QUANT}))
+
+
+def river_entry(exit_config: ExitConfig, quant: QuantSpec) -> dict:
+    """What `settings` reads back: the settings that differ from River's defaults."""
+    return {**{k: v for k, v in attrs.asdict(exit_config).items()
+               if v != getattr(ExitConfig(), k)},
+            **{k: v for k, v in attrs.asdict(quant).items() if v != getattr(QuantSpec(), k)}}
+
 
 ARCHITECTURES = {
     "LlamaForCausalLM": "RiverLlamaForCausalLM",
@@ -25,7 +54,7 @@ ARCHITECTURES = {
 }
 
 
-def draft_config(draft_tokens: int = 4) -> dict:
+def draft_config(draft_tokens: int = ExitConfig().draft_tokens) -> dict:
     """vLLM's `speculative_config` for River's lossless mode (drafter.py)."""
     return {"method": "custom_class", "model": "river_vllm.drafter.RiverDrafter",
             "num_speculative_tokens": draft_tokens}

@@ -4,10 +4,14 @@
 as its model; `river_vllm.draft_config()` writes that). vLLM hands it the target model once
 (`load_model`): River's own model class, which then runs every layer, because the backbone
 verifies. After each step, `propose` drafts the next tokens of the decoding requests with the
-exit river, all rows together: each draft token runs backbone layers until the exit policy
-lets it leave, then the stand-ins, and the head's stand-in picks it (greedy), as in River's
-own lossless mode. vLLM verifies the drafts in its next step over the backbone (greedy: the
-longest agreeing prefix; sampling: its rejection sampler), so the output is the backbone's.
+exit river, all rows together, through the core's walk (the plan's policy and predictor, as
+in River's own lossless mode): each draft token runs backbone layers until the policy lets it
+leave, then the stand-ins, and the head's stand-in picks it (greedy: vLLM takes no draft
+probabilities from a custom proposer and verifies each draft as certain, which is exact only
+for a draft that is a function of its context). vLLM verifies the drafts in its next step over
+the backbone (greedy: the longest agreeing prefix; sampling: its rejection sampler, which
+repairs.py makes right on the CPU), so the output is the backbone's. With `adaptive` the draft
+length follows the kept drafts of the batch as River's `DraftLength` does for one sequence.
 
 Attention while drafting reads the context's K/V from the target's own paged cache (the
 blocks of the step just verified), once per round and layer; the drafts' own K/V stay in a
@@ -22,8 +26,9 @@ from __future__ import annotations
 import torch
 
 from river_core import ConfigError
+from river_core.speculative import DraftLength, Round
 
-from .models import RiverExits
+from .models import ForwardLayers, RiverExits
 
 
 class RiverDrafter:
@@ -33,6 +38,8 @@ class RiverDrafter:
         self.most = vllm_config.speculative_config.num_speculative_tokens
         self.max_len = vllm_config.model_config.max_model_len
         self.model: RiverExits | None = None
+        self.length = DraftLength(self.most)
+        self.drafted: list[int] = []   # per row of the last proposal, the drafts it made
 
     def load_model(self, model) -> None:
         if not isinstance(model, RiverExits):
@@ -40,41 +47,55 @@ class RiverDrafter:
                               f"runs {type(model).__name__} (serve with `river serve --mode "
                               f"speculative`, or set the River architecture in --hf-overrides)")
         self.model = model
+        self.length = DraftLength(self.most, model.river_plan.config.adaptive)
 
     @torch.inference_mode()
     def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec, token_ids_cpu,
                 slot_mappings=None) -> list[list[int]]:
         step = self.model.river_step
+        self._learn(sampled_token_ids)
         drafts = [[] for _ in sampled_token_ids]
         if step is None:   # vLLM's warm-up: no attention metadata, nothing in the pages
             return drafts
+        count = self.length.next()
         rows = [row for row, sampled in enumerate(sampled_token_ids)
-                if sampled and num_tokens_no_spec[row] + self.most <= self.max_len]
+                if sampled and num_tokens_no_spec[row] + count <= self.max_len]
         if rows:
             # the sampled token is the last of a row's tokens: it drafts from its position
             made = self.draft([sampled_token_ids[r][-1] for r in rows],
                               [int(num_tokens_no_spec[r]) - 1 for r in rows],
-                              [step.block_table[r] for r in rows])
+                              [step.block_table[r] for r in rows], count)
             for r, tokens in zip(rows, made):
                 drafts[r] = tokens
+        self.drafted = [len(d) for d in drafts]
         return drafts
 
-    def draft(self, tokens: list[int], positions: list[int],
-              blocks: list[torch.Tensor]) -> list[list[int]]:
-        """`self.most` tokens after each of `tokens` at `positions`, whose contexts fill
-        `blocks`: the rows draft together, one river walk per draft position."""
+    def _learn(self, sampled_token_ids: list[list[int]]) -> None:
+        """The last proposal's drafts that vLLM kept (a row's sampled tokens are its kept
+        drafts and the backbone's own), as one round of the whole batch."""
+        pairs = [(d, len(s) - 1) for d, s in zip(self.drafted, sampled_token_ids) if d and s]
+        if pairs:
+            drafted, kept = (sum(x) for x in zip(*pairs))
+            per_row = len(pairs)
+            self.length.update(Round([], round(drafted / per_row), round(kept / per_row), [],
+                                     0.0, 0.0))
+
+    def draft(self, tokens: list[int], positions: list[int], blocks: list[torch.Tensor],
+              count: int) -> list[list[int]]:
+        """`count` tokens after each of `tokens` at `positions`, whose contexts fill `blocks`:
+        the rows draft together, one walk per draft position."""
         model = self.model
-        kv = DraftKV(model, blocks, positions, self.most)
-        rows = list(range(len(tokens)))
-        out = [[] for _ in rows]
-        for j in range(self.most):
+        kv = DraftKV(model, blocks, positions, count)
+        out = [[] for _ in tokens]
+        for j in range(count):
             x = model.model.embed_input_ids(torch.tensor(tokens))
             at = [p + j for p in positions]
-            h, ran = model.river_walk(x, torch.tensor(at), rows, lambda i: kv.attention(i, at))
-            tokens = model.river_head(h).argmax(-1).tolist()
+            layers = ForwardLayers(model, torch.tensor(at), lambda i: kv.attention(i, at))
+            h, walk = model.river_walk(layers, x, list(range(len(tokens))))
+            tokens = model.river_head(model.model.norm(h)).argmax(-1).tolist()
             for row, token in zip(out, tokens):
                 row.append(token)
-            model.river_count(ran)
+            model.river_count([k + 1 for k in walk.exits])
         return out
 
 

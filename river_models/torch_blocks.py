@@ -1,4 +1,6 @@
-"""One decoder block as plain torch functions over River's own weights.
+"""One decoder block as plain torch functions over River's own weights: what both torch
+engines run (the hf backend, and River inside vLLM). Imported only by them, so the model
+package itself stays free of torch.
 
 Built from the model package's `LayerWeights` (backbone) or its `QuantWeight`s (stand-in).
 Norms, rotary and activations follow transformers' numerics operation for operation, so full
@@ -14,7 +16,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from river_models import FUSED, PROJECTIONS, LayerWeights, ModelSpec, QuantWeight
+from .quant import QuantWeight
+from .spec import FUSED, PROJECTIONS, LayerWeights, ModelSpec
 
 
 @attrs.frozen(eq=False)
@@ -98,7 +101,7 @@ def packed(q: QuantWeight, bias: np.ndarray | None, dtype, device) -> Callable:
     return linear
 
 
-def _fused(layer: LayerWeights, names, dtype, device, quantized=None) -> Callable:
+def fused(layer: LayerWeights, names, dtype, device, quantized=None) -> Callable:
     """One matmul for the projections `names` of the same input, outputs concatenated."""
     weight, bias = layer.fused(names)
     if quantized is None:
@@ -128,7 +131,7 @@ class Block:
               quantized: dict[str, QuantWeight] | None = None) -> "Block":
         """Layer i of the backbone, or its stand-in when `quantized` projections are given."""
         norm = lambda w: Norm.of(w, spec, dtype, device)
-        proj = {f: _fused(layer, names, dtype, device, quantized) for f, names in FUSED.items()}
+        proj = {f: fused(layer, names, dtype, device, quantized) for f, names in FUSED.items()}
         per_weight = {n: proj[f].nbytes * len(layer.projections[n]) //
                       sum(len(layer.projections[m]) for m in names)
                       for f, names in FUSED.items() for n in names}
@@ -170,14 +173,15 @@ def mlp(b: Block, h: torch.Tensor) -> torch.Tensor:
     return b.proj["down"](b.act(gate) * up)
 
 
-def forward(b: Block, i: int, x: torch.Tensor, step, cache_k: torch.Tensor,
-            cache_v: torch.Tensor, rows, mids: list | None = None) -> torch.Tensor:
-    """Layer i on x: [batch, tokens, hidden] for `rows` of the batch (None: all). Writes the
-    cache. `mids`, when given, receives the state between the attention and MLP sub-blocks."""
+def forward(b: Block, i: int, x: torch.Tensor, step, cache, rows,
+            mids: list | None = None) -> torch.Tensor:
+    """Layer i on x: [batch, tokens, hidden] for `rows` of the batch (None: all), over the
+    step's slots of `cache` (a `river_core.KVCache`), which it writes. `mids`, when given,
+    receives the state between the attention and MLP sub-blocks."""
     cos, sin = step.rope(b.rope_key, rows)
     q, k, v = project_kv(b, b.input_norm(x), cos, sin)
-    step.write(cache_k, cache_v, k, v, rows)
-    keys, values = step.read(cache_k, cache_v, rows, b.window)
+    cache.write(i, rows, k, v, step.start, step.end)
+    keys, values = step.read(cache.k[i], cache.v[i], rows, b.window)
     mask = step.mask(b.window, i, rows)
     a = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=b.scaling,
                                        is_causal=mask is None and q.shape[2] > 1,

@@ -1,0 +1,72 @@
+"""River's settings on a command line, declared once from the value types' own fields and
+defaults (config.py), for every command that takes them: `river generate`, `river calibrate`,
+`river serve`."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import attrs
+
+from .config import MODES, METHODS, ExitConfig, QuantSpec
+from .options import parse
+
+
+def default(cls: type, name: str) -> Any:
+    """The default of field `name` of an attrs class."""
+    return getattr(attrs.fields(cls), name).default
+
+
+def add_exit_arguments(parser: argparse.ArgumentParser, *, speculative: bool = True,
+                       prefill: bool = True) -> None:
+    """ExitConfig's fields; the speculative mode's and the prompt's exit where the command
+    takes them."""
+    parser.add_argument("--policy", help=f"exit policy: {default(ExitConfig, 'policy')} "
+                        f"(default), similarity, fixed, ... (river plugins)")
+    parser.add_argument("--predictor", default=default(ExitConfig, "predictor"))
+    parser.add_argument("--kv", default=default(ExitConfig, "kv"),
+                        help="KV strategy: river, propagate, mask, monotonic, recompute, full")
+    parser.add_argument("-o", "--option", action="append", default=[], metavar="KEY=VALUE",
+                        help="an option of the chosen policy, predictor or KV strategy, e.g. "
+                        "-o tau=0.95 (repeatable; river plugins lists them)")
+    if prefill:
+        parser.add_argument("--prefill-exit", type=int, metavar="K",
+                            help="run the prompt's layers past K as stand-ins (sequence-level "
+                            "exit)")
+    if speculative:
+        parser.add_argument("--mode", default=default(ExitConfig, "mode"), choices=MODES,
+                            help="exit: exited tokens are final (the paper, lossy); "
+                            "speculative: they are drafts the backbone verifies (lossless)")
+        parser.add_argument("--draft-tokens", type=int,
+                            default=default(ExitConfig, "draft_tokens"),
+                            help="speculative mode: the most tokens drafted per verification")
+        parser.add_argument("--adaptive-draft", action="store_true",
+                            help="speculative mode: vary the draft length with the drafts' "
+                            "runs, up to --draft-tokens")
+
+
+def exit_config(args: argparse.Namespace, **fields) -> ExitConfig:
+    """The ExitConfig of parsed `add_exit_arguments` (`fields` override; a policy left unset
+    is ExitConfig's default)."""
+    given = {"policy": args.policy or default(ExitConfig, "policy"), "kv": args.kv,
+             "predictor": args.predictor, "options": parse(args.option)}
+    for field, name in (("prefill_exit", "prefill_exit"), ("mode", "mode"),
+                        ("draft_tokens", "draft_tokens"), ("adaptive", "adaptive_draft")):
+        if hasattr(args, name):
+            given[field] = getattr(args, name)
+    return ExitConfig(**{**given, **fields})
+
+
+def add_quant_arguments(parser: argparse.ArgumentParser) -> None:
+    """QuantSpec's fields: the stand-ins' precision."""
+    parser.add_argument("--bits", type=int, default=default(QuantSpec, "bits"),
+                        help="stand-in weight precision: 4 (default) or 8")
+    parser.add_argument("--group-size", type=int, default=default(QuantSpec, "group_size"))
+    parser.add_argument("--quantizer", default=default(QuantSpec, "method"), choices=METHODS,
+                        help="4-bit stand-in quantizer: hqq (default, as the paper) or rtn; "
+                        "hqq-int, rtn-int: zero points rounded to integers (faster on onnx)")
+
+
+def quant_spec(args: argparse.Namespace) -> QuantSpec:
+    return QuantSpec(bits=args.bits, group_size=args.group_size, method=args.quantizer)
