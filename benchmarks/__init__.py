@@ -1,28 +1,30 @@
-"""River's benchmarks: one script a benchmark, run as `river bench NAME [ARGS]` (installed as
-package `river_bench`) or `python -m benchmarks NAME [ARGS]` from a source checkout. Results go
-to docs/results/ in a checkout, else to ./river-results/ ($RIVER_RESULTS overrides both)."""
+"""River's benchmarks: one thin script a benchmark (each module here, its `main(argv)`), the
+library they share in `library/`. Run as `river bench NAME [ARGS]` (installed as package
+`river_bench`) or `python -m benchmarks NAME [ARGS]` in a source checkout. Results go to
+`--out` (default ./river-results); `--docs` updates a checkout's docs/results."""
 
 from __future__ import annotations
 
 import argparse
-import runpy
+import importlib
 import sys
 from pathlib import Path
 
 from river_core.hookspecs import hookimpl
 
 HERE = Path(__file__).resolve().parent
-HELPERS = ("common", "gsm8k", "humaneval", "anchor_worker")
+MODULES = {"vllm": "vllm_serving"}   # a benchmark named after a package lives under another name
 
 
 def names() -> list[str]:
-    return sorted(p.stem for p in HERE.glob("*.py")
-                  if not p.stem.startswith("_") and p.stem not in HELPERS)
+    inverse = {module: name for name, module in MODULES.items()}
+    return sorted(inverse.get(p.stem, p.stem) for p in HERE.glob("*.py")
+                  if not p.stem.startswith("_"))
 
 
 def summary(name: str) -> str:
-    """The first paragraph of a benchmark's docstring, on one line."""
-    text = (HERE / f"{name}.py").read_text()
+    """The first paragraph of a benchmark's docstring, on one line (read, not imported)."""
+    text = (HERE / f"{MODULES.get(name, name)}.py").read_text()
     doc = text.split('"""')[1] if text.startswith('"""') else ""
     return " ".join(doc.strip().split("\n\n")[0].split())
 
@@ -33,14 +35,11 @@ def listing(prog: str) -> str:
 
 
 def run(name: str, argv: list[str], prog: str) -> None:
-    """Run benchmark `name` as a script, its siblings importable (they import each other)."""
+    """Run benchmark `name` with `argv`."""
     if name not in names():
         sys.exit(f"{prog}: unknown benchmark {name!r}\n\n{listing(prog)}")
-    if str(HERE) not in sys.path:   # last: a benchmark named after a package (vllm) must
-        sys.path.append(str(HERE))    # not shadow it
-    script = HERE / f"{name}.py"
-    sys.argv = [f"{prog} {name}", *argv]
-    runpy.run_path(str(script), run_name="__main__")
+    module = importlib.import_module(f"{__name__}.{MODULES.get(name, name)}")
+    module.main(argv)
 
 
 def bench(parser: argparse.ArgumentParser):

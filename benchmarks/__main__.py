@@ -1,5 +1,5 @@
-"""python -m benchmarks NAME [ARGS]: run benchmarks/NAME.py (`river bench` when installed);
-`--help` lists them, `NAME --help` explains one."""
+"""python -m benchmarks NAME [ARGS] in a source checkout (`river bench` when installed):
+`--help` lists the benchmarks, `NAME --help` explains one."""
 
 import sys
 

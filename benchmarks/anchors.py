@@ -2,9 +2,9 @@
 weights, at short and long contexts, speed, output identity and peak memory in one
 interleaved run.
 
-    python -m benchmarks anchors                           # 64 and 2,048 positions
-    python -m benchmarks anchors --positions 64 --prompts 1 --rounds 1   # a quick look
-    python -m benchmarks anchors --quantizer hqq-int --name anchors-hqq-int
+    river bench anchors                           # 64 and 2,048 positions
+    river bench anchors --positions 64 --prompts 1 --rounds 1   # a quick look
+    river bench anchors --quantizer hqq-int --name anchors-hqq-int
 
 Engines, each in a process of its own (`anchor_worker.py`), so each one's peak resident memory
 is its own:
@@ -26,13 +26,13 @@ Each prompt is GSM8K train text cut to the length; every round sends each prompt
 engine in turn, so drift of a shared machine hits all alike. ms/token is decode time over the
 tokens decoded after the first (which comes from prefill), median over prompts and rounds.
 Identity: an engine's greedy tokens against River's full depth, up to the first end of text.
-Writes docs/results/NAME.{md,json,png} (`--name`, default anchors); the "summary" holds issue
-21's figures.
+Writes NAME.{md,json,png} (`--name`, default anchors); the "summary" holds issue 21's figures
+(of the engines that ran: `--engines river` runs River's alone, without the anchors'
+environment).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import subprocess
@@ -41,14 +41,18 @@ from pathlib import Path
 
 import numpy as np
 
-from common import machine, median_us, write
-from context import prompt_of
 from river_core import QuantSpec, RiverModel
 from river_models import default_gguf
 from river_models.cache import cache_root
 from river_models.source import locate
 
-HERE = Path(__file__).resolve().parent
+from .library import anchor_worker
+
+from .library.output import Output, parser, plot_file
+from .library.output import command as run_command
+from .library.prompts import prompt_of
+from .library.timing import machine, median_us
+
 # GenAI's model builder needs torch and transformers; torch on the CPU wheel's pin
 ANCHOR_PACKAGES = ("llama-cpp-python==0.3.36", "onnxruntime-genai==0.18.0", "torch==2.13.0",
                    "transformers", "onnx-ir")
@@ -63,6 +67,7 @@ RIVER = {   # name: (config as `benchmarks lossless` names them, backbone dtype,
     "River int8 full depth": ("full", "int8", "none"),
     "River int8 lossless mode": (LOSSLESS, "int8", "none")}
 GGUF_TYPES = ("F32", "F16", "Q8_0")   # written from the embedded Q4_1 file; Q4_1 is itself
+ENGINES = ("river", "llamacpp", "genai")
 
 
 def anchors_python(given: str | None) -> Path:
@@ -120,14 +125,15 @@ def write_gguf(source: Path, target: Path, kind: str) -> Path:
     return target
 
 
-def genai_model(python: Path, precision: str) -> Path:
-    """The embedded model's float weights built for ONNX Runtime GenAI by its own model builder
-    (CPU, `precision` fp32 or int4, the builder's defaults otherwise), once."""
-    target = cache_root() / "anchors" / f"genai-{precision}"
+def genai_model(python: Path, precision: str, model: str | None) -> Path:
+    """The model's float weights built for ONNX Runtime GenAI by its own model builder (CPU,
+    `precision` fp32 or int4, the builder's defaults otherwise), once per model."""
+    folder = locate(model)
+    target = cache_root() / "anchors" / f"genai-{folder.name}-{precision}"
     if not (target / "genai_config.json").is_file():
         print(f"building the ONNX Runtime GenAI model ({precision})", file=sys.stderr, flush=True)
         built = subprocess.run([str(python), "-m", "onnxruntime_genai.models.builder", "-i",
-                                str(locate(None)), "-o", str(target), "-p", precision, "-e",
+                                str(folder), "-o", str(target), "-p", precision, "-e",
                                 "cpu", "-c", str(cache_root() / "anchors" / "genai-build")],
                                capture_output=True, text=True)
         if built.returncode:
@@ -139,8 +145,11 @@ class Worker:
     """One engine in its own process (anchor_worker.py's protocol)."""
 
     def __init__(self, python: Path, *args: str) -> None:
-        self.process = subprocess.Popen([str(python), str(HERE / "anchor_worker.py"), *args],
-                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        # River's engines as a module of this package (they need River); the anchors as a
+        # script in their own environment (no River there)
+        how = ["-m", anchor_worker.__name__] if args[0] == "river" else [anchor_worker.__file__]
+        self.process = subprocess.Popen([str(python), *how, *args], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, text=True)
         line = self.process.stdout.readline()
         if not line:
             raise SystemExit(f"the worker {' '.join(args)} did not start (its errors are above)")
@@ -165,8 +174,7 @@ def layer_costs(model: RiverModel, positions: int = 64) -> dict:
     b = model.backend
     ids = prompt_of(model, positions)
     b.prefill([ids], positions + 8, None)
-    b.begin(b.offset, b.offset + 1)
-    h = b.embed_ids(np.array([[ids[-1]]]))
+    h = b.embed([ids[-1]])
     cost = {}
     for name, run in (("layer", b.layer), ("stand_in", b.stand_in_layer)):
         cost[name] = median_us(lambda: [run(i, h, None) for i in range(b.num_layers)],
@@ -174,8 +182,8 @@ def layer_costs(model: RiverModel, positions: int = 64) -> dict:
     return cost
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    ap = parser("anchors", __doc__)
     ap.add_argument("--positions", type=int, nargs="+", default=[64, 2048])
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--prompts", type=int, default=2)
@@ -185,25 +193,36 @@ def main() -> None:
     ap.add_argument("--anchors-python", help="an interpreter with llama-cpp-python "
                     "and onnxruntime-genai (default: an environment of its own in the "
                     "benchmark cache)")
-    args = ap.parse_args()
+    ap.add_argument("--engines", nargs="+", default=list(ENGINES), choices=ENGINES)
+    args = ap.parse_args(argv)
+    out = Output(args)
     info = machine()
-    llama = anchors_python(args.anchors_python)   # llama.cpp's and GenAI's interpreter
-    q4 = default_gguf()
-    ggufs = {kind: write_gguf(q4, cache_root() / "anchors" / f"{q4.stem}.{kind}.gguf", kind)
-             for kind in GGUF_TYPES}
-    ggufs["Q4_1"] = q4
+    anchored = set(args.engines) - {"river"}
+    llama = anchors_python(args.anchors_python) if anchored else None
+    ggufs = {}
+    if "llamacpp" in args.engines:
+        q4 = default_gguf() if args.model is None else Path(args.model)
+        if q4.suffix != ".gguf":
+            raise SystemExit("llama.cpp runs a GGUF: give --model FILE.gguf or leave "
+                             "llamacpp out of --engines")
+        ggufs = {kind: write_gguf(q4, cache_root() / "anchors" / f"{q4.stem}.{kind}.gguf",
+                                  kind) for kind in GGUF_TYPES}
+        ggufs["Q4_1"] = q4
     print("measuring layer costs", file=sys.stderr, flush=True)
-    model = RiverModel.from_pretrained(backend="onnx", quant=QuantSpec(method=args.quantizer))
+    model = RiverModel.from_pretrained(args.model, backend="onnx",
+                                       quant=QuantSpec(method=args.quantizer))
     layers = layer_costs(model)
     prompts = {n: [prompt_of(model, n, offset=50 * p) for p in range(args.prompts)]
                for n in args.positions}
     del model
-    workers = {name: Worker(Path(sys.executable), "river", *how, args.quantizer)
-               for name, how in RIVER.items()}
+    workers = {name: Worker(Path(sys.executable), "river", *how, args.quantizer,
+                            args.model or "") for name, how in RIVER.items()}
     workers.update({f"llama.cpp {kind}": Worker(llama, "llamacpp", str(path))
                     for kind, path in ggufs.items()})
-    workers.update({f"ORT GenAI {p}": Worker(llama, "genai", str(genai_model(llama, p)))
-                    for p in GENAI_PRECISIONS})
+    if "genai" in args.engines:
+        workers.update({f"ORT GenAI {p}": Worker(llama, "genai",
+                                                 str(genai_model(llama, p, args.model)))
+                        for p in GENAI_PRECISIONS})
     runs: dict = {name: {str(n): [] for n in args.positions} for name in workers}
     for name, worker in workers.items():   # warm-up
         worker.generate(prompts[args.positions[0]][0], 4)
@@ -217,13 +236,13 @@ def main() -> None:
     loaded = {name: worker.loaded_rss_mb for name, worker in workers.items()}
     for worker in workers.values():
         worker.close()
-    command = "python -m benchmarks anchors " + " ".join(sys.argv[1:])
+    command = run_command("anchors", argv)
     payload = {"command": command, "machine": info, "tokens": args.tokens,
                "prompts": args.prompts, "rounds": args.rounds, "positions": args.positions,
                "quantizer": args.quantizer,
                "layer_us": layers, "loaded_rss_mb": loaded, **tabulate(runs, ggufs, layers)}
-    write(args.name, payload, report(payload))
-    plot(payload, args.name)
+    out.write(args.name, payload, report(payload))
+    plot(out, payload, args.name)
 
 
 def tabulate(runs: dict, ggufs: dict, layers: dict) -> dict:
@@ -237,7 +256,8 @@ def tabulate(runs: dict, ggufs: dict, layers: dict) -> dict:
         identical[name] = {n: sum(_same(r["tokens"], ref["tokens"]) for r, ref in
                                   zip(rs, reference[n])) / len(rs) for n, rs in by_n.items()}
         rss[name] = max(r["peak_rss_mb"] for rs in by_n.values() for r in rs)
-    over = lambda a, b: {n: ms[a][n] / ms[b][n] for n in ms[a]}
+    over = lambda a, b: {n: ms[a][n] / ms[b][n] for n in ms[a]} if a in ms and b in ms \
+        else None
     lengths = sorted(ms["River full depth"], key=int)
     short, long = lengths[0], lengths[-1]
     summary = {
@@ -270,8 +290,8 @@ def report(p: dict) -> str:
     lengths = [str(n) for n in p["positions"]]
     lines = ["# River against llama.cpp on the same weights", "",
              f"Machine: {info['cpu']}, {info['cores']} cores, copy bandwidth "
-             f"{info['memory_bandwidth_gb_s']} GB/s. Command: `{p['command']}`. Embedded "
-             f"SmolLM2-135M-Instruct, batch 1, {p['tokens']} greedy tokens, {p['prompts']} "
+             f"{info['memory_bandwidth_gb_s']} GB/s. Command: `{p['command']}`. "
+             f"Batch 1, {p['tokens']} greedy tokens, {p['prompts']} "
              f"GSM8K prompts per length, {p['rounds']} interleaved rounds; River's stand-ins "
              f"quantized by {p['quantizer']}.", "",
              "| engine | " + " | ".join(f"ms/token at {n}" for n in lengths) + " | " +
@@ -283,7 +303,7 @@ def report(p: dict) -> str:
         lines.append(f"| {name} | " + " | ".join(f"{by_n[n]:.1f}" for n in lengths) + " | " +
                      " | ".join(f"{same[n]:.0%}" for n in lengths) +
                      f" | {p['loaded_rss_mb'][name]:.0f} | {p['peak_rss_mb'][name]:.0f} |")
-    per = lambda d: ", ".join(f"{v:.2f}x at {n}" for n, v in d.items())
+    per = lambda d: "not run" if d is None else ", ".join(f"{v:.2f}x at {n}" for n, v in d.items())
     lines += ["", "Issue 21's figures:", "",
               f"- lossless mode against llama.cpp F32: {per(s['lossless_vs_llamacpp_f32'])} "
               "(target: at least 2x)",
@@ -317,13 +337,8 @@ def report(p: dict) -> str:
     return "\n".join(lines)
 
 
-def plot(p: dict, name: str) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from common import RESULTS
-
+def plot(out: Output, p: dict, name: str) -> None:
+    plt, save = plot_file(out, name)
     names = list(p["ms_per_token"])
     fig, ax = plt.subplots(figsize=(9, 4.5))
     width = 0.8 / len(p["positions"])
@@ -335,8 +350,7 @@ def plot(p: dict, name: str) -> None:
     ax.set_xlabel("ms per token (batch 1, lower is faster)")
     ax.set_title(f"River on onnx and llama.cpp, same weights ({p['machine']['cpu']})")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(RESULTS / f"{name}.png", dpi=120)
+    save(fig)
 
 
 if __name__ == "__main__":

@@ -6,29 +6,29 @@ the same with the cache stored in 8 bits (one scale per tensor, the kernel's own
 used by River yet), and the pattern River's graphs used before (the whole cache fed as an
 input, the queries of a K/V head as the rows of one matmul, scores masked additively).
 
-    python -m benchmarks attention
-    python -m benchmarks attention --positions 64 512 2048 --tokens 1 5
+    river bench attention
+    river bench attention --positions 64 512 2048 --tokens 1 5
 
 The embedded model's attention shape (9 query heads, 3 K/V heads of 64); one thread; the
 median of 300 calls after 20 warm-up calls, the cache hot in the CPU's caches (the best case
-for both). Writes docs/results/attention.{md,json}.
+for both). Writes attention.{md,json}.
 """
 
 from __future__ import annotations
-
-import argparse
-import sys
 
 import numpy as np
 import onnxruntime as ort
 from onnx import TensorProto, helper
 
-FLOAT = TensorProto.FLOAT
-
-from common import machine, median_us, write
 from river_onnx.graphs import IR_VERSION, OPSET
 
+from .library.output import Output, parser
+from .library.output import command as run_command
+from .library.timing import machine, median_us
+
+FLOAT = TensorProto.FLOAT
 HEADS, KV_HEADS, HEAD_DIM, NEW_TOKENS = 9, 3, 64, 96
+CALLS = [300]   # per measurement, after 20 warm-up calls (--calls)
 
 
 def _model(nodes, inputs, outputs, initializers=()):
@@ -79,23 +79,35 @@ def group_query_attention(int8: bool = False) -> bytes:
                    _tensor("present_v", None, elem)])
 
 
-def measure(positions: int, tokens: int, rng) -> dict:
+def session(model: bytes) -> ort.InferenceSession:
+    """One thread: its own, or the process's global pool where River's onnx engine made one
+    (of one thread) before."""
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
+    try:
+        return ort.InferenceSession(model, options)
+    except RuntimeError as e:
+        if "global thread pool" not in str(e):
+            raise
+        options.use_per_session_threads = False
+        return ort.InferenceSession(model, options)
+
+
+def measure(positions: int, tokens: int, rng) -> dict:
     capacity = positions + NEW_TOKENS
     cache = lambda: rng.standard_normal((1, KV_HEADS, capacity, HEAD_DIM), np.float32)
     rows = HEADS // KV_HEADS * tokens
-    masked = ort.InferenceSession(masked_whole_cache(), options)
+    masked = session(masked_whole_cache())
     q = rng.standard_normal((1, KV_HEADS, rows, HEAD_DIM), np.float32)
     mask = np.zeros((1, 1, rows, capacity), np.float32)
     mask[..., positions + tokens:] = -np.inf
     feeds = {"q": q, "past_k": cache(), "past_v": cache(), "mask": mask}
-    whole = median_us(lambda: masked.run(None, feeds), 300, 20)
+    whole = median_us(lambda: masked.run(None, feeds), CALLS[0], 20)
     q_rows = rng.standard_normal((1, tokens, HEADS * HEAD_DIM), np.float32)
     new = rng.standard_normal((1, tokens, KV_HEADS * HEAD_DIM), np.float32)
 
     def in_place(int8: bool) -> float:
-        gqa = ort.InferenceSession(group_query_attention(int8), options)
+        gqa = session(group_query_attention(int8))
         bound = gqa.io_binding()
         stored = (lambda: (cache() * 20).astype(np.int8)) if int8 else cache
         keys, values = (ort.OrtValue.ortvalue_from_numpy(stored()) for _ in "kv")
@@ -112,20 +124,23 @@ def measure(positions: int, tokens: int, rng) -> dict:
         bound.bind_ortvalue_output("present_k", keys)
         bound.bind_ortvalue_output("present_v", values)
         bound.bind_output("out")
-        return median_us(lambda: gqa.run_with_iobinding(bound), 300, 20)
+        return median_us(lambda: gqa.run_with_iobinding(bound), CALLS[0], 20)
     return {"GroupQueryAttention in place": in_place(False),
             "the same, int8 cache": in_place(True), "masked whole cache": whole}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    ap = parser("attention", __doc__, model=False)
     ap.add_argument("--positions", type=int, nargs="+", default=[64, 2048])
     ap.add_argument("--tokens", type=int, nargs="+", default=[1, 5])
-    args = ap.parse_args()
+    ap.add_argument("--calls", type=int, default=CALLS[0])
+    args = ap.parse_args(argv)
+    out = Output(args)
+    CALLS[0] = args.calls
     info, rng = machine(), np.random.default_rng(0)
     us = {f"{n} positions, {t} new": measure(n, t, rng) for n in args.positions
           for t in args.tokens}
-    command = "python -m benchmarks attention " + " ".join(sys.argv[1:])
+    command = run_command("attention", argv)
     payload = {"command": command, "machine": info, "onnxruntime": ort.__version__,
                "us_per_call": us}
     lines = ["# One layer's attention over a cache in ONNX Runtime", "",
@@ -135,7 +150,7 @@ def main() -> None:
              "|---|---|---|---|"]
     lines += [f"| {n} | " + " | ".join(f"{t:.0f}" for t in r.values()) + " |"
               for n, r in us.items()]
-    write("attention", payload, "\n".join(lines + [""]))
+    out.write("attention", payload, "\n".join(lines + [""]))
 
 
 if __name__ == "__main__":

@@ -1,41 +1,39 @@
 """Calibration's effect: profiles fitted on GSM8K train, then reported on test_dev beside the
 policy's uncalibrated default, in one interleaved tasks run.
 
-    python -m benchmarks calibration --backend onnx --prompts 64 \\
+    river bench calibration --backend onnx --prompts 64 \\
         --targets agreement=0.9 agreement=0.95 --gsm8k-limit 30
 
 Calibration prompts: GSM8K train problems past the few-shot exemplars, in the tasks
 benchmark's format but without its exemplars by default (--shots: each pass over a 4-shot
 prompt prefills ~700 tokens, which makes calibration about 5x slower). Each target gives one profile
-(`river calibrate`'s fit, saved under docs/results/calibration/); then `tasks` runs full depth,
-the default and every calibrated value on test_dev. Writes docs/results/calibration.{md,json,png}.
+(`river calibrate`'s fit, saved under calibration/ in the results folder); then `tasks` runs full depth,
+the default and every calibrated value on test_dev. Writes calibration.{md,json,png}.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import attrs
 import numpy as np
 
-import gsm8k
-from common import GSM8K_TRAIN, RESULTS, machine, write
-from river_core import ExitConfig, QuantSpec, RiverModel
 from river_cli.calibrate import calibrate
-from river_core.options import tuned
 from river_cli.profile import Target
-from tasks import MAIN_OPTION
+from river_core import ExitConfig, QuantSpec, RiverModel
+from river_core.options import tuned
 
-HERE = Path(__file__).resolve().parent
+from . import tasks
+from .library import gsm8k
+from .library.output import Output, parser, passed_on, plot_file
+from .library.output import command as run_command
+from .library.prompts import GSM8K_TRAIN
+from .library.runs import MAIN_OPTION
+from .library.timing import machine
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    ap = parser("calibration", __doc__)
     ap.add_argument("--backend", default="onnx")
     ap.add_argument("--policy", default="settled", choices=sorted(MAIN_OPTION))
     ap.add_argument("--prompts", type=int, default=64, help="GSM8K train calibration prompts")
@@ -44,10 +42,14 @@ def main() -> None:
     ap.add_argument("--targets", nargs="+", type=Target.parse,
                     default=[Target("agreement", 0.9), Target("agreement", 0.95)])
     ap.add_argument("--gsm8k-limit", type=int, default=30, help="test_dev problems")
+    ap.add_argument("--max-tokens", type=int, default=192, help="of each test_dev answer")
+    ap.add_argument("--layer-prompts", type=int, default=4,
+                    help="prompts of the per-layer table")
     ap.add_argument("--name", default="calibration")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    out = Output(args)
     info = machine()
-    model = RiverModel.from_pretrained(backend=args.backend, progress=True)
+    model = RiverModel.from_pretrained(args.model, backend=args.backend, progress=True)
     tok = model.backend.tokenizer
     shots = gsm8k.load(str(GSM8K_TRAIN), limit=gsm8k.SHOTS)
     problems = gsm8k.load(str(GSM8K_TRAIN), limit=args.prompts, offset=gsm8k.SHOTS)
@@ -58,28 +60,29 @@ def main() -> None:
     default = attrs.fields_dict(options)[option].default
     start = time.perf_counter()
     profiles = calibrate(model, prompts, config, args.targets, tokens=args.tokens,
-                         layer_prompts=4, model_name="default", precision=QuantSpec().label,
+                         layer_prompts=args.layer_prompts, model_name=args.model or "default", precision=QuantSpec().label,
                          source=f"GSM8K train {gsm8k.SHOTS}..{gsm8k.SHOTS + args.prompts - 1} "
                          f"({args.shots}-shot)", progress=True)
     seconds = time.perf_counter() - start
     for profile in profiles:
         target = profile.target
-        profile.save(RESULTS / "calibration" / f"{args.policy}-{target.metric}-"
+        profile.save(out.path("calibration") / f"{args.policy}-{target.metric}-"
                      f"{target.value:g}.json")
     del model   # the tasks run loads its own
     values = [round(p.options[option], 4) for p in profiles]
     configs = ["full", f"river/{args.policy}:{default}",
                *[f"river/{args.policy}:{v}" for v in values]]
     tasks_name = f"{args.name}-tasks-{args.backend}"
-    subprocess.run([sys.executable, str(HERE / "tasks.py"), "--backend", args.backend,
-                    "--configs", *configs, "--gsm8k-limit", str(args.gsm8k_limit),
-                    "--name", tasks_name], check=True)
-    rows = json.loads((RESULTS / f"{tasks_name}.json").read_text())["results"]
-    report(args, info, profiles, seconds, option, default, configs, rows)
+    tasks.main(["--backend", args.backend, "--configs", *configs, "--gsm8k-limit",
+                str(args.gsm8k_limit), "--max-tokens", str(args.max_tokens), "--name",
+                tasks_name, *passed_on(args)])
+    rows = out.read(tasks_name, "tasks")["results"]
+    report(out, args, info, profiles, seconds, option, default, configs, rows,
+           run_command("calibration", argv))
 
 
-def report(args, info, profiles, seconds, option, default, configs, rows) -> None:
-    command = "python -m benchmarks calibration " + " ".join(sys.argv[1:])
+def report(out, args, info, profiles, seconds, option, default, configs, rows,
+           command) -> None:
     lines = [f"# Calibration ({args.policy}, {args.backend} engine)", "",
              f"Command: `{command}`", "",
              f"Machine: {info['cpu']}, {info['cores']} cores. Calibrated on {args.prompts} GSM8K "
@@ -113,19 +116,15 @@ def report(args, info, profiles, seconds, option, default, configs, rows) -> Non
               "4 prompts): agreement with full depth's next token and the "
               "river's real K/V error in the skipped layers.", "",
               "![per-layer table](calibration.png)", ""]
-    write(args.name, {"command": command, "machine": info, "configs": configs,
-                      "profiles": [attrs.asdict(p) for p in profiles],
-                      "seconds": seconds, "test_dev": {c: rows[c] for c in configs}},
-          "\n".join(lines))
-    plot(layers)
+    out.write(args.name, {"command": command, "machine": info, "configs": configs,
+                          "profiles": [attrs.asdict(p) for p in profiles],
+                          "seconds": seconds, "test_dev": {c: rows[c] for c in configs}},
+              "\n".join(lines))
+    plot(out, layers)
 
 
-def plot(layers) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def plot(out, layers) -> None:
+    plt, save = plot_file(out, "calibration")
     k = np.array([r.exit_layer for r in layers])
     fig, ax = plt.subplots(figsize=(8, 4))
     ax.plot(k, [r.quality.agreement for r in layers], "o-", label="agreement (next token)")
@@ -139,8 +138,7 @@ def plot(layers) -> None:
         twin.legend(loc="lower right", fontsize=8)
     ax.legend(loc="lower left", fontsize=8)
     ax.set_title("Every token exiting after layer k")
-    fig.tight_layout()
-    fig.savefig(RESULTS / "calibration.png", dpi=110)
+    save(fig)
 
 
 if __name__ == "__main__":

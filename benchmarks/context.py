@@ -1,56 +1,48 @@
 """Decode-step cost against context length on River's engines: the backbone, River's exit
 mode and the whole 4-bit model, at short and long contexts, interleaved in one run.
 
-    python -m benchmarks context                          # onnx and hf, 64 and 2,048 positions
-    python -m benchmarks context --backends onnx --positions 64 512 2048 --tokens 32
+    river bench context                          # onnx and hf, 64 and 2,048 positions
+    river bench context --backends onnx --positions 64 512 2048 --tokens 32
 
 Each prompt is GSM8K train text, tokenized and cut to the length (questions joined until it is
 long enough). Every (engine, configuration, length) decodes `--tokens` tokens greedily after a
 warm-up generation; lengths and configurations take turns within each round, so drift of a
 shared machine hits all alike; the median decode step over the rounds counts. Writes
-docs/results/context.{md,json}; the summary is each configuration's step at the longest
+context.{md,json}; the summary is each configuration's step at the longest
 context over its step at the shortest (issue 21's target: at most 1.2x at 2,048 against 64
 on onnx).
 """
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 
-from common import GSM8K_TRAIN, gsm8k_questions, machine, write
 from river_core import ExitConfig, GenerationConfig, RiverModel
+
+from .library.output import Output, parser
+from .library.output import command as run_command
+from .library.prompts import prompt_of
+from .library.timing import machine
 
 CONFIGS = {"backbone": ExitConfig(kv="full"),
            "River exit mode": ExitConfig(),
            "whole 4-bit model": ExitConfig(policy="fixed", options={"layer": -1})}
 
 
-def prompt_of(model: RiverModel, length: int, offset: int = 0) -> list[int]:
-    """`length` tokens of GSM8K train questions from the `offset`th on, joined until long
-    enough."""
-    ids: list[int] = []
-    n = 8
-    while len(ids) < length:
-        ids = model.encode("\n\n".join(gsm8k_questions(GSM8K_TRAIN, n, offset)),
-                           chat=False)[0]
-        n *= 2
-    return ids[:length]
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    ap = parser("context", __doc__)
     ap.add_argument("--backends", nargs="+", default=["onnx", "hf"])
     ap.add_argument("--positions", type=int, nargs="+", default=[64, 2048])
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=3)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    out = Output(args)
     info = machine()
     gen = GenerationConfig(max_new_tokens=args.tokens)
     steps: dict = {}
     for backend in args.backends:
-        model = RiverModel.from_pretrained(backend=backend, progress=True)
+        model = RiverModel.from_pretrained(args.model, backend=backend, progress=True)
         prompts = {n: prompt_of(model, n) for n in args.positions}
         for config in CONFIGS.values():
             model.generate_ids([prompts[args.positions[0]]], config, gen)   # warm-up
@@ -68,11 +60,11 @@ def main() -> None:
     summary = {f"step_{long}_over_{short}": {
         b: {name: r[long] / r[short] for name, r in by_config.items()}
         for b, by_config in results.items()}}
-    command = "python -m benchmarks context " + " ".join(sys.argv[1:])
+    command = run_command("context", argv)
     payload = {"command": command, "machine": info, "tokens": args.tokens,
                "rounds": args.rounds, "positions": args.positions, "ms_per_step": results,
                "summary": summary}
-    write("context", payload, report(payload, short, long))
+    out.write("context", payload, report(payload, short, long))
 
 
 def report(p: dict, short: str, long: str) -> str:
@@ -80,7 +72,7 @@ def report(p: dict, short: str, long: str) -> str:
     ratio = p["summary"][f"step_{long}_over_{short}"]
     lines = ["# Decode-step cost against context length", "",
              f"Machine: {info['cpu']}, {info['cores']} cores. Command: `{p['command']}`. "
-             f"Embedded model, batch 1, {p['tokens']} greedy tokens per run, median decode "
+             f"Batch 1, {p['tokens']} greedy tokens per run, median decode "
              f"step over {p['rounds']} interleaved rounds.", "",
              "| engine | configuration | " + " | ".join(f"ms/step at {n}" for n in
                                                       p["positions"]) +

@@ -1,7 +1,7 @@
 """The speed levers tried for the fast step, each measured against its alternative.
 
-    python -m benchmarks levers
-    python -m benchmarks levers --only draft_head verification_ms   # some again, keep the rest
+    river bench levers
+    river bench levers --only draft_head verification_ms   # some again, keep the rest
 
 On the embedded model (float32 backbone, 4-bit HQQ stand-ins), one decoding token, median over
 repeats, cycling through all layers where weights are involved (cold caches, as in a real step):
@@ -23,7 +23,6 @@ repeats, cycling through all layers where weights are involved (cold caches, as 
 
 from __future__ import annotations
 
-import argparse
 import json
 import tempfile
 import time
@@ -31,29 +30,34 @@ from pathlib import Path
 
 import numpy as np
 
-from common import RESULTS, machine, median_us, write
 from river_core import QuantSpec
 from river_models import FUSED, PROJECTIONS, open_model, stand_ins
+
+from .library import gsm8k
+from .library.output import Output, parser
+from .library.output import command as run_command
+from .library.prompts import GSM8K_TRAIN
+from .library.timing import machine, median_us
 
 
 def fused_projections(checkpoint, quantized) -> dict:
     import torch
 
-    from river_hf.blocks import _fused, dense, packed
+    from river_models.torch_blocks import Dense, fused, packed
 
     cpu = torch.device("cpu")
     layers = checkpoint.weights.layers
     x = {n: torch.randn(1, 1, layers[0].projections[n].shape[1]) for n in PROJECTIONS}
     out = {}
     for kind, q in (("backbone", None), ("stand-in", quantized.layers)):
-        single = [{n: dense(l.projections[n], None, torch.float32, cpu) if q is None
+        single = [{n: Dense(l.projections[n], None, torch.float32, cpu) if q is None
                    else packed(q[i][n], None, torch.float32, cpu) for n in PROJECTIONS}
                   for i, l in enumerate(layers)]
-        fused = [{f: _fused(l, names, torch.float32, cpu, None if q is None else q[i])
+        joined = [{f: fused(l, names, torch.float32, cpu, None if q is None else q[i])
                   for f, names in FUSED.items()} for i, l in enumerate(layers)]
         with torch.inference_mode():
             seven = median_us(lambda: [p[n](x[n]) for p in single for n in PROJECTIONS])
-            four = median_us(lambda: [p[f](x[names[0]]) for p in fused
+            four = median_us(lambda: [p[f](x[names[0]]) for p in joined
                                       for f, names in FUSED.items()])
         out[kind] = {"seven_matmuls_us_per_layer": seven / len(layers),
                      "fused_four_us_per_layer": four / len(layers)}
@@ -64,7 +68,7 @@ def compiled_block(checkpoint, quantized) -> dict:
     import torch
     import torch.nn.functional as F
 
-    from river_hf.blocks import Block
+    from river_models.torch_blocks import Block
 
     spec, cpu = checkpoint.spec, torch.device("cpu")
     capacity, hd = 256, spec.head_dim
@@ -108,10 +112,10 @@ def compiled_block(checkpoint, quantized) -> dict:
     return out
 
 
-def onnx_tail() -> dict:
+def onnx_tail(model: str | None) -> dict:
     from river_core import RiverModel
 
-    backend = RiverModel.from_pretrained(backend="onnx", progress=True).backend
+    backend = RiverModel.from_pretrained(model, backend="onnx", progress=True).backend
     backend.prefill([[1] * 128], 200)
     h = backend.embed([5])
     start = 4   # a token that exits after layer 3
@@ -125,7 +129,7 @@ def onnx_tail() -> dict:
             "one_run_ms": median_us(lambda: backend.stand_in_tail(start, h, None)) / 1e3}
 
 
-def stand_in_zero_points() -> dict:
+def stand_in_zero_points(model: str | None) -> dict:
     """onnx, one decode token at 64 positions: a stand-in layer (cycling through the layers)
     and the whole 4-bit model's exit river (tail_0), with HQQ's float zero points (corrected
     by three extra nodes per projection) and with them rounded to integers (hqq-int)."""
@@ -134,16 +138,15 @@ def stand_in_zero_points() -> dict:
     from river_core import RiverModel
 
     def backend(method: str):
-        b = RiverModel.from_pretrained(backend="onnx", quant=QuantSpec(method=method),
+        b = RiverModel.from_pretrained(model, backend="onnx", quant=QuantSpec(method=method),
                                        progress=True).backend
         b.prefill([[1] * 64], 80)
-        b.begin(b.offset, b.offset + 1)
         return b
     runs = {method: backend(method) for method in ("hqq", "hqq-int")}
     out = {method: {} for method in runs}
     for _ in range(3):   # interleaved rounds
         for method, b in runs.items():
-            h = b.embed_ids(np.array([[5]]))
+            h = b.embed([5])
             layers = median_us(lambda: [b.stand_in_layer(i, h, None)
                                         for i in range(b.num_layers)], repeats=10)
             out[method].setdefault("stand_in_us", []).append(layers / b.num_layers)
@@ -187,7 +190,7 @@ def matmul_nbits(quantized) -> dict:
     return out
 
 
-def draft_head(checkpoint) -> dict:
+def draft_head(checkpoint, model_path: str | None) -> dict:
     """Time of the head and its copies on onnx, and their argmax agreement with float32 over
     the final states of the whole model at 4 bits."""
     import onnx
@@ -197,9 +200,6 @@ def draft_head(checkpoint) -> dict:
     from river_onnx import graphs
     from river_onnx.backend import sessions_for
     from river_onnx.quant import nbits
-
-    import gsm8k
-    from common import GSM8K_TRAIN
 
     weight = checkpoint.weights.head
     copies = {"int8": quantize(weight, QuantSpec(bits=8)),
@@ -215,7 +215,7 @@ def draft_head(checkpoint) -> dict:
                         location=f"head{len(times)}.data")
         session = make(path)
         times[label] = median_us(lambda: session.run(None, {"h": x})) / 1e3
-    model = RiverModel.from_pretrained(backend="hf")
+    model = RiverModel.from_pretrained(model_path, backend="hf")
     states = []
     backend = model.backend
     head = backend.logits
@@ -235,12 +235,12 @@ def draft_head(checkpoint) -> dict:
     return {"ms": times, "argmax_agreement": agree, "states": len(h)}
 
 
-def verification(repeats: int = 15) -> dict:
+def verification(model: str | None, repeats: int = 15) -> dict:
     """The hf backbone over m positions at once (speculative verification), ms."""
     from river_core import RiverModel
-    from river_hf.blocks import Dense
+    from river_models.torch_blocks import Dense
 
-    backend = RiverModel.from_pretrained(backend="hf").backend
+    backend = RiverModel.from_pretrained(model, backend="hf").backend
     backend.prefill([[1] * 300], 400)
     out = {}
     for label, rows in (("F.linear", range(0)), ("oneDNN prepacked", range(1, 17))):
@@ -254,7 +254,7 @@ def verification(repeats: int = 15) -> dict:
     return out
 
 
-def confidence_cost(repeats: int = 30) -> dict:
+def confidence_cost(model: str | None, repeats: int = 30) -> dict:
     """A decode step exiting after layer 3, with the early softmax read at no layer (a fixed
     rule), at layer 3 only, and at every layer from 0 (CALM from the first layer): ms, onnx,
     on the embedded model's 49,152-token vocabulary."""
@@ -275,7 +275,7 @@ def confidence_cost(repeats: int = 30) -> dict:
                 row.logits()
             return row.layer == 3
 
-    backend = RiverModel.from_pretrained(backend="onnx").backend
+    backend = RiverModel.from_pretrained(model, backend="onnx").backend
     n = backend.num_layers
     backend.prefill([[1] * 128], 128 + 3 * repeats * 12)
     rows = [Row(TransitionPredictor(backend.stand_in_error, np.zeros(n)), None)]
@@ -291,65 +291,71 @@ def confidence_cost(repeats: int = 30) -> dict:
     return out
 
 
-LEVERS = {"fused_projections": fused_projections, "torch_compile": compiled_block,
-          "onnx_tail": lambda checkpoint, quantized: onnx_tail(),
-          "matmul_nbits_us": lambda checkpoint, quantized: matmul_nbits(quantized),
-          "draft_head": lambda checkpoint, quantized: draft_head(checkpoint),
-          "verification_ms": lambda checkpoint, quantized: verification(),
-          "confidence_cost_ms": lambda checkpoint, quantized: confidence_cost(),
-          "stand_in_zero_points": lambda checkpoint, quantized: stand_in_zero_points()}
+LEVERS = {"fused_projections": lambda c, q, model: fused_projections(c, q),
+          "torch_compile": lambda c, q, model: compiled_block(c, q),
+          "onnx_tail": lambda c, q, model: onnx_tail(model),
+          "matmul_nbits_us": lambda c, q, model: matmul_nbits(q),
+          "draft_head": lambda c, q, model: draft_head(c, model),
+          "verification_ms": lambda c, q, model: verification(model),
+          "confidence_cost_ms": lambda c, q, model: confidence_cost(model),
+          "stand_in_zero_points": lambda c, q, model: stand_in_zero_points(model)}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    ap = parser("levers", __doc__)
     ap.add_argument("--only", nargs="+", choices=list(LEVERS),
                     help="measure these levers again and keep the other results")
-    args = ap.parse_args()
-    checkpoint = open_model(progress=True)
+    args = ap.parse_args(argv)
+    out = Output(args)
+    checkpoint = open_model(args.model, progress=True)
     quantized = stand_ins(checkpoint, QuantSpec(), progress=True)
-    previous = RESULTS / "levers.json"
+    previous = out.folder / "levers.json"
     kept = json.loads(previous.read_text()) if args.only and previous.is_file() else {}
     result = kept.get("result", {})
     info = machine()
     # which machine measured each lever: --only keeps results measured elsewhere
     ran_on = kept.get("ran_on") or {name: kept["machine"]["cpu"] for name in result}
     for name in args.only or LEVERS:
-        result[name] = LEVERS[name](checkpoint, quantized)
+        result[name] = LEVERS[name](checkpoint, quantized, args.model)
         ran_on[name] = info["cpu"]
-    f, c, t, m = (result[k] for k in ("fused_projections", "torch_compile", "onnx_tail",
-                                      "matmul_nbits_us"))
     machines = "; ".join(f"{cpu}: {', '.join(n for n in ran_on if ran_on[n] == cpu)}"
                          for cpu in dict.fromkeys(ran_on.values()))
-    lines = ["# Speed levers, embedded SmolLM2-135M-Instruct", "",
-             f"Command: `python -m benchmarks levers` (`--only NAME` measures one again). "
+    lines = [f"# Speed levers, {args.model or 'embedded SmolLM2-135M-Instruct'}", "",
+             f"Command: `{run_command('levers', argv)}` (`--only NAME` measures one again). "
              f"Machines, {info['cores']} cores, by lever: {machines}.", "",
              "| lever | without | with |", "|---|---|---|"]
-    for kind in ("backbone", "stand-in"):
-        lines.append(f"| fused Q/K/V and gate/up, {kind} matmuls per layer | "
-                     f"{f[kind]['seven_matmuls_us_per_layer']:.0f} µs (7 matmuls) | "
-                     f"{f[kind]['fused_four_us_per_layer']:.0f} µs (4) |")
-    for kind in ("backbone", "stand-in"):
-        lines.append(f"| torch.compile, one {kind} decode block | {c[kind]['eager_us']:.0f} µs "
-                     f"eager | {c[kind]['compiled_us']:.0f} µs compiled (after "
-                     f"{c[kind]['compile_seconds']:.0f} s compiling) |")
-    lines.append(f"| onnx exit river after layer {t['start'] - 1} ({t['layers']} stand-ins) | "
-                 f"{t['one_run_per_layer_ms']:.1f} ms, one session run per layer | "
-                 f"{t['one_run_ms']:.1f} ms, one run |")
-    lines += ["", "`MatMulNBits`, 1536x576 at 4 bits, one token:", "",
-              "| setting | µs |", "|---|---|"]
-    lines += [f"| {label} | {us:.0f} |" for label, us in m.items()]
-    d, v = result["draft_head"], result["verification_ms"]
-    lines += ["", f"The drafts' head, one token on onnx, and how often its argmax is float32's "
-              f"over {d['states']} final states of the whole model at 4 bits (4-shot GSM8K):",
-              "", "| head | ms | same token as float32 |", "|---|---|---|"]
-    same = {**d["argmax_agreement"], "float32": None}
-    lines += [f"| {k} | {ms:.2f} | {'-' if same[k] is None else format(same[k], '.1%')} |"
-              for k, ms in d["ms"].items()]
-    lines += ["", "Verification on hf: the backbone over m positions at once, ms:", "",
-              "| matmul | " + " | ".join(f"m={m}" for m in next(iter(v.values()))) + " |",
-              "|---" * (1 + len(next(iter(v.values())))) + "|"]
-    lines += [f"| {k} | " + " | ".join(f"{ms:.1f}" for ms in row.values()) + " |"
-              for k, row in v.items()]
+    if f := result.get("fused_projections"):
+        for kind in ("backbone", "stand-in"):
+            lines.append(f"| fused Q/K/V and gate/up, {kind} matmuls per layer | "
+                         f"{f[kind]['seven_matmuls_us_per_layer']:.0f} µs (7 matmuls) | "
+                         f"{f[kind]['fused_four_us_per_layer']:.0f} µs (4) |")
+    if c := result.get("torch_compile"):
+        for kind in ("backbone", "stand-in"):
+            lines.append(f"| torch.compile, one {kind} decode block | "
+                         f"{c[kind]['eager_us']:.0f} µs eager | {c[kind]['compiled_us']:.0f} "
+                         f"µs compiled (after {c[kind]['compile_seconds']:.0f} s compiling) |")
+    if t := result.get("onnx_tail"):
+        lines.append(f"| onnx exit river after layer {t['start'] - 1} ({t['layers']} "
+                     f"stand-ins) | {t['one_run_per_layer_ms']:.1f} ms, one session run per "
+                     f"layer | {t['one_run_ms']:.1f} ms, one run |")
+    if m := result.get("matmul_nbits_us"):
+        lines += ["", "`MatMulNBits`, layer 5's gate projection at 4 bits, one token:", "",
+                  "| setting | µs |", "|---|---|"]
+        lines += [f"| {label} | {us:.0f} |" for label, us in m.items()]
+    if d := result.get("draft_head"):
+        lines += ["", f"The drafts' head, one token on onnx, and how often its argmax is "
+                  f"float32's over {d['states']} final states of the whole model at 4 bits "
+                  f"(4-shot GSM8K):", "", "| head | ms | same token as float32 |",
+                  "|---|---|---|"]
+        same = {**d["argmax_agreement"], "float32": None}
+        lines += [f"| {k} | {ms:.2f} | {'-' if same[k] is None else format(same[k], '.1%')} |"
+                  for k, ms in d["ms"].items()]
+    if v := result.get("verification_ms"):
+        lines += ["", "Verification on hf: the backbone over m positions at once, ms:", "",
+                  "| matmul | " + " | ".join(f"m={m}" for m in next(iter(v.values()))) + " |",
+                  "|---" * (1 + len(next(iter(v.values())))) + "|"]
+        lines += [f"| {k} | " + " | ".join(f"{ms:.1f}" for ms in row.values()) + " |"
+                  for k, row in v.items()]
     if "confidence_cost_ms" in result:
         lines += ["", "A decode step exiting after layer 3 (onnx), reading the early softmax "
                   "(final norm and the 49,152-token head) where a confidence rule would:", "",
@@ -364,8 +370,8 @@ def main() -> None:
                   "|---|---|---|"]
         lines += [f"| {m} | {r['stand_in_us']:.0f} | {r['tail_0_ms']:.2f} |"
                   for m, r in z.items()]
-    write("levers", {"machine": info, "ran_on": ran_on, "result": result},
-          "\n".join(lines) + "\n")
+    out.write("levers", {"machine": info, "ran_on": ran_on, "result": result},
+              "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -1,16 +1,16 @@
 """Lossless River (speculative mode) against the backbone, lossy River and the whole 4-bit
 model: one interleaved run per engine on GSM8K and HumanEval.
 
-    python -m benchmarks lossless --backend onnx --name lossless-onnx
-    python -m benchmarks lossless --backend hf --name lossless-hf
-    python -m benchmarks lossless --report lossless-hf lossless-onnx
+    river bench lossless --backend onnx --name lossless-onnx
+    river bench lossless --backend hf --name lossless-hf
+    river bench lossless --report lossless-hf lossless-onnx
 
-The first two write one engine's records and table (docs/results/NAME.md); --report writes
-docs/results/lossless.{md,json,png} from both, with a top-level "summary" per engine
+The first two write one engine's records and table (NAME.md); --report writes
+lossless.{md,json,png} from both, with a top-level "summary" per engine
 (lossless_speedup_vs_backbone, identical_outputs, acceptance, tokens per round). Tuning, on
 GSM8K train past the few-shot exemplars (the draft length and the draft's exit):
 
-    python -m benchmarks lossless --backend onnx --gsm8k ../shared/data/gsm8k/train.jsonl \\
+    river bench lossless --backend onnx --gsm8k ../shared/data/gsm8k/train.jsonl \\
         --gsm8k-offset 100 --gsm8k-limit 16 --humaneval-limit 0 --configs full \\
         lossless/fixed:-1/2= lossless/fixed:-1/4= lossless/fixed:-1/6= lossless/fixed:-1/8= \\
         lossless/fixed:-1/4 lossless/fixed:-1/6 lossless/fixed:-1/8 lossless/settled:0.97/6 \\
@@ -26,7 +26,6 @@ measured memory bandwidth.
 
 from __future__ import annotations
 
-import argparse
 import resource
 import sys
 import time
@@ -35,12 +34,15 @@ import attrs
 import numpy as np
 from tqdm import tqdm
 
-import gsm8k
-import humaneval
-from common import (GSM8K_TRAIN, RESULTS, engine_heading, first_divergence, runs_by_engine,
-                    write)
 from river_core import ConfigError, ExitConfig, GenerationConfig, RiverModel
-from tasks import MAIN_OPTION, Run
+
+from .library import gsm8k, humaneval
+from .library.output import Output, parser, plot_file
+from .library.output import command as run_command
+from .library.measures import first_divergence
+from .library.output import engine_heading
+from .library.prompts import GSM8K_TRAIN
+from .library.runs import MAIN_OPTION, Run
 
 DEFAULT_CONFIGS = ("full", "quantized", "river", "lossless/settled:0.97/4=",
                    "lossless/fixed:-1/4=", "lossless/fixed:-1/4")
@@ -208,8 +210,8 @@ def table(rows: dict) -> list[str]:
     return lines
 
 
-def report(names: list[str]) -> None:
-    engines = runs_by_engine(names, "lossless")
+def report(out, names: list[str]) -> None:
+    engines = out.runs_by_engine(names, "lossless")
     lines = ["# Lossless River: the exit river as a self-speculative draft", "",
              "Each engine in its own interleaved run (same problems, configs rotated per "
              "problem, greedy, batch 1); speed is all decode time over all decoded tokens, "
@@ -218,18 +220,14 @@ def report(names: list[str]) -> None:
              "(groups of 64) and the head's int8 stand-in.", ""]
     for engine, run in engines.items():
         lines += [*engine_heading(engine, run), *table(run["results"]), ""]
-    write("lossless", {"summary": {e: r["summary"] for e, r in engines.items()},
+    out.write("lossless", {"summary": {e: r["summary"] for e, r in engines.items()},
                        "runs": {e: r["results"] for e, r in engines.items()}},
           "\n".join(lines + ["![lossless](lossless.png)", ""]))
-    plot(engines)
+    plot(out, engines)
 
 
-def plot(engines: dict) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def plot(out, engines: dict) -> None:
+    plt, save = plot_file(out, "lossless")
     fig, axes = plt.subplots(1, len(engines), figsize=(6 * len(engines), 4.5), squeeze=False)
     for ax, (engine, run) in zip(axes[0], engines.items()):
         rows = run["results"]
@@ -246,12 +244,11 @@ def plot(engines: dict) -> None:
         ax.set_xlabel("speedup over the float32 backbone")
         ax.set_title(f"{engine}: green = every output identical to full depth")
         ax.set_xlim(0, max(speed) * 1.45)
-    fig.tight_layout()
-    fig.savefig(RESULTS / "lossless.png", dpi=110)
+    save(fig)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    ap = parser("lossless", __doc__)
     ap.add_argument("--configs", nargs="+", default=list(DEFAULT_CONFIGS))
     ap.add_argument("--backend", default="onnx")
     ap.add_argument("--gsm8k", default=str(GSM8K_TRAIN.with_name("test_dev.jsonl")))
@@ -262,30 +259,31 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=160)
     ap.add_argument("--name", default="lossless-onnx")
     ap.add_argument("--report", nargs="*", metavar="RUN",
-                    help="write docs/results/lossless.* from these runs' results instead")
-    args = ap.parse_args()
+                    help="write lossless.* from these runs' results instead")
+    args = ap.parse_args(argv)
+    out = Output(args)
     if args.report is not None:
-        return report(args.report or ["lossless-hf", "lossless-onnx"])
+        return report(out, args.report or ["lossless-hf", "lossless-onnx"])
     try:
         configs = [Config.parse(c) for c in args.configs]
     except ConfigError as e:
         ap.error(str(e))
     if "full" not in args.configs:
         ap.error("include `full`: every ratio is taken against it")
-    run = Run(args.name)
-    model = RiverModel.from_pretrained(backend=args.backend, progress=True)
+    run = Run(out.runs, args.name)
+    model = RiverModel.from_pretrained(args.model, backend=args.backend, progress=True)
     for c in configs:   # warm every path (and pack the verification weights) before timing
         generate(model, "Question: What is 2 + 3?\nAnswer:", c, 8, gsm8k.STOP)
     start = time.perf_counter()
     run_tasks(args, model, configs, run)
     rows = summarize(configs, run, run.machine["memory_bandwidth_gb_s"] * 1e9,
                      model.backend.num_layers)
-    command = "python -m benchmarks lossless " + " ".join(sys.argv[1:])
+    command = run_command("lossless", argv)
     info = run.machine | {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
     payload = {"args": vars(args), "command": command, "machine": info, "results": rows,
                "summary": summary(rows) if any(k.startswith("lossless") for k in rows) else None,
                "seconds": time.perf_counter() - start}
-    write(args.name, payload, "\n".join([
+    out.write(args.name, payload, "\n".join([
         f"# Lossless River ({args.backend})", "", f"Command: `{command}`", "",
         f"Machine: {info['cpu']}, {info['cores']} cores, copy bandwidth "
         f"{info['memory_bandwidth_gb_s']} GB/s, peak RSS {info['peak_rss_mb']:.0f} MB.", "",

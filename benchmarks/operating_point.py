@@ -1,7 +1,7 @@
 """Speed at the paper's operating point: backbone, whole model at 4 bits, fixed exits, per layer.
 
-    python -m benchmarks operating_point --backend hf --model default
-    python -m benchmarks operating_point --backend onnx --model llama-1b-shape
+    river bench operating_point --backend hf --model default
+    river bench operating_point --backend onnx --model llama-1b-shape
 
 `default` is the embedded SmolLM2-135M-Instruct; `llama-1b-shape` is a random-weight model of
 Llama-3.2-1B's shape (16 layers, hidden 2048, MLP 8192, 32/8 heads, vocab 128256, tied
@@ -15,7 +15,6 @@ Per-layer costs cycle through all layers, so no layer's weights stay in the CPU 
 
 from __future__ import annotations
 
-import argparse
 import tempfile
 import time
 from pathlib import Path
@@ -23,10 +22,13 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from common import machine, write
 from river_core import ExitConfig, GenerationConfig, QuantSpec, RiverModel
 from river_models import open_model, stand_ins
 from river_models.spec import Checkpoint, LayerWeights, ModelSpec, Rotary, Weights
+
+from .library.output import Output, parser
+from .library.output import command as run_command
+from .library.timing import machine
 
 EXITS = (1, 3, 7)   # exit after these layers: 2, 4 and 8 backbone layers run
 
@@ -56,14 +58,15 @@ def llama_1b_shape(seed: int = 0) -> Checkpoint:
                       Weights(embed, np.ones(hidden, np.float32), embed, layers), NoText())
 
 
-def backends(name: str, model: str, quant: QuantSpec, dtypes: list[str]) -> dict:
-    """dtype -> backend over the chosen model."""
-    if model == "default":
-        checkpoint = open_model(progress=True)
+def backends(name: str, model: str | None, shape: str | None, quant: QuantSpec,
+             dtypes: list[str]) -> dict:
+    """dtype -> backend over the chosen model (a random one of `shape`, if given)."""
+    if shape is None:
+        checkpoint = open_model(model, progress=True)
     else:
         checkpoint = llama_1b_shape()
         quant = QuantSpec(bits=quant.bits, group_size=quant.group_size, method="rtn")
-    quantized = stand_ins(checkpoint, quant, progress=True, cache=model == "default")
+    quantized = stand_ins(checkpoint, quant, progress=True, cache=shape is None)
     if name == "hf":
         import torch
 
@@ -95,30 +98,33 @@ def layer_costs(backend, repeats: int) -> tuple[float, float]:
     return float(np.median(costs["layer"])), float(np.median(costs["stand_in_layer"]))
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    ap = parser("operating_point", __doc__)
     ap.add_argument("--backend", default="hf", choices=["hf", "onnx"])
-    ap.add_argument("--model", default="default", choices=["default", "llama-1b-shape"])
+    ap.add_argument("--shape", choices=["llama-1b-shape"],
+                    help="a random model of this shape instead of --model")
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--prompt-tokens", type=int, default=128)
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--bf16", action="store_true", help="hf: time the backbone in bfloat16 too")
     ap.add_argument("--name", default=None)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    out = Output(args)
     info = machine()
     bandwidth = info["memory_bandwidth_gb_s"] * 1e9
     dtypes = ["float32", "bfloat16"] if args.bf16 and args.backend == "hf" else ["float32"]
-    made = backends(args.backend, args.model, QuantSpec(), dtypes)
+    made = backends(args.backend, args.model, args.shape, QuantSpec(), dtypes)
     main_backend = made["float32"]
     n = main_backend.num_layers
     configs = {"full": ExitConfig(kv="full"),
                "whole model 4-bit": ExitConfig(policy="fixed", options={"layer": -1}),
                **{f"exit after {k + 1} layers": ExitConfig(policy="fixed", options={"layer": k})
-                  for k in EXITS}}
+                  for k in EXITS if k < n - 1}}
     runs = [(label, "float32", c) for label, c in configs.items()] + \
         [("full (bfloat16 backbone)", d, configs["full"]) for d in dtypes if d != "float32"]
     rng = np.random.default_rng(1)
-    prompts = [rng.integers(3, 1000, args.prompt_tokens).tolist() for _ in range(args.prompts)]
+    vocab = min(1000, main_backend.spec.vocab)
+    prompts = [rng.integers(3, vocab, args.prompt_tokens).tolist() for _ in range(args.prompts)]
     gen = GenerationConfig(max_new_tokens=args.tokens)
     models = {d: RiverModel(b) for d, b in made.items()}
     steps = {label: [] for label, _, _ in runs}
@@ -127,9 +133,9 @@ def main() -> None:
         models[d].generate_ids([prompts[0][:16]], c, GenerationConfig(max_new_tokens=4))
     for p, prompt in enumerate(tqdm(prompts, desc="prompts")):
         for label, d, c in runs[p % len(runs):] + runs[:p % len(runs)]:
-            out = models[d].generate_ids([prompt], c, gen)
-            steps[label] += out.step_seconds
-            exits[label] += out.exit_layers[0]
+            result = models[d].generate_ids([prompt], c, gen)
+            steps[label] += result.step_seconds
+            exits[label] += result.exit_layers[0]
     positions = args.prompt_tokens + args.tokens / 2
     backbone_us, stand_in_us = layer_costs(main_backend, 5)
     rows = {}
@@ -145,11 +151,11 @@ def main() -> None:
         r["ideal_speedup_from_bytes"] = base["bytes_per_token"] / r["bytes_per_token"]
         r["share_of_ideal"] = r["speedup"] / r["ideal_speedup_from_bytes"]
         r["share_of_limit"] = r["limit_ms_per_token"] / r["ms_per_token"]
-    name = args.name or f"operating-point-{args.backend}-{args.model}"
-    command = f"python -m benchmarks operating_point --backend {args.backend} --model " \
-              f"{args.model} --prompts {args.prompts} --prompt-tokens {args.prompt_tokens} " \
-              f"--tokens {args.tokens}" + (" --bf16" if args.bf16 else "")
-    lines = [f"# Operating point: {args.model}, {args.backend} backend, {n} layers", "",
+    label = args.shape or ("default" if args.model is None else "model")
+    name = args.name or f"operating-point-{args.backend}-{label}"
+    command = run_command("operating_point", argv)
+    lines = [f"# Operating point: {args.shape or args.model or 'the embedded model'}, "
+             f"{args.backend} backend, {n} layers", "",
              f"Command: `{command}`. Machine: {info['cpu']}, {info['cores']} cores, copy "
              f"bandwidth {info['memory_bandwidth_gb_s']} GB/s.", "",
              f"Per layer, one decoding token, all layers in turn: backbone {backbone_us:.0f} µs, "
@@ -161,7 +167,7 @@ def main() -> None:
                      f"{r['speedup']:.2f}x | {r['limit_ms_per_token']:.1f} "
                      f"({100 * r['share_of_limit']:.0f}%) | {r['ideal_speedup_from_bytes']:.2f}x | "
                      f"{r['share_of_ideal']:.2f} |")
-    write(name, {"machine": info, "command": command, "backbone_layer_us": backbone_us,
+    out.write(name, {"machine": info, "command": command, "backbone_layer_us": backbone_us,
                  "stand_in_layer_us": stand_in_us, "results": rows}, "\n".join(lines) + "\n")
 
 

@@ -1,7 +1,7 @@
 """The oracle's headroom (analysis only, never fast): per token, the shallowest exit whose
 river output has full depth's top-1, and where the exit policies send the same tokens.
 
-    python -m benchmarks oracle --backend onnx --gsm8k-limit 20 \\
+    river bench oracle --backend onnx --gsm8k-limit 20 \\
         --policies settled:0.97 similarity:1.5 cascade:0.3
 
 Teacher forcing on GSM8K reference solutions (test_dev, 4-shot prompts). Per token, with the
@@ -11,26 +11,29 @@ depth's; the backbone then runs again to put its exact K/V back. The speed the o
 is its exit mix priced at the measured decode-step time of each fixed exit (the same engine, a
 single-token step). Policies run as in River (their own exits, river K/V in the cache), on the
 same tokens: their exit histograms and NLL delta against full depth. Writes
-docs/results/oracle.{md,json,png}.
+oracle.{md,json,png}.
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 
 import numpy as np
 from tqdm import tqdm
 
-import gsm8k
-from common import GSM8K_TRAIN, RESULTS, machine, write
 from river_core import ExitConfig, RiverModel
 from river_core.decode import Row, Run, decode_step
 from river_core.kv import River
 from river_core.predictor import TransitionPredictor
 from river_policies import FixedDepth
-from tasks import MAIN_OPTION
+
+from .library import gsm8k
+from .library.output import Output, parser, plot_file
+from .library.output import command as run_command
+from .library.prompts import GSM8K_TRAIN
+from .library.runs import MAIN_OPTION
+from .library.timing import machine
 
 
 def oracle_exits(backend, prompt: list[int], continuation: list[int]) -> list[int]:
@@ -42,7 +45,7 @@ def oracle_exits(backend, prompt: list[int], continuation: list[int]) -> list[in
     for token in continuation:
         states = [backend.embed([token])]
         for i in range(n):
-            states.append(backend.layer(i, states[-1], None))
+            states.append(backend.layer(i, states[-1], None)[0])
         top = int(backend.logits(states[-1])[0].argmax())
         river = River()
         k = next((k for k in range(-1, n - 1) if int(backend.logits(river.skipped_tail(
@@ -76,16 +79,17 @@ def policy_config(text: str) -> ExitConfig:
     return ExitConfig(policy=policy, options={MAIN_OPTION[policy]: float(value)})
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    ap = parser("oracle", __doc__)
     ap.add_argument("--backend", default="onnx")
     ap.add_argument("--gsm8k", default=str(GSM8K_TRAIN.with_name("test_dev.jsonl")))
     ap.add_argument("--gsm8k-limit", type=int, default=20)
     ap.add_argument("--policies", nargs="*", default=["settled:0.97", "similarity:1.5",
                                                        "cascade:0.3"])
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    out = Output(args)
     info = machine()
-    model = RiverModel.from_pretrained(backend=args.backend, progress=True)
+    model = RiverModel.from_pretrained(args.model, backend=args.backend, progress=True)
     b, n = model.backend, model.backend.num_layers
     tok = b.tokenizer
     shots = gsm8k.load(str(GSM8K_TRAIN), limit=gsm8k.SHOTS)
@@ -116,7 +120,7 @@ def main() -> None:
         rows[p] = {"mean_layers_run": float(ks.mean() + 1), "ms_per_token": price(ks),
                    "speedup": full_ms / price(ks), "nll_delta": float(np.mean(nll[p])),
                    "histogram": np.bincount(ks + 1, minlength=n + 1).tolist()}
-    command = "python -m benchmarks oracle " + " ".join(sys.argv[1:])
+    command = run_command("oracle", argv)
     lines = ["# The oracle's headroom", "", f"Command: `{command}`", "",
              f"Machine: {info['cpu']}, {info['cores']} cores; engine {args.backend}. "
              f"{len(found)} tokens of {len(problems)} GSM8K test_dev reference solutions.", "",
@@ -135,18 +139,14 @@ def main() -> None:
         delta = f"{r['nll_delta']:+.3f}" if "nll_delta" in r else "0 (top-1 kept)"
         lines.append(f"| {label} | {r['mean_layers_run']:.2f} | {r['ms_per_token']:.2f} | "
                      f"{r['speedup']:.2f}x | {delta} |")
-    write("oracle", {"command": command, "machine": info, "engine": args.backend,
+    out.write("oracle", {"command": command, "machine": info, "engine": args.backend,
                      "tokens": len(found), "step_ms_by_exit": times.tolist(), "rows": rows},
           "\n".join(lines + ["", "![exit histograms](oracle.png)", ""]))
-    plot(rows, n)
+    plot(out, rows, n)
 
 
-def plot(rows: dict, n: int) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def plot(out, rows: dict, n: int) -> None:
+    plt, save = plot_file(out, "oracle")
     fig, ax = plt.subplots(figsize=(9, 4.5))
     width = 0.8 / len(rows)
     for j, (label, r) in enumerate(rows.items()):
@@ -158,8 +158,7 @@ def plot(rows: dict, n: int) -> None:
     ax.set_yscale("log")
     ax.legend(fontsize=8)
     ax.set_title("Where tokens leave: the oracle beside the exit policies")
-    fig.tight_layout()
-    fig.savefig(RESULTS / "oracle.png", dpi=110)
+    save(fig)
 
 
 if __name__ == "__main__":

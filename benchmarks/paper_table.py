@@ -1,14 +1,14 @@
 """The paper's table on the embedded model: one task run per engine, side by side.
 
-    python -m benchmarks tasks --backend onnx --configs full quantized river/settled:0.97 \\
+    river bench tasks --backend onnx --configs full quantized river/settled:0.97 \\
         river:1.5 propagate/settled:0.97 mask/settled:0.97 monotonic/settled:0.97 \\
         recompute/settled:0.97 --gsm8k-limit 24 --humaneval-limit 6 --max-tokens 160 \\
         --name paper-table-onnx
     (the same with --backend hf --name paper-table-hf)
-    python -m benchmarks paper_table
+    river bench paper_table
 
-Reads docs/results/paper-table-{hf,onnx}.json (each one interleaved run of one engine) and
-writes docs/results/paper-table.{md,json,png}: backbone, whole model at 4 bits, River and the
+Reads paper-table-{hf,onnx}.json (each one interleaved run of one engine) from the results
+folder and writes paper-table.{md,json,png}: backbone, whole model at 4 bits, River and the
 peer strategies at River's exits, with accuracy, agreement, NLL delta, speed and exit
 histograms, and a top-level "summary" with, per engine, the paper's three figures for the best
 River setting (river_speedup_vs_backbone, river_speed_vs_full_quant, nll_gap_recovered).
@@ -16,21 +16,23 @@ River setting (river_speedup_vs_backbone, river_speed_vs_full_quant, nll_gap_rec
 
 from __future__ import annotations
 
-import argparse
 
 import numpy as np
 
-from common import RESULTS, engine_heading, runs_by_engine, write
-from tasks import paper_summary
+from .library.output import Output, parser, plot_file
+from .library.output import engine_heading
+from .library.runs import paper_summary
+
 
 ENGINES = ("hf", "onnx")
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    ap = parser("paper_table", __doc__, model=False)
     ap.add_argument("--runs", nargs="+", default=[f"paper-table-{e}" for e in ENGINES])
-    args = ap.parse_args()
-    engines = runs_by_engine(args.runs, "tasks")
+    args = ap.parse_args(argv)
+    out = Output(args)
+    engines = out.runs_by_engine(args.runs, "tasks")
     summary = {e: paper_summary(r["results"]) for e, r in engines.items()}
     lines = ["# The paper's table on the embedded SmolLM2-135M-Instruct", "",
              "Each engine in its own interleaved run (same problems, same configs); speedups "
@@ -38,8 +40,8 @@ def main() -> None:
              "GSM8K accuracy is 0-2% for every config (a 135M model), so agreement with full "
              "depth and the NLL delta on reference solutions carry the signal.", ""]
     for engine, run in engines.items():
-        lines += [*engine_heading(engine, run), "| config | GSM8K | HumanEval | same output as full | NLL delta | "
-                  "ms/token | speedup | vs whole 4-bit | layers run |", "|---" * 9 + "|"]
+        lines += [*engine_heading(engine, run), "| config | GSM8K | HumanEval | same output "
+                  "as full | NLL delta | ms/token | speedup | vs whole 4-bit | layers run |", "|---" * 9 + "|"]
         rows = run["results"]
         quant = rows["quantized"]["speedup"]
         for label, r in rows.items():
@@ -63,17 +65,13 @@ def main() -> None:
                              f"speed, {100 * f['nll_gap_recovered']:.0f}% of its NLL gap "
                              f"recovered.")
             lines.append("")
-    plot = _plot(engines)
+    plot = _plot(out, engines)
     lines += ["", f"![exit histograms and frontier]({plot})", ""]
-    write("paper-table", {"summary": summary, "runs": list(args.runs)}, "\n".join(lines))
+    out.write("paper-table", {"summary": summary, "runs": list(args.runs)}, "\n".join(lines))
 
 
-def _plot(engines: dict) -> str:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def _plot(out, engines: dict) -> str:
+    plt, save = plot_file(out, "paper-table")
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
     markers = {"hf": "o", "onnx": "s"}
     for engine, run in engines.items():
@@ -92,10 +90,8 @@ def _plot(engines: dict) -> str:
     axes[1].set_xlabel("backbone layers run by a token")
     axes[1].set_ylabel("share of decode steps")
     axes[1].legend(fontsize=7)
-    fig.tight_layout()
-    name = "paper-table.png"
-    fig.savefig(RESULTS / name, dpi=110)
-    return name
+    save(fig)
+    return "paper-table.png"
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """How well exit scores track the real stand-in K/V error of exiting, on the embedded model.
 
-    python -m benchmarks predictor_fidelity --prompts 4 --tokens 24
+    river bench predictor_fidelity --prompts 4 --tokens 24
 
 For each decoded token (greedy, full depth) and each candidate exit layer k, the token's exit
 river is run from h_k and the real cumulative error sum_{j>k} rel_err(K/V_j river, K/V_j full)
@@ -13,7 +13,6 @@ tokens, and across tokens at a fixed k (what tells tokens apart).
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -21,10 +20,15 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from common import GSM8K_TRAIN, RESULTS, gsm8k_questions, machine, pearson, spearman, write
 from river_core import QuantSpec, RiverModel
 from river_core.predictor import TransitionPredictor
 from river_core.predictor import relative_error
+
+from .library.output import Output, parser, plot_file
+from .library.output import command as run_command
+from .library.measures import pearson, spearman
+from .library.prompts import GSM8K_TRAIN, gsm8k_questions
+from .library.timing import machine
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -38,14 +42,16 @@ def across_tokens(predicted, measured, per_token: int) -> float:
     return float(np.nanmean([spearman(p[:, k], m[:, k]) for k in range(per_token)]))
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    ap = parser("predictor_fidelity", __doc__)
     ap.add_argument("--data", type=Path, default=GSM8K_TRAIN)
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--tokens", type=int, default=24)
     ap.add_argument("--bits", type=int, default=4)
-    args = ap.parse_args()
-    model = RiverModel.from_pretrained(quant=QuantSpec(bits=args.bits), progress=True)
+    args = ap.parse_args(argv)
+    out = Output(args)
+    model = RiverModel.from_pretrained(args.model, quant=QuantSpec(bits=args.bits),
+                                       progress=True)
     b = model.backend
     n = b.num_layers
     predicted, measured, token_corr, settled, cosines = [], [], [], [], []
@@ -60,25 +66,26 @@ def main() -> None:
                 h = b.embed([token])
                 states, pred, moved = [], [], []
                 for i in range(n):
-                    out = b.layer(i, h, None)
-                    moved.append(1 - min(b.sub_block_similarity(None)[0]))
-                    p.observe(i, b.similarity(h, out, None)[0])
+                    after, sub_blocks = b.layer(i, h, None, sub_blocks=True)
+                    moved.append(1 - float(min(sub_blocks[0])))
+                    p.observe(i, b.similarity(h, after, None)[0])
                     pred.append(p.predicted_error(i))
-                    h = out
+                    h = after
                     states.append(h)
                 p.end_token()
-                full_kv = [(b._cache.k[j, :, :, pos].clone(), b._cache.v[j, :, :, pos].clone())
+                cache = b.cache
+                full_kv = [(cache.k[j, :, :, pos].clone(), cache.v[j, :, :, pos].clone())
                            for j in range(n)]
                 real = []
                 for k in range(n - 1):
                     x, total = states[k], 0.0
                     for j in range(k + 1, n):
                         x = b.stand_in_layer(j, x, None)
-                        total += max(rel(b._cache.k[j, :, :, pos], full_kv[j][0]),
-                                     rel(b._cache.v[j, :, :, pos], full_kv[j][1]))
+                        total += max(rel(cache.k[j, :, :, pos], full_kv[j][0]),
+                                     rel(cache.v[j, :, :, pos], full_kv[j][1]))
                     real.append(total)
                 for j, (k_, v_) in enumerate(full_kv):
-                    b._cache.k[j, :, :, pos], b._cache.v[j, :, :, pos] = k_, v_
+                    cache.k[j, :, :, pos], cache.v[j, :, :, pos] = k_, v_
                 token = int(b.logits(h)[0].argmax())
                 b.commit()
                 predicted += pred[:-1]
@@ -104,24 +111,20 @@ def main() -> None:
                   [round(float(c), 3) for c in np.median(cosines, axis=0)],
               "samples": len(predicted)}
     try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt, save = plot_file(out, "predictor-fidelity")
         fig, ax = plt.subplots(figsize=(5, 4))
         ax.scatter(measured, predicted, s=4, alpha=0.4)
         ax.set_xlabel("measured cumulative stand-in K/V error")
         ax.set_ylabel("predicted E(k)")
-        ax.set_title(f"int{args.bits} stand-ins, SmolLM2-135M, Spearman "
+        ax.set_title(f"int{args.bits} stand-ins, {args.model or 'SmolLM2-135M'}, Spearman "
                      f"{result['spearman']:.2f}")
-        fig.tight_layout()
-        fig.savefig(RESULTS / "predictor-fidelity.png", dpi=110)
+        save(fig)
         plot = "\n![predicted vs measured](predictor-fidelity.png)\n"
     except ImportError:
         plot = "\n(install the `bench` extra for the plot)\n"
-    md = (f"# Exit scores against the real K/V error, int{args.bits} stand-ins, embedded "
-          f"SmolLM2-135M-Instruct\n\n"
-          f"Command: `python -m benchmarks predictor_fidelity --prompts {args.prompts} --tokens "
-          f"{args.tokens} --bits {args.bits}`. Machine: {info['cpu']}, "
+    md = (f"# Exit scores against the real K/V error, int{args.bits} stand-ins, "
+          f"{args.model or 'the embedded SmolLM2-135M-Instruct'}\n\n"
+          f"Command: `{run_command('predictor_fidelity', argv)}`. Machine: {info['cpu']}, "
           f"{info['cores']} cores.\n\n| measure | value |\n|---|---|\n"
           f"| Pearson, all (token, k) | {result['pearson']:.3f} |\n"
           f"| Spearman, all (token, k) | {result['spearman']:.3f} |\n"
@@ -140,7 +143,7 @@ def main() -> None:
           f"Median over tokens of min(attention, MLP sub-block cosine), layer 0 to "
           f"{n - 1}: {', '.join(map(str, result['median_min_sub_block_cosine_per_layer']))}.\n"
           + plot)
-    write("predictor-fidelity", {"machine": info, "args": vars(args) | {"data": str(args.data)},
+    out.write("predictor-fidelity", {"machine": info, "args": vars(args) | {"data": str(args.data)},
                                   "result": result}, md)
 
 

@@ -1,6 +1,6 @@
 """Prefill exit (the paper's sequence-level exit): prompt time and quality, on the embedded model.
 
-    python -m benchmarks prefill_exit --backend hf --problems 8 --exits 3 7 15
+    river bench prefill_exit --backend hf --problems 8 --exits 3 7 15
 
 For each GSM8K train problem (4-shot prompt): the prefill time of the prompt at full depth and
 with its layers past K on stand-ins (interleaved, median over problems), and the teacher-forced
@@ -10,25 +10,29 @@ same after a full-depth prefill.
 
 from __future__ import annotations
 
-import argparse
 import time
 
 import numpy as np
 from tqdm import tqdm
 
-import gsm8k
-from common import GSM8K_TRAIN, machine, write
 from river_core import ExitConfig, RiverModel
 
+from .library import gsm8k
+from .library.output import Output, parser
+from .library.output import command as run_command
+from .library.prompts import GSM8K_TRAIN
+from .library.timing import machine
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+
+def main(argv: list[str] | None = None) -> None:
+    ap = parser("prefill_exit", __doc__)
     ap.add_argument("--backend", default="hf")
     ap.add_argument("--problems", type=int, default=8)
     ap.add_argument("--offset", type=int, default=100)
     ap.add_argument("--exits", type=int, nargs="+", default=[3, 7, 15])
-    args = ap.parse_args()
-    model = RiverModel.from_pretrained(backend=args.backend, progress=True)
+    args = ap.parse_args(argv)
+    out = Output(args)
+    model = RiverModel.from_pretrained(args.model, backend=args.backend, progress=True)
     b, tok = model.backend, model.backend.tokenizer
     shots = gsm8k.load(str(GSM8K_TRAIN), limit=gsm8k.SHOTS)
     problems = gsm8k.load(str(GSM8K_TRAIN), limit=args.problems, offset=args.offset)
@@ -52,9 +56,9 @@ def main() -> None:
         "prefill_ms": float(np.median(seconds[k]) * 1e3),
         "prefill_speedup": float(base_s / np.median(seconds[k])),
         "nll_delta": float(np.mean(nll[k]) - base_nll)} for k in settings}
-    command = f"python -m benchmarks prefill_exit --backend {args.backend} --problems " \
-              f"{args.problems} --offset {args.offset} --exits {' '.join(map(str, args.exits))}"
-    lines = [f"# Prefill exit, {args.backend} backend, embedded SmolLM2-135M-Instruct", "",
+    command = run_command("prefill_exit", argv)
+    lines = [f"# Prefill exit, {args.backend} backend, "
+             f"{args.model or 'embedded SmolLM2-135M-Instruct'}", "",
              f"Command: `{command}`. Machine: {info['cpu']}, {info['cores']} cores. Prompts: "
              f"4-shot GSM8K train, {int(np.mean(lengths))} tokens on average. NLL: reference "
              f"solutions decoded under the default policy (settled), minus the same after a "
@@ -63,7 +67,7 @@ def main() -> None:
     for label, r in rows.items():
         lines.append(f"| {label} | {r['prefill_ms']:.0f} | {r['prefill_speedup']:.2f}x | "
                      f"{r['nll_delta']:+.4f} |")
-    write(f"prefill-exit-{args.backend}", {"machine": info, "command": command, "results": rows},
+    out.write(f"prefill-exit-{args.backend}", {"machine": info, "command": command, "results": rows},
           "\n".join(lines) + "\n")
 
 

@@ -1,7 +1,7 @@
 """The stand-ins' quantizers: weight error and the whole quantized model's NLL, RTN vs HQQ,
 float vs integer zero points.
 
-    python -m benchmarks quantizers --solutions 8
+    river bench quantizers --solutions 8
 
 For each setting: eps = ||Q(W) - W|| / ||W|| over a layer's seven projections (mean / max over
 layers) on the embedded model and on a random-weight model (the tests' tiny Llama), and the
@@ -15,16 +15,19 @@ than its backbone.
 
 from __future__ import annotations
 
-import argparse
 import json
 
 import numpy as np
 from tqdm import tqdm
 
-from common import GSM8K_TRAIN, machine, write
 from river_core import ExitConfig, QuantSpec, RiverModel
 from river_hf.backend import HFBackend
 from river_models import open_model, stand_ins, tiny
+
+from .library.output import Output, parser
+from .library.output import command as run_command
+from .library.prompts import GSM8K_TRAIN
+from .library.timing import machine
 
 SETTINGS = [  # (bits, group, method, how it relates to Q4_1 blocks of 32)
     (4, 32, "rtn", "the Q4_1 grid itself: reproduces the weights"),
@@ -37,13 +40,14 @@ SETTINGS = [  # (bits, group, method, how it relates to Q4_1 blocks of 32)
 ]
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    ap = parser("quantizers", __doc__)
     ap.add_argument("--solutions", type=int, default=8)
     ap.add_argument("--offset", type=int, default=100)
     ap.add_argument("--name", default="quantizers")
-    args = ap.parse_args()
-    default, random = open_model(progress=True), tiny.checkpoint("llama", seed=1)
+    args = ap.parse_args(argv)
+    out = Output(args)
+    default, random = open_model(args.model, progress=True), tiny.checkpoint("llama", seed=1)
     problems = [json.loads(line) for line in open(GSM8K_TRAIN)][args.offset:args.offset
                                                                   + args.solutions]
     quantized = ExitConfig(policy="fixed", options={"layer": -1})
@@ -72,8 +76,8 @@ def main() -> None:
                      "whole_model_nll_delta": nll(model, quantized) - full})
     info = machine()
     lines = ["# Stand-in quantizers: weight error and whole-model NLL", "",
-             f"Command: `python -m benchmarks quantizers --solutions {args.solutions} --offset "
-             f"{args.offset}`. Machine: {info['cpu']}, {info['cores']} cores.", "",
+             f"Command: `{run_command('quantizers', argv)}`. Machine: {info['cpu']}, "
+             f"{info['cores']} cores.", "",
              f"NLL: teacher forcing on GSM8K train solutions {args.offset}.."
              f"{args.offset + args.solutions - 1}, every token on stand-ins only, minus full "
              f"depth ({full:.4f} nats/token). Random model: the tests' tiny Llama (group capped "
@@ -84,8 +88,8 @@ def main() -> None:
         lines.append(f"| int{r['bits']} | {r['group']} | {r['method']} | {r['note']} | "
                      f"{r['default_model_eps_mean']:.4f} / {r['default_model_eps_max']:.4f} | "
                      f"{r['random_model_eps_mean']:.4f} | {r['whole_model_nll_delta']:+.4f} |")
-    write(args.name, {"machine": info, "full_depth_nll": full, "results": rows},
-          "\n".join(lines) + "\n")
+    out.write(args.name, {"machine": info, "command": run_command("quantizers", argv),
+                          "full_depth_nll": full, "results": rows}, "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -2,8 +2,8 @@
 models): interrupted and racing builds, the cache's sizes and checks, a long generation,
 memory over many generations.
 
-    python -m benchmarks reliability                  # all five parts
-    python -m benchmarks reliability --parts memory --generations 1000
+    river bench reliability                  # all five parts
+    river bench reliability --parts memory --generations 1000
 
 - interrupt: `river generate` in a scratch cache, killed with SIGINT and with SIGKILL while it
   converts the GGUF, quantizes the stand-ins and exports ONNX; the next run must say what it
@@ -16,12 +16,12 @@ memory over many generations.
 - long: 2,048 teacher-forced tokens through River (the paper's rule) against full depth: river
   K/V error per layer over each quarter of the positions (drift shows as growth), NaN/inf.
 - memory: N generations in one process (both modes, alternating prompts): RSS after each,
-  plotted. Writes docs/results/reliability.{md,json} and reliability-memory.png.
+  plotted. Writes reliability.{md,json} and reliability-memory.png; a run of some parts keeps
+  the other parts' results from the results folder's earlier run.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import resource
@@ -36,14 +36,21 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-import gsm8k
-from common import GSM8K_TRAIN, RESULTS, machine, write
 from river_core import ExitConfig, GenerationConfig, RiverModel
 from river_core.predictor import STAND_IN_BOUND_C, relative_error
 from river_models.cache import entries, problem
 
+from .library import gsm8k
+from .library.output import Output, parser, plot_file
+from .library.output import command as run_command
+from .library.prompts import GSM8K_TRAIN
+from .library.timing import machine
+
 PARTS = ("interrupt", "race", "cache", "long", "memory")
 KINDS = {"converted": "hf", "stand-ins": "hf", "onnx": "onnx"}   # what each build is for
+
+
+MODEL: list[str] = []   # `--model` and its value, for the `river generate` runs
 
 
 def _river(cache: Path, backend: str) -> subprocess.Popen:
@@ -51,7 +58,7 @@ def _river(cache: Path, backend: str) -> subprocess.Popen:
     # Ctrl-C as at a terminal, even when this benchmark runs where SIGINT is ignored
     default_ctrl_c = lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)
     return subprocess.Popen([sys.executable, "-m", "river_cli.main", "generate", "2 + 2 =",
-                             "--backend", backend, "--max-new-tokens", "2"], env=env,
+                             "--backend", backend, "--max-new-tokens", "2", *MODEL], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             preexec_fn=default_ctrl_c)
 
@@ -177,14 +184,16 @@ def _rss_mb() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2 ** 20
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    ap = parser("reliability", __doc__)
     ap.add_argument("--parts", nargs="+", default=list(PARTS), choices=PARTS)
     ap.add_argument("--backend", default="onnx", help="for long and memory")
     ap.add_argument("--generations", type=int, default=1000)
     ap.add_argument("--long-tokens", type=int, default=2048)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    out = Output(args)
     info = machine()
+    MODEL[:] = ["--model", args.model] if args.model else []
     results: dict = {}
     with tempfile.TemporaryDirectory(prefix="river-reliability-") as scratch:
         if "interrupt" in args.parts:
@@ -194,24 +203,24 @@ def main() -> None:
         if "cache" in args.parts:
             results["cache"] = cache_costs(Path(scratch))
     if "long" in args.parts or "memory" in args.parts:
-        model = RiverModel.from_pretrained(backend=args.backend, progress=True)
+        model = RiverModel.from_pretrained(args.model, backend=args.backend, progress=True)
         if "long" in args.parts:
             results["long"] = long_generation(model, args.long_tokens)
         if "memory" in args.parts:
             results["memory"] = memory(model, args.generations)
-    command = "python -m benchmarks reliability " + " ".join(sys.argv[1:])
-    previous = RESULTS / "reliability.json"
+    command = run_command("reliability", argv)
+    previous = out.folder / "reliability.json"
     merged = json.loads(previous.read_text()).get("results", {}) if previous.is_file() else {}
     merged.update(results)
-    write("reliability", {"command": command, "machine": info, "results": merged},
-          report(merged, info, args.backend))
+    out.write("reliability", {"command": command, "machine": info, "results": merged},
+              report(merged, info, args.backend))
     if "memory" in merged:
-        plot(merged["memory"])
+        plot(out, merged["memory"])
 
 
 def report(results: dict, info: dict, backend: str) -> str:
     lines = ["# Reliability on the embedded model", "",
-             f"Machine: {info['cpu']}, {info['cores']} cores. Command: `python -m benchmarks "
+             f"Machine: {info['cpu']}, {info['cores']} cores. Command: `river bench "
              f"reliability` (parts: {', '.join(results)}); long and memory on `{backend}`.", ""]
     if "interrupt" in results:
         lines += ["## Interrupted builds", "", "| build | signal | partial left | next run "
@@ -268,20 +277,15 @@ def report(results: dict, info: dict, backend: str) -> str:
     return "\n".join(lines)
 
 
-def plot(r: dict) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def plot(out: Output, r: dict) -> None:
+    plt, save = plot_file(out, "reliability-memory")
     fig, ax = plt.subplots(figsize=(8, 3.5))
     ax.plot(np.arange(1, len(r["rss_mb"]) + 1), r["rss_mb"])
     ax.set_xlabel("generation")
     ax.set_ylabel("resident memory (MB)")
     ax.set_ylim(0, max(r["rss_mb"]) * 1.15)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(RESULTS / "reliability-memory.png", dpi=110)
+    save(fig)
 
 
 if __name__ == "__main__":

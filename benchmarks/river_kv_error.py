@@ -1,6 +1,6 @@
 """Measures the constant C of the river K/V bound  err(j) <= C * eps_j * d  on tiny random models.
 
-    python benchmarks/river_kv_error.py --trials 6
+    river bench river_kv_error --trials 6
 
 d = j - k is how many river layers the token has run when it writes layer j; eps_j is that
 layer's relative weight error. Reports the largest err / (eps * d) seen per family and
@@ -9,23 +9,26 @@ precision; tests/test_invariants.py asserts the bound with C rounded up from thi
 
 from __future__ import annotations
 
-import argparse
 
 import numpy as np
 
-from common import machine, write
 from river_core.kv import Full, River
 from river_core.predictor import relative_error
 from river_conformance.scripted import forced_logits
 from river_hf.plugin import tiny_backend
 from river_models import tiny
 
+from .library.output import Output, parser
+from .library.output import command as run_command
+from .library.timing import machine
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+
+def main(argv: list[str] | None = None) -> None:
+    ap = parser("river_kv_error", __doc__, model=False)
     ap.add_argument("--trials", type=int, default=6)
     ap.add_argument("--seeds", type=int, default=2)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    out = Output(args)
     rng = np.random.default_rng(0)
     rows = []
     for family in tiny.FAMILIES:
@@ -54,15 +57,16 @@ def main() -> None:
                          "p99_ratio": float(np.quantile(ratios, 0.99)), "samples": len(ratios)})
     info = machine()
     lines = ["# River K/V error against full depth (tiny random models)", "",
-             f"Command: `python benchmarks/river_kv_error.py --trials {args.trials} --seeds "
-             f"{args.seeds}`. Machine: {info['cpu']}, {info['cores']} cores.", "",
+             f"Command: `{run_command('river_kv_error', argv)}`. Machine: {info['cpu']}, "
+             f"{info['cores']} cores.", "",
              "| family | river | eps (weights) | max rel. K/V error | max err/(eps d) | p99 |",
              "|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['family']} | int{r['bits']} | {r['eps']:.4f} | {r['max_error']:.4f} "
                      f"| {r['max_ratio']:.2f} | {r['p99_ratio']:.2f} |")
     lines.append(f"\nLargest ratio: {max(r['max_ratio'] for r in rows):.2f}.")
-    write("river-kv-error", {"machine": info, "rows": rows}, "\n".join(lines) + "\n")
+    out.write("river-kv-error", {"machine": info, "command": run_command("river_kv_error", argv),
+                                 "rows": rows}, "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

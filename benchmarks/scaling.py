@@ -1,31 +1,33 @@
 """Serving at scale, on paper: bytes per token of each exit profile for 135M, 1B and 8B shapes,
 and how batching erodes what a per-token exit saves (docs/scaling.md).
 
-    python -m benchmarks scaling [--measure]
+    river bench scaling [--measure]
 
 Weights as a serving engine holds them: the backbone in bf16, the river in 4-bit HQQ (4.5 bits
 a weight with group-64 scales and zeros), the head in bf16, K/V in bf16. Exit profiles: the
-exit histograms measured on the default model by `python -m benchmarks oracle`
-(docs/results/oracle.json), mapped to other depths by the fraction of layers run (an
-assumption: no larger model ran here); the lossless row prices a measured speculative round
-(docs/results/lossless.json). Batch: B sequences decoding together, each token's exit drawn
+exit histograms measured on the default model by `river bench oracle` (oracle.json in the
+same results folder), mapped to other depths by the fraction of layers run (an assumption: no
+larger model ran here); the lossless row prices a measured speculative round (lossless.json
+there). Batch: B sequences decoding together, each token's exit drawn
 independently from the profile; a backbone layer's weights are read once a step if any row
 runs it, a stand-in's if any row left before it; every row reads its own K/V in every layer
-(the river attends at every layer). --measure also times decode steps of the default model at
+(the river attends at every layer). --measure also times decode steps of the model at
 batch 1, 2, 4 and 8 on this CPU (hf engine, full depth and the paper's rule; the first GSM8K
 train questions, one a row).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 
 import attrs
 import numpy as np
 
-from common import GSM8K_TRAIN, RESULTS, gsm8k_questions, machine, write
+from .library.output import Output, parser
+from .library.output import command as run_command
+from .library.prompts import GSM8K_TRAIN, gsm8k_questions
+from .library.timing import machine
+
 
 BF16, RIVER_BITS = 2, 4.5
 DRAFTS = 4   # the lossless run's fixed draft length (lossless.json: lossless/fixed:-1/4)
@@ -93,9 +95,10 @@ def per_token(shape: Shape, deep: np.ndarray, batch: int, positions: int) -> flo
     return weight_bytes_per_step(shape, deep, batch) / batch + shape.kv_bytes(positions)
 
 
-def profiles() -> dict:
-    oracle = json.loads((RESULTS / "oracle.json").read_text())["rows"]
-    lossless = json.loads((RESULTS / "lossless.json").read_text())["summary"]["onnx"]
+def profiles(out: Output) -> dict:
+    """The exit profiles of the oracle and lossless results in the same results folder."""
+    oracle = out.read("oracle", "oracle")["rows"]
+    lossless = next(iter(out.read("lossless", "lossless")["summary"].values()))
     n = len(oracle["oracle"]["histogram"]) - 1
     full = np.zeros(n + 1)
     full[-1] = 1
@@ -130,15 +133,15 @@ def table(shape: Shape, found: dict, tokens_per_round: float) -> list[dict]:
     return rows
 
 
-def measure(batches=(1, 2, 4, 8), tokens: int = 24) -> dict:
+def measure(model_path: str | None, batches=(1, 2, 4, 8), tokens: int = 24) -> dict:
     from river_core import ExitConfig, GenerationConfig, RiverModel
 
-    model = RiverModel.from_pretrained(backend="hf", progress=True)
+    model = RiverModel.from_pretrained(model_path, backend="hf", progress=True)
     tok = model.backend.tokenizer
     questions = gsm8k_questions(GSM8K_TRAIN, max(batches))   # rows that exit differently
     prompts = [tok.encode(f"Question: {q}\nAnswer:") for q in questions]
     configs = {"full depth": ExitConfig(kv="full"), RULE: ExitConfig()}
-    out = {}
+    steps = {}
     for batch in batches:
         times = {label: [] for label in configs}
         for repeat in range(4):   # interleaved, the first round a warm-up
@@ -147,19 +150,21 @@ def measure(batches=(1, 2, 4, 8), tokens: int = 24) -> dict:
                                             GenerationConfig(max_new_tokens=tokens))
                 if repeat:
                     times[label].append(np.median(result.step_seconds) * 1e3)
-        out[batch] = {label: float(np.median(t)) for label, t in times.items()}
-        print(f"batch {batch}: {out[batch]}", file=sys.stderr)
-    return out
+        steps[batch] = {label: float(np.median(t)) for label, t in times.items()}
+        print(f"batch {batch}: {steps[batch]}", file=sys.stderr)
+    return steps
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    ap = parser("scaling", __doc__)
     ap.add_argument("--measure", action="store_true",
-                    help="also time batched decode steps of the default model on this CPU")
-    args = ap.parse_args()
+                    help="also time batched decode steps of the model on this CPU")
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4, 8])
+    args = ap.parse_args(argv)
+    out = Output(args)
     info = machine()
-    found, tokens_per_round = profiles()
-    command = "python -m benchmarks scaling " + " ".join(sys.argv[1:])
+    found, tokens_per_round = profiles(out)
+    command = run_command("scaling", argv)
     lines = ["# Serving at scale: bytes per token by exit profile and batch (on paper)", "",
              f"Command: `{command}`. Weights bf16, river 4-bit HQQ ({RIVER_BITS} bits a "
              "weight), K/V bf16. Exit profiles measured on SmolLM2-135M (oracle.json), mapped "
@@ -185,7 +190,7 @@ def main() -> None:
                          + " | ".join(cells) + " |")
         lines.append("")
     if args.measure:
-        measured = measure()
+        measured = measure(args.model, tuple(args.batches))
         payload["measured_ms_per_step"] = measured
         lines += ["## Measured here: decode step time against batch (hf engine, default model)",
                   "", f"Machine: {info['cpu']}, {info['cores']} cores.", "",
@@ -194,7 +199,7 @@ def main() -> None:
         for batch, t in measured.items():
             lines.append(f"| {batch} | {t['full depth']:.1f} | {t[RULE]:.1f} | "
                          f"{t[RULE] / t['full depth']:.2f} |")
-    write("scaling", payload, "\n".join(lines) + "\n")
+    out.write("scaling", payload, "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

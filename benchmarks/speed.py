@@ -1,6 +1,6 @@
 """Decode speed of every backend at full depth and with the river, interleaved in one run.
 
-    python benchmarks/speed.py --backends hf onnx llamacpp --prompts 6 --tokens 64 \\
+    river bench speed --backends hf onnx llamacpp --prompts 6 --tokens 64 \\
         --thresholds 0.1 0.15
 
 Every prompt runs every (backend, configuration) back to back, order rotated per prompt,
@@ -12,7 +12,6 @@ cache) over measured copy bandwidth. Backends whose extra is not installed are s
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
@@ -20,9 +19,14 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from common import GSM8K_TRAIN, first_divergence, gsm8k_questions, machine, write
 from river_core import CapabilityError, ExitConfig, GenerationConfig, QuantSpec, RiverModel
 from river_models.source import hf_model, locate
+
+from .library.output import Output, parser
+from .library.output import command as run_command
+from .library.measures import first_divergence
+from .library.prompts import GSM8K_TRAIN, gsm8k_questions
+from .library.timing import machine
 
 
 TRANSFORMERS = "transformers generate()"
@@ -49,8 +53,8 @@ def transformers_generate(model, ids: list[int], tokens: int) -> tuple[list[int]
     return out[0, len(ids):].tolist(), list(np.diff(clock.times))
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    ap = parser("speed", __doc__)
     ap.add_argument("--backends", nargs="+", default=["hf", "onnx", "llamacpp"])
     ap.add_argument("--data", type=Path, default=GSM8K_TRAIN)
     ap.add_argument("--prompts", type=int, default=6)
@@ -58,12 +62,13 @@ def main() -> None:
     ap.add_argument("--thresholds", type=float, nargs="+", default=[0.1, 0.15])
     ap.add_argument("--bits", type=int, default=8)
     ap.add_argument("--name", default="speed-cpu")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    out = Output(args)
 
     models, configs = {}, {}
     for name in args.backends:
         try:
-            models[name] = RiverModel.from_pretrained(backend=name, progress=True,
+            models[name] = RiverModel.from_pretrained(args.model, backend=name, progress=True,
                                                       quant=QuantSpec(bits=args.bits))
         except CapabilityError as e:
             print(f"skipping {name}: {e}", file=sys.stderr)
@@ -71,12 +76,14 @@ def main() -> None:
         configs[(name, "full")] = ExitConfig(kv="full")
         if name == "hf":
             configs[(name, TRANSFORMERS)] = None
-            reference, _ = hf_model(locate(None))
+            reference, _ = hf_model(locate(args.model))
         if models[name].backend.capabilities.exits:
-            configs.update({(name, f"river t={t}"): ExitConfig(options={"threshold": t})
+            configs.update({(name, f"river t={t}"): ExitConfig(policy="similarity",
+                                                               options={"threshold": t})
                             for t in args.thresholds})
     gen = GenerationConfig(max_new_tokens=args.tokens)
     questions = gsm8k_questions(args.data, args.prompts)
+
     def run(key, question):
         model = models[key[0]]
         if key[1] == TRANSFORMERS:
@@ -127,9 +134,7 @@ def main() -> None:
             "share_of_limit": limit / ms[key], "mean_layers_run": float(np.mean(exits[key]) + 1),
             "greedy_agreement": float(np.mean(agree[key])),
             "tokens_to_first_divergence": float(np.mean(diverge[key])), "steps": len(steps[key])}
-    command = (f"python benchmarks/speed.py --backends {' '.join(models)} --prompts "
-               f"{args.prompts} --tokens {args.tokens} --thresholds "
-               f"{' '.join(map(str, args.thresholds))} --bits {args.bits}")
+    command = run_command("speed", argv)
     lines = [f"# Decode speed, {args.prompts} GSM8K train prompts x {args.tokens} tokens, "
              f"int{args.bits} stand-ins", "",
              f"Machine: {info['cpu']}, {info['cores']} cores, torch {info['torch']}, measured "
@@ -149,7 +154,7 @@ def main() -> None:
                      f"{100 * r['share_of_limit']:.0f}% | {r['mean_layers_run']:.1f} | "
                      f"{100 * r['greedy_agreement']:.0f}% | "
                      f"{r['tokens_to_first_divergence']:.1f} |")
-    write(args.name, {"machine": info, "command": command,
+    out.write(args.name, {"machine": info, "command": command,
                       "args": vars(args) | {"data": str(args.data)}, "results": rows},
           "\n".join(lines) + "\n")
 

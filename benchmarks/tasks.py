@@ -1,6 +1,6 @@
 """Quality and speed of every KV strategy on GSM8K and HumanEval, side by side, in one run.
 
-    python -m benchmarks tasks --configs full river:0.15 propagate:0.15 monotonic:0.15 \\
+    river bench tasks --configs full river:0.15 propagate:0.15 monotonic:0.15 \\
         quantized@int8 --gsm8k-limit 20 --humaneval-limit 10
 
 A config is KV[:THRESHOLD][@int8|@int4]: a KV strategy (river, propagate, mask, monotonic,
@@ -8,8 +8,8 @@ recompute) with the similarity policy at THRESHOLD, `full` (the baseline every r
 against), `quantized` (every layer at river precision: the river from before layer 0), or
 `llamacpp` (full depth through llama-cpp-python on the same GGUF: the anchor). Every problem runs
 every config back to back, order rotated per problem, greedy, at batch 1, so speed ratios come
-from one run. Per problem and config one record is appended to `benchmarks/runs/NAME/`; a rerun
-with the same NAME skips what is there, so an interrupted run resumes.
+from one run. Per problem and config one record is appended to `runs/NAME/` in the results
+folder; a rerun with the same NAME skips what is there, so an interrupted run resumes.
 
 Metrics: GSM8K exact final answer (few-shot prompts from --gsm8k-shots, default train),
 HumanEval pass@1 (each program in a sandboxed subprocess), teacher-forced NLL of the reference
@@ -21,100 +21,21 @@ test_dev.
 
 from __future__ import annotations
 
-import argparse
-import json
 import resource
 import sys
 
-import attrs
 import numpy as np
 from tqdm import tqdm
 
-import gsm8k
-import humaneval
-from common import GSM8K_TRAIN, RUNS, first_divergence, machine, write
-from river_core import (CapabilityError, ConfigError, ExitConfig, GenerationConfig, QuantSpec,
-                        RiverModel)
+from river_core import CapabilityError, ConfigError, GenerationConfig, QuantSpec, RiverModel
 from river_core.plugins import default_registry
 
-
-
-MAIN_OPTION = {"similarity": "threshold", "settled": "tau", "fixed": "layer", "cascade": "margin"}
-
-
-@attrs.frozen
-class Config:
-    """`KV[/POLICY]:VALUE[@int8|@int4]`: a KV strategy, its exit policy (similarity by default)
-    at the value of the policy's main option (MAIN_OPTION), stand-ins at 4 bits (HQQ) unless
-    @int8; `full`; `quantized[@BITS]` (every layer a stand-in); `llamacpp`."""
-
-    label: str
-    kv: str
-    policy: str | None
-    value: float | None
-    bits: int
-    backend: str | None = None   # None: the run's --backend
-
-    @classmethod
-    def parse(cls, text: str) -> "Config":
-        if text == "llamacpp":
-            return cls(text, "full", None, None, 4, "llamacpp")
-        body, _, bits = text.partition("@")
-        head, _, value = body.partition(":")
-        kv, _, policy = head.partition("/")
-        if bits not in ("", "int8", "int4"):
-            raise ConfigError(f"{text}: stand-in precision is @int8 or @int4")
-        if kv in ("full", "quantized") and (value or policy):
-            raise ConfigError(f"{text}: {kv} takes no policy or value")
-        if kv not in ("full", "quantized"):
-            policy = policy or "similarity"
-            if policy not in MAIN_OPTION or not value:
-                raise ConfigError(f"{text}: give a policy ({', '.join(MAIN_OPTION)}) and its "
-                                  f"value, e.g. {kv}/settled:0.95")
-        return cls(text, kv, policy or None, float(value) if value else None,
-                   int(bits[3:] or 4))
-
-    def model_key(self, backend: str) -> tuple[str, int]:
-        return self.backend or backend, self.bits
-
-    def exit_config(self) -> ExitConfig:
-        if self.kv == "full":
-            return ExitConfig(kv="full")
-        if self.kv == "quantized":
-            return ExitConfig(kv="river", policy="fixed", options={"layer": -1})
-        value = int(self.value) if self.policy == "fixed" else self.value
-        return ExitConfig(kv=self.kv, policy=self.policy,
-                          options={MAIN_OPTION[self.policy]: value})
-
-
-class Run:
-    """Records on disk, one JSON line per (task, problem, config), and the machine they ran
-    on, measured (memory bandwidth included) when the run started, before any model loaded."""
-
-    def __init__(self, name: str) -> None:
-        self.path = RUNS / name / "records.jsonl"
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        described = self.path.with_name("machine.json")
-        if not described.is_file():
-            described.write_text(json.dumps(machine()))
-        self.machine = json.loads(described.read_text())
-        self.records = {}
-        if self.path.is_file():
-            for line in self.path.open():
-                r = json.loads(line)
-                self.records[(r["task"], r["problem"], r["config"])] = r
-
-    def has(self, task, problem, config) -> bool:
-        return (task, problem, config) in self.records
-
-    def add(self, record: dict) -> None:
-        self.records[(record["task"], record["problem"], record["config"])] = record
-        with self.path.open("a") as f:
-            f.write(json.dumps(record) + "\n")
-
-    def of(self, task: str, config: str) -> dict:
-        return {p: r for (t, p, c), r in self.records.items() if t == task and c == config}
-
+from .library import gsm8k, humaneval
+from .library.measures import first_divergence
+from .library.output import Output, parser, plot_file
+from .library.output import command as run_command
+from .library.prompts import GSM8K_TEST, GSM8K_TRAIN
+from .library.runs import Config, Run, paper_summary
 
 def generate(model: RiverModel, text: str, config: Config, max_tokens: int, stop) -> dict:
     tok = model.backend.tokenizer
@@ -204,35 +125,8 @@ def summarize(models, configs: list[Config], run: Run, backend_name: str,
     return rows
 
 
-def paper_summary(rows: dict) -> dict | None:
-    """The paper's three figures for the best River config of a run: its speedup over the
-    backbone, its speed relative to the whole quantized model, and the share of the quantized
-    model's NLL gap it recovers. Best: the fastest River config recovering at least half of
-    the gap, else the one recovering most. None without `full`, `quantized` and NLL."""
-    quant = next((r for label, r in rows.items() if label.startswith("quantized")), None)
-    rivers = {label: r for label, r in rows.items()
-              if label.startswith("river") and r["nll_delta"] is not None}
-    if quant is None or not rivers or not quant["nll_delta"]:
-        return None
-    recovered = {label: (quant["nll_delta"] - r["nll_delta"]) / quant["nll_delta"]
-                 for label, r in rivers.items()}
-    half = [label for label in rivers if recovered[label] >= 0.5]
-    best = max(half, key=lambda l: rivers[l]["speedup"]) if half else \
-        max(recovered, key=recovered.get)
-    figures = {label: {"river_speedup_vs_backbone": r["speedup"],
-                       "river_speed_vs_full_quant": r["speedup"] / quant["speedup"],
-                       "nll_gap_recovered": recovered[label]} for label, r in rivers.items()}
-    return {"river_config": best, **figures[best], "every_river_config": figures}
-
-
-def plots(name: str, rows: dict, num_layers: int) -> list[str]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from common import RESULTS
-
+def plots(out: Output, name: str, rows: dict, num_layers: int) -> list[str]:
+    plt, save = plot_file(out, f"{name}-frontier")
     fig, axes = plt.subplots(1, 3, figsize=(15, 5))
     panels = ((lambda r: r["scores"].get("gsm8k", (None,))[0], "GSM8K accuracy", "linear"),
               (lambda r: r["greedy_agreement"], "greedy agreement with full depth", "linear"),
@@ -252,8 +146,8 @@ def plots(name: str, rows: dict, num_layers: int) -> list[str]:
     fig.legend(loc="lower center", ncol=min(len(rows), 6), fontsize=8)
     fig.subplots_adjust(bottom=0.26, wspace=0.3)
     fig.suptitle("Speed-quality frontier")
-    frontier = f"{name}-frontier.png"
-    fig.savefig(RESULTS / frontier, dpi=110)
+    save(fig)
+    plt, save = plot_file(out, f"{name}-layers")
     fig, ax = plt.subplots(figsize=(8, 4))
     for label, r in rows.items():
         h = np.array(r["layers_run_histogram"], dtype=float)
@@ -261,17 +155,15 @@ def plots(name: str, rows: dict, num_layers: int) -> list[str]:
     ax.set_xlabel("backbone layers run by a token")
     ax.set_ylabel("share of decode steps")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    histogram = f"{name}-layers.png"
-    fig.savefig(RESULTS / histogram, dpi=110)
-    return [frontier, histogram]
+    save(fig)
+    return [f"{name}-frontier.png", f"{name}-layers.png"]
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    ap = parser("tasks", __doc__)
     ap.add_argument("--configs", nargs="+", default=["full", "river:0.15"])
     ap.add_argument("--backend", default="hf")
-    ap.add_argument("--gsm8k", default=str(GSM8K_TRAIN.with_name("test_dev.jsonl")),
+    ap.add_argument("--gsm8k", default=str(GSM8K_TEST),
                     help="JSONL path or Hugging Face dataset name (scored)")
     ap.add_argument("--gsm8k-shots", default=str(GSM8K_TRAIN), help="few-shot exemplars")
     ap.add_argument("--shots", type=int, default=gsm8k.SHOTS)
@@ -283,7 +175,8 @@ def main() -> None:
                     help="skip the teacher-forced NLL of GSM8K reference solutions (halves the "
                     "time per problem)")
     ap.add_argument("--name", default="tasks-cpu")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    out = Output(args)
 
     try:
         configs = [Config.parse(c) for c in args.configs]
@@ -291,11 +184,12 @@ def main() -> None:
             raise ConfigError("include the `full` config: every ratio is taken against it")
     except ConfigError as e:
         ap.error(str(e))
-    run = Run(args.name)
+    run = Run(out.runs, args.name)
     models = {}
     for name, bits in sorted({c.model_key(args.backend) for c in configs}):
         try:
-            models[name, bits] = RiverModel.from_pretrained(backend=name, progress=True,
+            models[name, bits] = RiverModel.from_pretrained(args.model, backend=name,
+                                                            progress=True,
                                                             quant=QuantSpec(bits=bits))
         except CapabilityError as e:   # an optional anchor that is not installed
             if name == args.backend:
@@ -309,8 +203,8 @@ def main() -> None:
     info = run.machine | {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
     rows = summarize(models, configs, run, args.backend, info["memory_bandwidth_gb_s"] * 1e9)
     num_layers = next(iter(models.values())).backend.num_layers
-    images = plots(args.name, rows, num_layers)
-    command = "python -m benchmarks tasks " + " ".join(sys.argv[1:])
+    images = plots(out, args.name, rows, num_layers)
+    command = run_command("tasks", argv)
     lines = [f"# Strategies on GSM8K and HumanEval ({args.backend} backend)", "",
              f"Machine: {info['cpu']}, {info['cores']} cores, copy bandwidth "
              f"{info['memory_bandwidth_gb_s']} GB/s, peak RSS {info['peak_rss_mb']:.0f} MB.",
@@ -346,8 +240,8 @@ def main() -> None:
                   f"{summary['river_speed_vs_full_quant']:.2f}x the whole quantized model's, "
                   f"recovering {100 * summary['nll_gap_recovered']:.0f}% of its NLL gap."]
     lines += ["", *[f"![{i}]({i})" for i in images]]
-    write(args.name, {"machine": info, "command": command, "args": vars(args),
-                      "summary": summary, "results": rows}, "\n".join(lines) + "\n")
+    out.write(args.name, {"machine": info, "command": command, "args": vars(args),
+                          "summary": summary, "results": rows}, "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -97,7 +97,7 @@ def force(model: RiverModel, refs: Sequence[Reference], config: ExitConfig,
     layer `exits` instead, if given), in batches; with `keep_kv`, each row's K/V afterwards."""
     plan = model.plan(config)
     runs, states = [], []
-    for chunk in _chunks(model, refs, plan.kv_strategy.make.batch):
+    for chunk in _chunks(model, refs, plan.kv_plugin.make.batch):
         run = plan.run()
         if exits is not None:
             run = attrs.evolve(run, policy=ScriptedExits([exits] * max(r.scored for r in chunk)))

@@ -34,14 +34,14 @@ class Plan:
     backend: str
     shape: ModelShape
     policy: ExitPolicy
-    kv_strategy: KVStrategyPlugin
+    kv_plugin: KVStrategyPlugin       # the entry; `run()` makes a live strategy from it
     kv_options: Any
-    predictor: PredictorPlugin
+    predictor_plugin: PredictorPlugin
     predictor_options: Any
 
     def run(self) -> Run:
-        return Run(self.kv_strategy.make(self.kv_options), self.policy,
-                   functools.partial(self.predictor.make, self.predictor_options))
+        return Run(self.kv_plugin.make(self.kv_options), self.policy,
+                   functools.partial(self.predictor_plugin.make, self.predictor_options))
 
     def draft_length(self) -> DraftLength | None:
         """Speculative mode's draft length rule, fresh for a generation (None: exit mode)."""

@@ -35,8 +35,8 @@ FORMAT = 4   # bump when the quantizers change: old cached stand-ins are then ig
 GROUPS = (256, 128, 64, 32)
 HQQ = {"lp_norm": 0.7, "beta": 10.0, "iters": 20}
 # The head's stand-in picks a draft's token among the whole vocabulary; at 4 bits it cost
-# the embedded model 8 points of draft acceptance, at 8 bits nearly none, for 0.2 ms more
-# (docs/benchmarks.md, "Lossless mode").
+# the embedded model draft acceptance that 8 bits keep, for a little more time
+# (docs/results/levers.md, "draft_head").
 HEAD = QuantSpec(bits=8)
 
 

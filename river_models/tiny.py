@@ -53,13 +53,17 @@ def tokenizer():
 
 
 @functools.cache
-def model(family: str, seed: int = 0, dtype: str = "float32", serving: bool = False):
-    """`serving`: two heads of width 32 (llama, qwen2, qwen3), for serving engines' kernels."""
+def model(family: str, seed: int = 0, dtype: str = "float32", serving: bool = False,
+          positions: int | None = None):
+    """`serving`: two heads of width 32 (llama, qwen2, qwen3), for serving engines' kernels;
+    `positions`: a longer context than the tests' 256 (benchmarks' prompts)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
     config = _config(family, serving)
+    if positions is not None:
+        config.max_position_embeddings = positions
     config.initializer_range = 0.2   # larger weights: sharper, less tie-prone logits
     m = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype)).eval()
     m.generation_config.pad_token_id = 0
@@ -72,6 +76,20 @@ def checkpoint(family: str, seed: int = 0, dtype: str = "float32"):
 
     return checkpoint_of(model(family, seed, dtype), tokenizer(), f"tiny-{family}",
                          f"seed{seed}-{dtype}")
+
+
+def save(folder, family: str = "llama", serving: bool = True, positions: int | None = None,
+         chat: bool = True) -> str:
+    """A tiny model as a Hugging Face folder any River command or engine loads (with a chat
+    template: one turn's text and a newline), e.g. for `river bench NAME --model FOLDER`."""
+    import copy
+
+    model(family, serving=serving, positions=positions).save_pretrained(folder)
+    tok = copy.deepcopy(tokenizer())   # the shared one stays without a template
+    if chat:
+        tok.chat_template = ("{% for m in messages %}{{ m['content'] }}\n{% endfor %}")
+    tok.save_pretrained(folder)
+    return str(folder)
 
 
 def stand_ins(checkpoint, bits: int):

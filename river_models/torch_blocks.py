@@ -44,10 +44,9 @@ class Norm:
 
 class Dense:
     """A float projection. From 4 rows at once (speculative verification) oneDNN's prepacked
-    kernel runs faster than F.linear on this CPU, below that slower (`python -m benchmarks
-    levers`, the whole backbone: 5 positions 41.5 against 51.6 ms, 3 positions 41.1 against
-    34.5, 1 position 36.9 against 30.7); so `pack` makes the prepacked copy (more memory) when
-    verification first needs it, and only 4-16 rows take it."""
+    kernel runs faster than F.linear on this CPU, below that slower (docs/results/levers.md,
+    "verification_ms"); so `pack` makes the prepacked copy (more memory) when verification
+    first needs it, and only 4-16 rows take it."""
 
     ROWS = range(4, 17)
 

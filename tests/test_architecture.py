@@ -13,6 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = {p.name: p
             for p in [*ROOT.glob("river_*"), *(ROOT / "adapters").glob("river_*"),
                       *(ROOT / "plugins").glob("river_*")] if (p / "__init__.py").is_file()}
+PACKAGES["river_bench"] = ROOT / "benchmarks"   # installed under that name
 BACKENDS = {"river_hf", "river_onnx", "river_llamacpp"}
 ALLOWED = {
     "river_core": set(),
@@ -21,16 +22,20 @@ ALLOWED = {
     "river_conformance": {"river_core", "river_models"},
     "river_policies": {"river_core"},
     **{b: {"river_core", "river_models"} for b in BACKENDS | {"river_vllm"}},
+    # the benchmarks measure everything; nothing imports them
+    "river_bench": {"river_core", "river_models", "river_cli", "river_conformance",
+                    "river_policies", *BACKENDS, "river_vllm"},
 }
 
 
-def imports(package: Path):
-    """(module, imported module, names) for every import statement in the package, relative
+def imports(name: str):
+    """(module, imported module, names) for every import statement in package `name`, relative
     ones resolved; module names are dotted from the package."""
+    package = PACKAGES[name]
     for source in package.rglob("*.py"):
         parts = source.relative_to(package).with_suffix("").parts
-        module = ".".join((package.name, *parts[:-1], *([] if parts[-1] == "__init__"
-                                                         else [parts[-1]])))
+        module = ".".join((name, *parts[:-1], *([] if parts[-1] == "__init__"
+                                                 else [parts[-1]])))
         here = module.split(".") if parts[-1] == "__init__" else module.split(".")[:-1]
         for node in ast.walk(ast.parse(source.read_text())):
             if isinstance(node, ast.Import):
@@ -51,16 +56,23 @@ def test_every_package_is_covered_by_the_rule():
 
 
 @pytest.mark.parametrize("name", sorted(ALLOWED))
+def test_no_package_edits_the_import_path(name):
+    edits = [str(p.relative_to(ROOT)) for p in PACKAGES[name].rglob("*.py")
+             if "sys.path" in p.read_text()]
+    assert not edits
+
+
+@pytest.mark.parametrize("name", sorted(ALLOWED))
 def test_package_imports_only_what_the_layering_allows(name):
-    found = {target.split(".")[0] for _, target, _ in imports(PACKAGES[name])}
+    found = {target.split(".")[0] for _, target, _ in imports(name)}
     assert {p for p in found if p in PACKAGES} - {name} <= ALLOWED[name]
 
 
 @pytest.mark.parametrize("name", sorted(ALLOWED))
 def test_no_module_imports_itself_in_a_circle(name):
-    modules = {m for m, _, _ in imports(PACKAGES[name])}
+    modules = {m for m, _, _ in imports(name)}
     graph = {m: set() for m in modules}
-    for module, target, _ in imports(PACKAGES[name]):
+    for module, target, _ in imports(name):
         if target in modules and target != module and not module.startswith(target + "."):
             graph[module].add(target)
 
@@ -86,7 +98,7 @@ def test_no_module_imports_itself_in_a_circle(name):
 
 @pytest.mark.parametrize("name", sorted(ALLOWED))
 def test_no_package_imports_another_packages_private_names(name):
-    private = [f"{module}: {target}.{n}" for module, target, names in imports(PACKAGES[name])
+    private = [f"{module}: {target}.{n}" for module, target, names in imports(name)
                if target.split(".")[0] in PACKAGES and target.split(".")[0] != name
                for n in [*names, *target.split(".")[1:]] if n.startswith("_")]
     assert not private

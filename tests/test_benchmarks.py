@@ -1,18 +1,19 @@
-"""The benchmark harness's scoring and sandbox, which its figures rest on."""
+"""The benchmarks: every one runs at a tiny size (a tiny model, a few tokens, its results in a
+temporary folder, the checkout untouched), and the harness's scoring and sandbox, which their
+figures rest on."""
 
+import importlib.util
+import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-sys.path.append(str(Path(__file__).parents[1] / "benchmarks"))   # last: benchmarks/vllm.py
-# must not shadow the vllm package
+from river_bench.library import gsm8k, humaneval
+from river_cli.prompts import GSM8K_TRAIN as TRAIN   # bundled with River
 
-import gsm8k  # noqa: E402
-import humaneval  # noqa: E402
-
-from river_cli.prompts import GSM8K_TRAIN as TRAIN  # noqa: E402  (bundled with River)
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize("text, answer", [
@@ -55,70 +56,158 @@ def test_humaneval_sandbox_contains_runaway_programs(source, reason, monkeypatch
 
 
 def test_task_configs_name_a_strategy_policy_value_and_precision():
-    import tasks
+    from river_bench.library.runs import Config
     from river_core import ConfigError, ExitConfig
 
-    river = tasks.Config.parse("river:0.2@int8")
+    river = Config.parse("river:0.2@int8")
     assert (river.kv, river.policy, river.value, river.bits, river.model_key("onnx")) == \
         ("river", "similarity", 0.2, 8, ("onnx", 8))
-    assert tasks.Config.parse("river/settled:0.95").exit_config() == \
+    assert Config.parse("river/settled:0.95").exit_config() == \
         ExitConfig(kv="river", policy="settled", options={"tau": 0.95})
-    assert tasks.Config.parse("mask/fixed:3").exit_config().options == {"layer": 3}
-    assert tasks.Config.parse("llamacpp").model_key("hf") == ("llamacpp", 4)
-    assert tasks.Config.parse("quantized@int8").exit_config().options == {"layer": -1}
+    assert Config.parse("mask/fixed:3").exit_config().options == {"layer": 3}
+    assert Config.parse("llamacpp").model_key("hf") == ("llamacpp", 4)
+    assert Config.parse("quantized@int8").exit_config().options == {"layer": -1}
     for bad in ("river", "full:0.2", "river:0.2@int2", "river/teleport:1"):
         with pytest.raises(ConfigError):
-            tasks.Config.parse(bad)
+            Config.parse(bad)
 
 
 def test_paper_summary_picks_the_fastest_river_that_recovers_half_the_gap():
-    import tasks
+    from river_bench.library.runs import paper_summary
 
     rows = {"full": {"speedup": 1.0, "nll_delta": 0.0},
             "quantized": {"speedup": 2.0, "nll_delta": 0.2},
             "river/settled:0.9": {"speedup": 1.9, "nll_delta": 0.15},    # recovers 25%
             "river/settled:0.95": {"speedup": 1.8, "nll_delta": 0.08},   # 60%
             "river/settled:0.97": {"speedup": 1.5, "nll_delta": 0.02}}   # 90%
-    s = tasks.paper_summary(rows)
+    s = paper_summary(rows)
     assert s["river_config"] == "river/settled:0.95"
     assert abs(s["river_speed_vs_full_quant"] - 0.9) < 1e-9
     assert abs(s["nll_gap_recovered"] - 0.6) < 1e-9
     assert abs(s["every_river_config"]["river/settled:0.9"]["nll_gap_recovered"] - 0.25) < 1e-9
-    assert tasks.paper_summary({"full": rows["full"]}) is None
+    assert paper_summary({"full": rows["full"]}) is None
 
 
 @pytest.mark.parametrize("command", [["-m", "benchmarks"], ["-m", "river_cli.main", "bench"]])
 def test_every_benchmark_explains_itself_from_any_folder(command, tmp_path):
-    """`python -m benchmarks` in a checkout, `river bench` anywhere (the installed package)."""
-    import subprocess
-    import sys
+    """`python -m benchmarks` in a checkout, `river bench` anywhere (the installed package):
+    each benchmark's help names it as it is run and describes it in full."""
+    import river_bench
 
-    root = Path(__file__).resolve().parents[1]
-    cwd = root if command[1] == "benchmarks" else tmp_path
+    cwd = ROOT if command[1] == "benchmarks" else tmp_path
     run = lambda *a: subprocess.run([sys.executable, *command, *a], cwd=cwd,
                                     capture_output=True, text=True, timeout=120)
     listing = run("--help")
     assert listing.returncode == 0
     names = [line.split()[0] for line in listing.stdout.splitlines()
              if line.startswith("  ") and not line.strip().startswith(("-", "name", "args"))]
-    assert {"tasks", "lossless", "oracle", "reliability", "calibration", "speed"} <= set(names)
+    assert names == river_bench.names()
     for name in names:
         shown = run(name, "--help")
-        assert shown.returncode == 0 and "usage" in shown.stdout, name
+        assert shown.returncode == 0 and f"usage: river bench {name}" in shown.stdout, name
+        assert river_bench.summary(name) in " ".join(shown.stdout.split()), name
     assert list(tmp_path.iterdir()) == []   # --help writes nothing
 
 
-def test_results_go_where_river_results_says_and_data_is_always_there(tmp_path):
-    import os
-    import subprocess
+@pytest.fixture(scope="module")
+def bench(tmp_path_factory):
+    """A tiny model with a long context, its results folder, and a runner."""
+    from river_models import tiny
 
-    code = "import common; print(common.RESULTS, common.GSM8K_TRAIN)"
-    out = subprocess.run([sys.executable, "-c", code], cwd=Path(gsm8k.__file__).parent,
-                         capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "RIVER_RESULTS": str(tmp_path)})
-    results, train = out.stdout.split()
-    assert results == str(tmp_path)
-    assert Path(train).is_file()   # the whole file beside a checkout, else the bundled slice
+    model = tiny.save(tmp_path_factory.mktemp("bench-model"), positions=4096)
+    out = tmp_path_factory.mktemp("bench-out")
+
+    def run(name: str, *args: str) -> Path:
+        import river_bench
+
+        river_bench.run(name, ["--out", str(out), *args], "river bench")
+        return out
+    run.model = model
+    return run
+
+
+has_vllm = importlib.util.find_spec("vllm") is not None
+TINY = [   # each benchmark at a tiny size, in an order that gives later ones their inputs
+    ("tasks", "--configs", "full", "quantized", "river/settled:0.97", "--gsm8k-limit", "1",
+     "--humaneval-limit", "1", "--shots", "1", "--max-tokens", "4", "--name", "paper-table-hf"),
+    ("paper_table", "--runs", "paper-table-hf"),
+    ("calibration", "--backend", "hf", "--prompts", "2", "--tokens", "2", "--gsm8k-limit", "1",
+     "--max-tokens", "3", "--layer-prompts", "1", "--targets", "agreement=0.9"),
+    ("lossless", "--backend", "hf", "--configs", "full", "quantized", "lossless/fixed:-1/3=",
+     "--gsm8k-limit", "1", "--humaneval-limit", "1", "--max-tokens", "4", "--name",
+     "lossless-hf"),
+    ("lossless", "--report", "lossless-hf"),
+    ("oracle", "--backend", "hf", "--gsm8k-limit", "1", "--policies", "settled:0.97"),
+    ("scaling", "--measure", "--batches", "1", "2"),
+    ("context", "--backends", "hf", "onnx", "--positions", "8", "16", "--tokens", "3",
+     "--rounds", "1"),
+    ("anchors", "--engines", "river", "--positions", "8", "16", "--tokens", "3", "--prompts",
+     "1", "--rounds", "1"),
+    ("attention", "--positions", "16", "--tokens", "1", "2", "--calls", "3"),
+    ("levers",),
+    ("operating_point", "--prompts", "1", "--prompt-tokens", "8", "--tokens", "3"),
+    ("predictor_fidelity", "--prompts", "1", "--tokens", "2"),
+    ("prefill_exit", "--problems", "1", "--exits", "1"),
+    ("quantizers", "--solutions", "1"),
+    ("reliability", "--backend", "hf", "--parts", "long", "memory", "--long-tokens", "16",
+     "--generations", "2"),
+    ("river_kv_error", "--trials", "1", "--seeds", "1"),
+    ("speed", "--backends", "hf", "onnx", "--prompts", "1", "--tokens", "3"),
+    pytest.param(("vllm", "--prompts", "1", "--max-tokens", "4", "--rounds", "1", "--samples",
+                  "4", "--sampled-tokens", "4", "--backends", "hf", "--configs", "vllm plain",
+                  "River lossless mode in vllm"),
+                 marks=pytest.mark.skipif(not has_vllm, reason="needs the vllm extra")),
+]
+NO_MODEL = {"attention", "river_kv_error", "paper_table"}
+
+
+def test_every_benchmark_runs_in_the_suite():
+    import river_bench
+
+    ran = {(p.values[0] if hasattr(p, "values") else p)[0] for p in TINY}
+    assert ran == set(river_bench.names())
+
+
+@pytest.mark.parametrize("args", TINY, ids=lambda a: a[0])
+def test_each_benchmark_runs_at_a_tiny_size(bench, args):
+    name, *rest = args
+    model = [] if name in NO_MODEL else ["--model", bench.model]
+    out = bench(name, *model, *rest)
+    assert any(out.glob("*.md")) and any(out.glob("*.json"))
+
+
+def test_the_benchmarks_leave_the_checkout_as_it_was(bench, tmp_path, monkeypatch):
+    """From any folder, with no --out: results go to ./river-results there, never into the
+    checkout (a clean clone stays clean; where git is at hand, its status says so)."""
+    import river_bench
+
+    before = _status()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("RIVER_RESULTS", raising=False)
+    river_bench.run("river_kv_error", ["--trials", "1", "--seeds", "1"], "river bench")
+    assert (tmp_path / "river-results" / "river-kv-error.md").is_file()
+    assert _status() == before
+
+
+def _status() -> str:
+    if not (ROOT / ".git").exists():
+        return ""
+    return subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=ROOT,
+                          capture_output=True, text=True).stdout
+
+
+def test_the_checkouts_docs_are_written_only_when_asked():
+    from river_bench.library import output
+
+    assert output.IN_CHECKOUT   # this suite runs in a checkout
+    assert output.Output(output.parser("x", "doc").parse_args([])).folder != output.DOCS
+    assert output.Output(output.parser("x", "doc").parse_args(["--docs"])).folder == output.DOCS
+
+
+def test_the_gsm8k_data_is_always_there():
+    from river_bench.library.prompts import GSM8K_TRAIN
+
+    assert GSM8K_TRAIN.is_file()   # the whole file beside a checkout, else the bundled slice
 
 
 @pytest.mark.parametrize("kind, tolerance", [("F32", 0.0), ("F16", 1e-3), ("Q8_0", 1e-2)])
@@ -127,7 +216,7 @@ def test_the_anchors_ggufs_hold_the_same_weights_and_metadata(kind, tolerance, t
     from gguf import GGUFReader
     from gguf.quants import dequantize
 
-    import anchors
+    from river_bench import anchors
     from river_llamacpp.tiny import gguf_file
 
     source = GGUFReader(gguf_file())

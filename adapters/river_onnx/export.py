@@ -4,8 +4,8 @@ One folder per (model files, stand-in quantization, export format), under the us
 `onnx/`: `embed`, `head`, `stand_in_head` (its quantized copy, for drafts), and per layer
 `layer_i` (the block), `stand_in_i` (its quantized copy) and `kv_i` (its K/V projection, for
 `propagate`); `tail_s` for the first few layers s: the stand-ins of s..L-1 as one graph, so a
-token that exits early runs its exit river in one session run (`python -m benchmarks levers`:
-6.8 against 8.3 ms for 26 stand-ins); plus `manifest.json` (the ModelSpec, the stand-ins' weight
+token that exits early runs its exit river in one session run (faster than a run per layer:
+docs/results/levers.md, "onnx_tail"); plus `manifest.json` (the ModelSpec, the stand-ins' weight
 errors, the tail starts) and the tokenizer. Every graph keeps its weights in one shared
 `weights.data`, each distinct tensor once: the tails point at the stand-ins' bytes and a K/V
 projection at its layer's (before, each graph had its own copy: 1.2 GB for the embedded model).

@@ -2,9 +2,8 @@
 
 MatMulNBits keeps per block of `block` input columns of each output row a float scale and an
 integer zero point, codes packed low nibble first at 4 bits (an 8-bit weight's one scale per
-row is repeated over the row's blocks). Float zero points are accepted too, but run 39x slower
-on this CPU (`python -m benchmarks levers`: 779 against 20 us for 1536x576), so a float zero
-point z is
+row is repeated over the row's blocks). Float zero points are accepted too, but run many times
+slower on this CPU (docs/results/levers.md, "matmul_nbits_us"), so a float zero point z is
 split into an integer part zi, kept in the kernel, and the rest, which `correction` carries:
 with w = (code - z) * s, y = x W^T = MatMulNBits(x) - sum over groups of (z - zi) * s * (sum
 of x over the group), a [groups] x [groups, rows] product. So the graph computes exactly the

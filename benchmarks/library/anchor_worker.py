@@ -1,7 +1,7 @@
-"""One engine of `python -m benchmarks anchors`, in a process of its own so that its peak
-resident memory is its own. Not run by hand: the driver starts it as
+"""One engine of `river bench anchors`, in a process of its own so that its peak resident
+memory is its own. Not run by hand: the driver starts it as
 
-    python anchor_worker.py river CONFIG DTYPE PREFILL_EXIT QUANTIZER   # the project's env
+    python -m river_bench.library.anchor_worker river CONFIG DTYPE PREFILL_EXIT QUANTIZER MODEL
     python anchor_worker.py llamacpp FILE.gguf   # the anchors' environment (no River there)
     python anchor_worker.py genai FOLDER         # the same, an ONNX Runtime GenAI model
 
@@ -17,21 +17,21 @@ import json
 import os
 import sys
 import time
-from pathlib import Path
 
 
-def river(config: str, dtype: str, prefill_exit: str, quantizer: str):
-    """CONFIG as `benchmarks lossless` names them; PREFILL_EXIT "none" or a layer; QUANTIZER
-    the stand-ins' (QuantSpec.method)."""
+def river(config: str, dtype: str, prefill_exit: str, quantizer: str, model: str = ""):
+    """CONFIG as `river bench lossless` names them; PREFILL_EXIT "none" or a layer; QUANTIZER
+    the stand-ins' (QuantSpec.method); MODEL a folder or GGUF ("": the embedded model). Runs
+    as a module of the benchmarks' package, in the project's environment."""
     import attrs
 
-    sys.path.append(str(Path(__file__).resolve().parent))
-    from lossless import Config
     from river_core import GenerationConfig, QuantSpec, RiverModel
+
+    from ..lossless import Config
 
     exit_config = attrs.evolve(Config.parse(config).exit_config,
                                prefill_exit=None if prefill_exit == "none" else int(prefill_exit))
-    model = RiverModel.from_pretrained(backend="onnx", dtype=dtype,
+    model = RiverModel.from_pretrained(model or None, backend="onnx", dtype=dtype,
                                        quant=QuantSpec(method=quantizer))
 
     def generate(ids: list[int], tokens: int) -> tuple[list[int], float]:

@@ -1,0 +1,110 @@
+"""Where a benchmark's results go, and how they are written.
+
+Every benchmark takes `--out DIR` (default: ./river-results in the current folder, or
+$RIVER_RESULTS) and, in a source checkout, `--docs`: write into the checkout's docs/results/,
+the committed figures. Without `--docs` a benchmark never writes into the checkout or the
+installed package. Resumable records go to `runs/` under the same folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+CHECKOUT = Path(__file__).resolve().parents[2]
+DOCS = CHECKOUT / "docs/results"
+IN_CHECKOUT = DOCS.is_dir() and (CHECKOUT / "pyproject.toml").is_file()
+
+
+def parser(name: str, doc: str, model: bool = True) -> argparse.ArgumentParser:
+    """A benchmark's argument parser: `river bench NAME`, its docstring's first paragraph as
+    the description, and the arguments every benchmark takes."""
+    ap = argparse.ArgumentParser(prog=f"river bench {name}",
+                                 description=" ".join(doc.strip().split("\n\n")[0].split()))
+    arguments(ap, model)
+    return ap
+
+
+def command(name: str, argv: list[str] | None) -> str:
+    """The command line that reruns a benchmark, for its results."""
+    import sys
+
+    return " ".join(["river bench", name, *(sys.argv[1:] if argv is None else argv)])
+
+
+def passed_on(args: argparse.Namespace) -> list[str]:
+    """The arguments that make another benchmark run write where this one does, on the same
+    model."""
+    where = ["--docs"] if args.docs else ["--out", str(args.out)] if args.out else []
+    return where + (["--model", args.model] if getattr(args, "model", None) else [])
+
+
+def arguments(parser: argparse.ArgumentParser, model: bool = True) -> None:
+    """The arguments every benchmark takes: where results go, and the model it measures."""
+    parser.add_argument("--out", type=Path, help="folder for the results (default: "
+                        "$RIVER_RESULTS or ./river-results)")
+    parser.add_argument("--docs", action="store_true",
+                        help="write into the checkout's docs/results (the committed figures)")
+    if model:
+        parser.add_argument("--model", help="a Hugging Face folder or .gguf (default: the "
+                            "embedded SmolLM2-135M-Instruct)")
+
+
+class Output:
+    """A benchmark's results folder."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        if args.docs and not IN_CHECKOUT:
+            raise SystemExit("--docs writes into a source checkout's docs/results; this River "
+                             "is installed without one (use --out)")
+        default = os.environ.get("RIVER_RESULTS") or Path.cwd() / "river-results"
+        self.folder = Path(DOCS if args.docs else args.out or default)
+        self.runs = self.folder / "runs"
+
+    def path(self, name: str) -> Path:
+        """A file of this run's results (made on demand)."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        return self.folder / name
+
+    def write(self, name: str, payload: dict, markdown: str) -> None:
+        """`name`.json and `name`.md, and the markdown on stdout."""
+        self.path(f"{name}.json").write_text(json.dumps(payload, indent=2, default=str) + "\n")
+        self.path(f"{name}.md").write_text(markdown)
+        print(markdown)
+
+    def read(self, name: str, script: str) -> dict:
+        """A result this folder holds (another run's), or a clear exit saying how to make it."""
+        path = self.folder / f"{name}.json"
+        if not path.is_file():
+            raise SystemExit(f"{path} not found: run `river bench {script}` with the same --out "
+                             f"first (it writes {name}.json; see its --help)")
+        return json.loads(path.read_text())
+
+    def runs_by_engine(self, names, script: str) -> dict:
+        """Each named result (one run of `script` per engine), by engine."""
+        runs = {name: self.read(name, script) for name in names}
+        return {r["args"]["backend"]: r for r in runs.values()}
+
+
+def engine_heading(engine: str, run: dict) -> list[str]:
+    """A result page's section for one engine's run: its command and machine."""
+    info = run["machine"]
+    rss = f", peak RSS {info['peak_rss_mb']:.0f} MB" if "peak_rss_mb" in info else ""
+    return [f"## {engine}", "", f"Command: `{run['command']}`", "",
+            f"Machine: {info['cpu']}, {info['cores']} cores, copy bandwidth "
+            f"{info['memory_bandwidth_gb_s']} GB/s{rss}.", ""]
+
+
+def plot_file(output: Output, name: str):
+    """A matplotlib figure saver for `name`.png (Agg backend, no display)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    def save(fig) -> None:
+        fig.tight_layout()
+        fig.savefig(output.path(f"{name}.png"), dpi=120)
+        plt.close(fig)
+    return plt, save
