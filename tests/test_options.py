@@ -84,3 +84,25 @@ def test_plugins_lists_each_plugins_options(capsys):
     for line in ("-o threshold=0.15:", "-o min_layer=null:", "-o layer=null:", "-o tau=0.97:",
                  "-o momentum=0.9:"):
         assert line in out
+
+
+def test_every_setting_is_declared_once_for_every_command():
+    """generate, calibrate and serve take the exit settings from the same declarations, with
+    ExitConfig's and QuantSpec's defaults; River inside vLLM reads them back as the same
+    ExitConfig and QuantSpec (adaptive drafting and the quantizer included)."""
+    import argparse
+
+    from river_core import QuantSpec, arguments
+    from river_vllm import river_entry, settings
+
+    for speculative in (True, False):
+        parser = argparse.ArgumentParser()
+        arguments.add_exit_arguments(parser, speculative=speculative)
+        arguments.add_quant_arguments(parser)
+        args = parser.parse_args([])
+        assert arguments.exit_config(args) == ExitConfig()
+        assert arguments.quant_spec(args) == QuantSpec()
+    given = (ExitConfig(policy="similarity", options={"threshold": 0.3}, mode="speculative",
+                        draft_tokens=3, adaptive=True), QuantSpec(bits=8, method="rtn"))
+    assert settings(river_entry(*given)) == given
+    assert river_entry(ExitConfig(), QuantSpec()) == {}   # only what differs travels
