@@ -194,8 +194,10 @@ def calibrate(model: RiverModel, prompts: Sequence[Sequence[int]], config: ExitC
         references = full_depth_references(model, prompts, tokens, layer_prompts, tick)
         if not references:
             raise ConfigError("every prompt's continuation ended at once: nothing to calibrate on")
-        bar.set_postfix_str("each exit layer")
-        layers = layer_table(model, references[:layer_prompts], config, tick)
+        layers = []
+        if layer_prompts > 0:
+            bar.set_postfix_str("each exit layer")
+            layers = layer_table(model, references[:layer_prompts], config, tick)
         profiles = []
         for target in targets:
             bar.set_postfix_str(f"fitting {name} for {target}")

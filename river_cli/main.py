@@ -86,9 +86,14 @@ def _parser(registry) -> argparse.ArgumentParser:
 
 
 def report_stats(stats: DecodeResult) -> str:
-    n = sum(len(t) for t in stats.tokens)
+    """The statistics line (DecodeResult's definitions: the first token of a sequence comes
+    from prefill, speed is over the decoded ones) and the histogram of the decode steps."""
+    n, decoded = sum(len(t) for t in stats.tokens), stats.decoded_tokens
+    first = f"{n} token{'s' * (n != 1)}: prefill {stats.prefill_ms:.0f} ms"
+    if not decoded:
+        return first + " gave the only one, nothing was decoded"
     median = "" if stats.speculative else f" (median step {stats.median_step_ms:.1f})"
-    lines = [f"{n} tokens | {stats.ms_per_token:.1f} ms/token{median} | "
+    lines = [f"{first}, {decoded} decoded at {stats.ms_per_token:.1f} ms/token{median}, "
              f"{stats.tokens_per_second:.1f} tokens/s | "
              f"{'drafts ran' if stats.speculative else 'tokens ran'} "
              f"{stats.mean_layers_run:.1f}/{stats.num_layers} backbone layers on average"]
@@ -100,8 +105,8 @@ def report_stats(stats: DecodeResult) -> str:
         lines[0] += f" | {100 * stats.skipped_share:.1f}% of layers skipped"
     hist = stats.layers_run_histogram()
     if hist.sum():
-        what = "draft step" if stats.speculative else "token"
-        lines.append(f"histogram of backbone layers run per {what}:")
+        what = "draft step" if stats.speculative else "decoded token"
+        lines.append(f"histogram of backbone layers run per {what} ({hist.sum()} in all):")
         scale = 40 / hist.max()
         for layers in np.nonzero(hist)[0]:
             lines.append(f"  {layers:3d} | {'#' * max(1, round(hist[layers] * scale))} "
@@ -166,6 +171,10 @@ def _generate(args) -> None:
                              generation_config=gen)
         print(out.text)
         stats = out.stats
+    if not model.text(stats.tokens[0], gen.stop).strip() and not stats.interrupted:
+        print("river: the answer is empty: the model ended it at once" + (
+            "; an instruct model expects its chat template, which --no-chat leaves out"
+            if args.no_chat else ""), file=sys.stderr)
     stopped = "\ninterrupted: what came before Ctrl-C" if stats.interrupted else ""
     print(f"{stopped}\nbackend {backend.name} on {', '.join(backend.runs_on)}\n"
           f"{report_stats(stats)}", file=sys.stderr)
@@ -193,7 +202,8 @@ def _calibrate(args) -> None:
 
 def _layer_report(profile: Profile) -> str:
     lines = ["every token exiting after layer k (full depth's continuations, teacher-forced):",
-             "    k | agreement | NLL delta | river K/V error"]
+             "    k | agreement | NLL delta | river K/V error"] if profile.layers else \
+        ["no per-layer table (--layer-prompts 0)"]
     for row in profile.layers:
         q = row.quality
         error = "n/a" if row.kv_error is None else f"{row.kv_error:.3f}"

@@ -36,6 +36,9 @@ def split_settings(settings: Mapping[str, Any], exit_config: ExitConfig | Plan |
                    ) -> tuple[ExitConfig | Plan, GenerationConfig]:
     """Keyword settings by name: ExitConfig fields, GenerationConfig fields, and any other
     name as a plugin option (not beside a resolved plan, which has its settings)."""
+    if options is not None and not isinstance(options, Mapping):
+        raise ConfigError(f"options must be a mapping of names to values, got {options!r} "
+                          f"({type(options).__name__})")
     generation_config = attrs.evolve(generation_config or GenerationConfig(),
                                      **{k: v for k, v in settings.items() if k in _GEN_FIELDS})
     exit_settings = {k: v for k, v in settings.items() if k not in _GEN_FIELDS}
@@ -127,6 +130,12 @@ class RiverModel:
     def encode(self, prompt: str | Sequence[str], chat: bool = True) -> list[list[int]]:
         """Token ids of one prompt or a batch, under the chat template unless `chat` is False;
         refuses empty prompts and text that is not valid UTF-8."""
+        if isinstance(prompt, (bytes, bytearray)):
+            raise ConfigError("prompt must be text (str), got bytes: decode them first, e.g. "
+                              "data.decode('utf-8')")
+        if not isinstance(prompt, (str, list, tuple)):
+            raise ConfigError(f"prompt must be text (str) or a list of texts, got {prompt!r} "
+                              f"({type(prompt).__name__})")
         prompts = [prompt] if isinstance(prompt, str) else list(prompt)
         if not prompts or any(not check_text(p).strip() for p in prompts):
             raise ConfigError("empty prompt")

@@ -25,10 +25,13 @@ import json
 import os
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 from typing import Callable, Iterator
 
 import attrs
+
+from river_core.errors import ModelError
 
 FORMAT = 2   # the layout of an entry and its manifest: entries of another format are rebuilt
 MANIFEST = "river-cache.json"
@@ -161,10 +164,21 @@ def orphaned(target: Path) -> str | None:
     return None
 
 
+WHAT = {"converted": "converted copy", "stand-ins": "stand-ins", "onnx": "ONNX export"}
+
+
 def cached(target: Path, build: Callable[[Path], object], inputs: str,
            source: Path | None = None) -> Path:
     """`target`, built by `build(folder)` first unless a valid build of `inputs` is there.
-    `source`: the model file or folder it is made from, recorded for `orphaned`."""
+    `source`: the model file or folder it is made from, recorded for `orphaned`.
+
+    A sound entry is used without a lock or any write, so a cache on a read-only mount (a
+    team's prebuilt one, a container's) serves what it holds; one it lacks is a clear error."""
+    partials = list(target.parent.glob(f"{PARTIAL}{target.name}-*")) \
+        if target.parent.is_dir() else []
+    if not partials and problem(target, inputs) is None:
+        return target
+    _writable(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     with _locked(target):
         unclean = False
@@ -194,6 +208,19 @@ def cached(target: Path, build: Callable[[Path], object], inputs: str,
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def _writable(target: Path) -> None:
+    """Refuse, in one line, to build into a cache this process cannot write."""
+    existing = next(p for p in (target.parent, *target.parents) if p.exists())
+    try:   # a probe, not os.access: root passes that on a read-only mount
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError:
+        what = WHAT.get(target.parent.name, target.parent.name)
+        raise ModelError(f"cache at {cache_root()} is read-only and has no {what} for "
+                         f"{target.name}; build it where the cache is writable (the same "
+                         f"command, once) or set RIVER_CACHE to a writable folder")
 
 
 @attrs.frozen

@@ -1,4 +1,5 @@
 import functools
+import os
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -15,11 +16,14 @@ def scratch_cache(tmp_path_factory):
 
 
 @pytest.fixture(autouse=True)
-def user_cache(request, scratch_cache, monkeypatch):
-    """Tests build into a scratch cache; only the embedded-model tests (marked slow) use the
-    user's, so its one-time conversion and export are kept between runs."""
-    if "slow" not in request.keywords:
-        monkeypatch.setenv("RIVER_CACHE", str(scratch_cache))
+def test_cache(request, scratch_cache, monkeypatch):
+    """Every test builds into the test session's own cache, never the user's: the embedded
+    model is converted and exported once a session. RIVER_TEST_CACHE names a cache the
+    embedded-model tests (marked slow) use instead, to keep those builds between runs (the
+    user's own, say)."""
+    kept = os.environ.get("RIVER_TEST_CACHE")
+    use = kept if kept and "slow" in request.keywords else str(scratch_cache)
+    monkeypatch.setenv("RIVER_CACHE", use)
 
 
 @pytest.fixture(scope="session")

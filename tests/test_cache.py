@@ -3,6 +3,7 @@ manifest before use, and whatever does not match is reported, removed and rebuil
 
 Interruptions and races run real processes and real signals."""
 
+import contextlib
 import json
 import os
 import signal
@@ -256,3 +257,50 @@ def test_a_rebuilt_conversion_keeps_its_stand_ins_current(tmp_path, monkeypatch)
     assert again.key == checkpoint.key
     states = {e.path.name: e.problem for e in entries()}
     assert len(states) == 2 and set(states.values()) == {None}
+
+
+@contextlib.contextmanager
+def _read_only(folder):
+    """`folder` read-only for this process: a read-only bind mount where it runs as root
+    (permissions do not stop root), else its write bits taken away."""
+    if os.geteuid() == 0:
+        mounted = subprocess.run(["mount", "--bind", str(folder), str(folder)],
+                                 capture_output=True).returncode == 0 and subprocess.run(
+            ["mount", "-o", "remount,bind,ro", str(folder)], capture_output=True).returncode == 0
+        if not mounted:
+            subprocess.run(["umount", str(folder)], capture_output=True)
+            pytest.skip("cannot make a read-only directory here (no mount as root)")
+        try:
+            yield
+        finally:
+            subprocess.run(["umount", str(folder)], check=True)
+        return
+    modes = {p: p.stat().st_mode for p in [folder, *folder.rglob("*")]}
+    for p in modes:
+        p.chmod(modes[p] & ~0o222)
+    try:
+        yield
+    finally:
+        for p, mode in modes.items():
+            p.chmod(mode)
+
+
+def test_a_read_only_cache_serves_what_it_holds_and_names_what_it_lacks(tiny_folder, tmp_path):
+    """A team's prebuilt cache on a read-only mount: a run that needs only what it holds
+    writes nothing, takes no lock and answers as before; one that needs an entry it lacks
+    stops with one line saying so."""
+    cache = tmp_path / "cache"
+    run = lambda *args: subprocess.run(
+        [sys.executable, "-m", "river_cli.main", "generate", "abc", "--model",
+         tiny_folder("llama"), "--no-chat", "--max-new-tokens", "4", *args],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "RIVER_CACHE": str(cache)})
+    built = run()
+    assert built.returncode == 0, built.stderr
+    before = sorted(str(p.relative_to(cache)) for p in cache.rglob("*"))
+    with _read_only(cache):
+        again = run()
+        assert again.returncode == 0 and again.stdout == built.stdout, again.stderr
+        lacking = run("--bits", "8")
+    assert lacking.returncode == 2 and "Traceback" not in lacking.stderr
+    assert f"cache at {cache} is read-only and has no stand-ins for" in lacking.stderr
+    assert sorted(str(p.relative_to(cache)) for p in cache.rglob("*")) == before

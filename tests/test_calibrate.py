@@ -159,3 +159,13 @@ def test_generate_refuses_a_profile_made_for_another_model(tiny_folder, tmp_path
                  "--profile", str(path)])
     assert code == 2
     assert "was made for another model" in capsys.readouterr().err
+
+
+def test_no_layer_prompts_means_no_layer_table(tiny_folder, tmp_path, capsys):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("abc\nhello there\n")
+    assert main(["calibrate", "--model", tiny_folder("llama"), "--no-chat", "--prompts",
+                 str(prompts), "--tokens", "3", "--layer-prompts", "0", "--target",
+                 "agreement=0.5", "--out", str(tmp_path / "p.json")]) == 0
+    out = capsys.readouterr().out
+    assert "no per-layer table" in out and "every token exiting after layer k" not in out

@@ -24,7 +24,7 @@ def run(*args):
     (["generate", "hi", "--policy", "fixed", "-o", "layer=0", "-o", "momentum=2"],
      "momentum must be in [0.0, 1.0]"),
     (["generate", "hi", "--bits", "3"], "stand-in precision must be 4 or 8 bits"),
-    (["generate", "hi", "--max-new-tokens", "0"], "max_new_tokens must be > 0"),
+    (["generate", "hi", "--max-new-tokens", "0"], "max_new_tokens must be >= 1, got 0"),
     (["generate", "   "], "empty prompt"),
     (["generate", "hi", "--model", "/nonexistent/model"], "model not found"),
     (["generate", "hi", "--device", "tpu"], "unknown device 'tpu'"),
@@ -87,6 +87,10 @@ def test_plugins_lists_every_kind_with_its_distribution():
     (["--backend", "llamacpp"], "cannot exit early"),
     (["--max-new-tokens", "100000"], "leaves no room for a prompt"),
     (["-o", "tau=2"], "tau"),
+    (["--seed", "-1"], "seed must be >= 0, got -1"),
+    (["--stop", ""], "a stop string must not be empty"),
+    (["--temperature", "inf"], "temperature must be finite, got inf"),
+    (["--top-k", "-2"], "top_k must be >= 0, got -2"),
 ])
 def test_checks_that_need_no_model_run_before_it_loads(tiny_folder, monkeypatch, capsys, args,
                                                        message):
@@ -172,4 +176,32 @@ def test_a_hub_id_resolves_to_the_hub_caches_snapshot(tmp_path, tiny_folder):
                          capture_output=True, text=True, timeout=300,
                          env=_offline(tmp_path / "hub", tmp_path / "cache"))
     assert out.returncode == 0, out.stderr
-    assert " tokens | " in out.stderr and "backend hf" in out.stderr
+    assert " tokens: prefill " in out.stderr and "backend hf" in out.stderr
+
+
+@pytest.mark.parametrize("args, settings", [
+    (["--seed", "-1"], {"seed": -1}),
+    (["--stop", ""], {"stop": ""}),
+    (["--temperature", "nan"], {"temperature": float("nan")}),
+    (["--max-new-tokens", "0"], {"max_new_tokens": 0}),
+])
+def test_the_cli_and_the_api_refuse_a_setting_with_the_same_line(tiny_folder, capsys, args,
+                                                                 settings):
+    from river_core import ConfigError, RiverModel
+
+    assert main(["generate", "hi", "--model", tiny_folder("llama"), *args]) == 2
+    cli = capsys.readouterr().err.strip()
+    with pytest.raises(ConfigError) as api:
+        RiverModel.from_pretrained(tiny_folder("llama")).generate("hi", **settings)
+    assert cli == f"river: error: {api.value}"
+
+
+def test_river_serve_without_vllm_says_what_to_install(tiny_folder, monkeypatch, capsys):
+    import importlib.util
+
+    find = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "vllm" else find(name, *a))
+    assert main(["serve", tiny_folder("llama")]) == 2
+    err = capsys.readouterr().err
+    assert "river serve runs vLLM, which is not installed: pip install -e '.[vllm]'" in err

@@ -1,20 +1,30 @@
-"""The README's Python blocks run as written, on a tiny random model standing in for the
-embedded default (every `from_pretrained()` and `locate()` without a model finds it)."""
+"""The README's code does what it says: its Python blocks run as written on the real embedded
+model and print what their `# prints:` comments say; its first command gives the answer the
+README promises."""
 
+import contextlib
+import io
 import re
 from pathlib import Path
 
 import pytest
 
+from river_core import ModelError
+
 README = Path(__file__).resolve().parents[1] / "README.md"
-BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
+TEXT = README.read_text()
+BLOCKS = re.findall(r"```python\n(.*?)```", TEXT, re.S)
+
+pytestmark = pytest.mark.slow
 
 
-@pytest.fixture
-def tiny_default(tiny_folder, monkeypatch):
-    from river_models import source
-
-    monkeypatch.setattr(source, "default_gguf", lambda: Path(tiny_folder("llama")))
+@pytest.fixture(scope="module", autouse=True)
+def embedded():
+    from river_models import default_gguf
+    try:
+        default_gguf()
+    except ModelError as e:
+        pytest.skip(str(e))
 
 
 def test_the_readme_shows_the_api_and_transformers():
@@ -22,5 +32,20 @@ def test_the_readme_shows_the_api_and_transformers():
 
 
 @pytest.mark.parametrize("block", BLOCKS, ids=[f"block-{i}" for i in range(len(BLOCKS))])
-def test_a_readme_block_runs_as_written(block, tiny_default):
-    exec(compile(block, str(README), "exec"), {})
+def test_a_readme_block_prints_what_it_says(block):
+    expected = re.findall(r"# prints: (.+)$", block, re.M)
+    assert expected, "a README block says what it prints"
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(compile(block, str(README), "exec"), {})
+    for text in expected:
+        assert text.strip() in printed.getvalue(), (text, printed.getvalue())
+
+
+def test_the_first_command_answers_as_the_readme_says(capsys):
+    from river_cli.main import main
+
+    promised = re.search(r"River answers `([^`]+)`", TEXT).group(1)
+    assert main(["generate", "What is the capital of France?"]) == 0
+    out, err = capsys.readouterr()
+    assert out.strip() == promised and "backbone layers on average" in err

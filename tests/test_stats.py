@@ -34,3 +34,19 @@ def test_the_cli_reports_both_modes_alike(tiny_folder, settings):
     first = report_stats(stats).splitlines()[0]
     assert f"{stats.ms_per_token:.1f} ms/token" in first
     assert f"{stats.mean_layers_run:.1f}/{stats.num_layers} backbone layers" in first
+
+
+def test_one_definition_of_speed_and_counts_that_agree():
+    """ms/token and tokens/s are both over the decoded tokens (prefill beside them), a single
+    token prints no nan, and the histogram counts what the line says was decoded."""
+    from river_cli.main import report_stats
+
+    stats = DecodeResult([[1, 2, 3, 4, 5]], [[0, 1, 2, 3]], 4, 0.5, [0.01, 0.02, 0.03, 0.04])
+    assert stats.decoded_tokens == 4 and stats.prefill_ms == pytest.approx(500)
+    assert stats.tokens_per_second == pytest.approx(1000 / stats.ms_per_token)
+    line, heading, *_ = report_stats(stats).splitlines()
+    assert line.startswith("5 tokens: prefill 500 ms, 4 decoded at 25.0 ms/token")
+    assert "40.0 tokens/s" in line and "(4 in all)" in heading
+    one = report_stats(DecodeResult([[7]], [[]], 4, 0.2, []))
+    assert "nan" not in one and one == "1 token: prefill 200 ms gave the only one, nothing " \
+                                       "was decoded"

@@ -54,4 +54,4 @@ def test_cli_stream_interrupted_prints_text_and_statistics(tiny_folder, ctrl_c_a
     assert main(["generate", "abc", "--model", tiny_folder("llama"), "--no-chat", "--stream",
                  "--max-new-tokens", "30"]) == 130
     out, err = capsys.readouterr()
-    assert out.strip() and "interrupted: what came before Ctrl-C" in err and "tokens |" in err
+    assert out.strip() and "interrupted: what came before Ctrl-C" in err and "tokens: prefill" in err

@@ -99,7 +99,11 @@ def engine_heading(engine: str, run: dict) -> list[str]:
 
 def plot_file(output: Output, name: str):
     """A matplotlib figure saver for `name`.png (Agg backend, no display)."""
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        raise SystemExit("river bench draws its plots with matplotlib: "
+                         "pip install 'river-llm[bench]'") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
