@@ -48,17 +48,19 @@ CONCURRENCY = (1, 4, 16)
 SAMPLED = {"temperature": 1.0}   # the sampled check's settings
 
 
-def configurations(tau: float) -> dict:
+def configurations(exit_mode: dict, lossless: dict) -> dict:
+    """vLLM's engine settings of each configuration; `exit_mode` and `lossless`: River's
+    settings (ExitConfig's fields) for its two modes."""
     from river_vllm import draft_config
 
-    river = {"architectures": ["RiverLlamaForCausalLM"],
-             "river": {"policy": "settled", "options": {"tau": tau}}}
+    river = lambda settings: {"architectures": ["RiverLlamaForCausalLM"], "river": settings}
     ngram = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}
     return {"vllm plain": {},
             "vllm ngram (spec. decoding)": {"speculative_config": ngram},
-            "River exit mode in vllm": {"hf_overrides": river},
-            "River lossless mode in vllm": {"hf_overrides": river,
-                                            "speculative_config": draft_config(4)}}
+            "River exit mode in vllm": {"hf_overrides": river(exit_mode)},
+            "River lossless mode in vllm": {
+                "hf_overrides": river({**lossless, "mode": "speculative"}),
+                "speculative_config": draft_config(lossless.get("draft_tokens", 4))}}
 
 
 # sampled check only: vLLM's n-gram proposer over River's repaired rejection sampler (the
@@ -87,7 +89,7 @@ def _forward_seconds(worker) -> float:
 
 def run_engine(folder: str, settings: dict, prompts: list[list[int]], max_tokens: int,
                samples: int = 0, sampled_tokens: int = 32, speed: bool = True,
-               repairs: bool = False) -> dict:
+               repairs: bool = False, crossover: list[int] | None = None) -> dict:
     """Per concurrency: output tokens/s, ms per output token (a batch's wall time over its
     longest output), the share of the wall time spent in the model's forward, and the greedy
     outputs; with `samples`, that many seeded continuations of each prompt at SAMPLED."""
@@ -103,6 +105,8 @@ def run_engine(folder: str, settings: dict, prompts: list[list[int]], max_tokens
     llm = LLM(model=folder, dtype="float32", enforce_eager=True, max_model_len=2048, **settings)
     try:
         out = _speed(llm, prompts, max_tokens) if speed else {}
+        if crossover:
+            out["crossover"] = _crossover(llm, prompts, max_tokens, crossover)
         if samples:   # after the speed runs, whose prompts it would otherwise cache
             done = llm.generate([{"prompt_token_ids": p} for p in prompts], [SamplingParams(
                 n=samples, max_tokens=sampled_tokens, seed=1000 * i, **SAMPLED)
@@ -111,6 +115,39 @@ def run_engine(folder: str, settings: dict, prompts: list[list[int]], max_tokens
         return out
     finally:
         llm.llm_engine.engine_core.shutdown()
+
+
+def _aside(above: int | None):
+    """Set River's step-aside threshold in the engine's worker (collective_rpc)."""
+    def set_in(worker) -> None:
+        import attrs
+
+        model = worker.model_runner.model
+        model.river_run = attrs.evolve(model.river_run, step_aside_above=above)
+    return set_in
+
+
+def _crossover(llm, prompts: list[list[int]], max_tokens: int, rows: list[int]) -> dict:
+    """Output tokens/s of River's steps and of the same engine stepping aside (vLLM's own
+    step), `r` requests decoding together for each r in `rows`, interleaved, the best of two
+    batches of r prompts each."""
+    from vllm import SamplingParams
+
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+    out = {}
+    for r in rows:
+        batch = [{"prompt_token_ids": prompts[i % len(prompts)]} for i in range(r)]
+        best = {"river": 0.0, "aside": 0.0}
+        for _ in range(2):
+            for arm, above in (("river", None), ("aside", 0)):
+                llm.collective_rpc(_aside(above))
+                start = time.perf_counter()
+                done = llm.generate(batch, params, use_tqdm=False)
+                tokens = sum(len(d.outputs[0].token_ids) for d in done)
+                best[arm] = max(best[arm], tokens / (time.perf_counter() - start))
+        out[r] = best
+    llm.collective_rpc(_aside(None))
+    return out
 
 
 def _speed(llm, prompts: list[list[int]], max_tokens: int) -> dict:
@@ -181,14 +218,13 @@ def mean_nll(model: RiverModel, prompts: list[list[int]],
 
 
 def river_own_samples(model_path: str | None, backends: list[str], prompts: list[list[int]],
-                      n: int, tokens: int, tau: float) -> dict:
+                      n: int, tokens: int, lossless: dict) -> dict:
     """River's own engines' continuations at SAMPLED: full depth and lossless mode."""
     out = {}
     for backend in backends:
         model = RiverModel.from_pretrained(model_path, backend=backend)
         for label, config in (("full depth", ExitConfig(kv="full")),
-                              ("lossless mode", ExitConfig(options={"tau": tau},
-                                                           mode="speculative"))):
+                              ("lossless mode", ExitConfig(**lossless, mode="speculative"))):
             out[f"River {label} ({backend})"] = [
                 [model.generate_ids([p], config, GenerationConfig(
                     max_new_tokens=tokens, seed=1000 * i + s, **SAMPLED)).tokens[0]
@@ -217,15 +253,15 @@ def sampled_gaps(nll: dict[str, list[float]]) -> dict:
 
 
 def river_own(model_path: str | None, backends: list[str], prompts: list[list[int]],
-              max_tokens: int, tau: float) -> dict:
+              max_tokens: int, exit_mode: dict, lossless: dict) -> dict:
+    """River's own engines at batch 1 with the same settings: output tokens/s."""
     out = {}
     for backend in backends:
         model = RiverModel.from_pretrained(model_path, backend=backend)
         gen = GenerationConfig(max_new_tokens=max_tokens)
         for label, config in (("full depth", ExitConfig(kv="full")),
-                              ("exit mode", ExitConfig(options={"tau": tau})),
-                              ("lossless mode", ExitConfig(options={"tau": tau},
-                                                           mode="speculative"))):
+                              ("exit mode", ExitConfig(**exit_mode)),
+                              ("lossless mode", ExitConfig(**lossless, mode="speculative"))):
             model.generate_ids([prompts[0]], config, gen)   # warm-up
             tokens = seconds = 0
             for p in prompts:
@@ -241,14 +277,24 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--tau", type=float, default=0.97, help="the paper's rule's threshold")
+    ap.add_argument("--exit-mode", type=json.loads, default={"options": {"tau": 0.97}},
+                    help="River's exit-mode settings, ExitConfig's fields as JSON (default: "
+                    "the paper's rule at tau 0.97)")
+    ap.add_argument("--lossless", type=json.loads,
+                    default={"policy": "fixed", "options": {"layer": -1}, "draft_tokens": 4},
+                    help="River's lossless-mode settings as JSON (default: drafts of "
+                    "stand-ins only, 4 a round: the fastest draft in River's own engines)")
     ap.add_argument("--samples", type=int, default=12,
                     help="the sampled check: continuations per prompt and engine (0: none)")
     ap.add_argument("--sampled-tokens", type=int, default=32)
-    ap.add_argument("--configs", nargs="+", help="of the vLLM configurations, these (default: "
-                    "all)")
+    ap.add_argument("--configs", nargs="+", help="of the vLLM configurations, these and vLLM "
+                    "plain, which every ratio is taken against (default: all)")
     ap.add_argument("--backends", nargs="+", default=["hf", "onnx"],
                     help="River's own engines beside")
+    ap.add_argument("--crossover", type=int, nargs="+", metavar="ROWS",
+                    help="also measure, per River configuration, its steps against stepping "
+                    "aside with this many requests decoding together: where River stops "
+                    "paying (step_aside_above)")
     ap.add_argument("--engine", help=argparse.SUPPRESS)   # internal: one run, in a fresh process
     args = ap.parse_args(argv)
     out = Output(args)
@@ -267,12 +313,14 @@ def main(argv: list[str] | None = None) -> None:
     questions = read_prompts(GSM8K_TEST, args.prompts)
     prompts = river.encode(questions)
     # River's own engines first: vLLM then keeps one thread
-    own = river_own(args.model, args.backends, prompts, args.max_tokens, args.tau)
+    own = river_own(args.model, args.backends, prompts, args.max_tokens, args.exit_mode,
+                    args.lossless)
     sampling = {"samples": args.samples, "sampled_tokens": args.sampled_tokens}
     samples = river_own_samples(args.model, args.backends, prompts, args.samples // 2,
-                                args.sampled_tokens, args.tau) if args.samples else {}
-    chosen = {name: settings for name, settings in configurations(args.tau).items()
-              if args.configs is None or name in args.configs}
+                                args.sampled_tokens, args.lossless) if args.samples else {}
+    chosen = {name: settings for name, settings in
+              configurations(args.exit_mode, args.lossless).items()
+              if args.configs is None or name in args.configs or name == "vllm plain"}
     rounds: dict = {name: [] for name in chosen}
     for r in range(args.rounds):
         for name, settings in chosen.items():
@@ -282,9 +330,16 @@ def main(argv: list[str] | None = None) -> None:
             samples[name] = rounds[name][-1].pop("samples", samples.get(name))
     if args.samples and (args.configs is None or REPAIRED_NGRAM in args.configs):
         print(f"sampled: {REPAIRED_NGRAM}", file=sys.stderr, flush=True)
-        samples[REPAIRED_NGRAM] = measure(
-            folder, configurations(args.tau)["vllm ngram (spec. decoding)"], prompts,
-            args.max_tokens, speed=False, repairs=True, **sampling).get("samples")
+        ngram = configurations(args.exit_mode, args.lossless)["vllm ngram (spec. decoding)"]
+        samples[REPAIRED_NGRAM] = measure(folder, ngram, prompts, args.max_tokens, speed=False,
+                                          repairs=True, **sampling).get("samples")
+    crossover = {}
+    for name in [n for n in chosen if n.startswith("River")] if args.crossover else []:
+        print(f"crossover: {name}", file=sys.stderr, flush=True)
+        settings = configurations({**args.exit_mode, "step_aside_above": None},
+                                  {**args.lossless, "step_aside_above": None})[name]
+        crossover[name] = measure(folder, settings, prompts, args.max_tokens, speed=False,
+                                  crossover=args.crossover).get("crossover")
     sampled = sampled_gaps({name: mean_nll(river, prompts, s) for name, s in samples.items()
                             if s is not None})
     results = {}
@@ -306,8 +361,9 @@ def main(argv: list[str] | None = None) -> None:
                 plain[str(c)]["tokens_per_second"]
         r["identical_to_plain"] = sum(a == b for a, b in zip(r["outputs"], plain["outputs"])) \
             / len(prompts)
-    at_one = lambda name: results[name]["1"]["speedup"] \
+    at = lambda name, c: results[name][str(c)]["speedup"] \
         if "error" not in results.get(name, {"error": "not run"}) else None
+    at_one = lambda name: at(name, 1)
     summary = {
         "vllm_exit_speedup": at_one("River exit mode in vllm"),
         "vllm_lossless_speedup": at_one("River lossless mode in vllm"),
@@ -318,6 +374,14 @@ def main(argv: list[str] | None = None) -> None:
             b: own[f"River {mode} mode ({b})"]["tokens_per_second"] /
             own[f"River full depth ({b})"]["tokens_per_second"] for b in args.backends}
             for mode in ("exit", "lossless")},
+        "vllm_exit_speedup_c16": at("River exit mode in vllm", 16),
+        "vllm_lossless_speedup_c16": at("River lossless mode in vllm", 16),
+        "vllm_worst_speedup": min((r[str(c)]["speedup"] for name, r in results.items()
+                                   if name.startswith("River") and "error" not in r
+                                   for c in CONCURRENCY), default=None),
+        "step_aside_above_measured": {
+            name: max([0] + [int(r) for r, t in rows.items() if t["river"] > t["aside"]])
+            for name, rows in crossover.items() if rows},
         **({"vllm_lossless_sampled_nll_gap": sampled["River lossless mode in vllm"]["gap_se"],
             "lossless_sampled_ok": {name: r["ok"] for name, r in sampled.items()}}
            if "River lossless mode in vllm" in sampled else {})}
@@ -325,9 +389,10 @@ def main(argv: list[str] | None = None) -> None:
         r.pop("outputs", None)
     command = run_command("vllm", argv)
     payload = {"command": command, "machine": info, "prompts": len(prompts),
-               "max_tokens": args.max_tokens, "tau": args.tau, "results": results,
+               "max_tokens": args.max_tokens, "exit_mode": args.exit_mode,
+               "lossless": args.lossless, "results": results,
                "sampled": {"settings": SAMPLED, **sampling, "engines": sampled},
-               "river_own": own, "summary": summary}
+               "crossover": crossover, "river_own": own, "summary": summary}
     out.write("vllm", payload, report(payload))
     plot(out, payload)
 
@@ -336,9 +401,10 @@ def report(p: dict) -> str:
     info, s = p["machine"], p["summary"]
     lines = ["# River inside vLLM (CPU)", "",
              f"Machine: {info['cpu']}, {info['cores']} cores (vLLM computes on one of them). "
-             f"Command: `{p['command']}`. Embedded model, {p['prompts']} GSM8K test_dev "
-             f"questions, chat-formatted, greedy, {p['max_tokens']} new tokens at most; the "
-             f"paper's rule at tau {p['tau']}; median of the rounds.", "",
+             f"Command: `{p['command']}`. {p['prompts']} GSM8K test_dev "
+             f"questions, chat-formatted, greedy, {p['max_tokens']} new tokens at most; "
+             f"River's settings: exit mode {json.dumps(p['exit_mode'])}, lossless mode "
+             f"{json.dumps(p['lossless'])}; median of the rounds.", "",
              "| configuration | concurrency | output tokens/s | ms per output token | vs vLLM "
              "plain | time in the model's forward | outputs identical to plain |",
              "|---|---|---|---|---|---|---|"]
@@ -365,6 +431,17 @@ def report(p: dict) -> str:
                  f"identical to vLLM plain") + f"; in River's own engines exit mode runs at "
               f"{own('exit')} and lossless mode at {own('lossless')} their full depth.", "",
               "![speed](vllm.png)", ""]
+    if p.get("crossover"):
+        lines += ["## Where River stops paying: its steps against stepping aside", "",
+                  "The same engine, River's step-aside threshold switched per run: output "
+                  "tokens/s with r requests decoding together (the best of two batches).", "",
+                  "| configuration | requests | River's steps | stepped aside | River / aside |",
+                  "|---|---|---|---|---|"]
+        for name, rows in p["crossover"].items():
+            lines += [f"| {name} | {r} | {t['river']:.1f} | {t['aside']:.1f} | "
+                      f"{t['river'] / t['aside']:.2f}x |" for r, t in rows.items()]
+        lines += ["", "Measured step_aside_above (the most requests at which River still "
+                  f"pays): {json.dumps(s.get('step_aside_above_measured'))}.", ""]
     sampled = p.get("sampled")
     if sampled and sampled["engines"]:
         lines += ["## Sampled output against the plain model's distribution", "",

@@ -34,7 +34,10 @@ from hypothesis import given, strategies as st
 
 from river_core.backend import PROMISES, Backend, FusedTail
 from river_core.config import ExitConfig, GenerationConfig
-from river_core.decode import generate_ids, teacher_force
+from river_core.decode import (decode_step, generate_ids, stand_in_error, start_rows,
+                               teacher_force)
+from river_core.layer_engine import LayerEngine
+from river_core.layout import SINKS
 from river_core.errors import CapabilityError, ConfigError
 from river_core.kv import Full, Mask, Monotonic, Propagate, Recompute, River
 from river_core.model import RiverModel
@@ -433,9 +436,12 @@ def test_speculative_greedy_output_is_full_depths_token_for_token(
         conformance_backend, prompt, n, gamma, exits, adaptive, data):
     b = conformance_backend.backend(conformance_backend.family(data))
     strategy = _drafting(b, data)
+    window = data.draw(st.none() | st.integers(1, 8), label="draft window") \
+        if b.capabilities.windowed_drafts else None
     want = _greedy(b, prompt, n).tokens
     got = speculative_ids(b, [prompt], GenerationConfig(max_new_tokens=n),
-                          scripted_run(strategy, exits), DraftLength(gamma, adaptive))
+                          attrs.evolve(scripted_run(strategy, exits), draft_window=window),
+                          DraftLength(gamma, adaptive))
     assert got.tokens == want
     assert sum(got.accepted) + len(got.accepted) >= len(want[0]) - 1   # every round yields
 
@@ -460,6 +466,56 @@ def test_no_river_kv_survives_verification(conformance_backend, prompt, n, gamma
             for got, full in zip(b.read_kv(i), want[i]):
                 assert relative_error(got[:, :, :stands], full[:, :, :stands]) <= FULL_DEPTH_RTOL
     assert out == tokens
+
+
+windowed_prompts = st.lists(st.integers(3, tiny.VOCAB - 1), min_size=SINKS + 4,
+                            max_size=24).map(lambda p: [1] + p)
+
+
+@given(prompt=windowed_prompts, cont=continuations, window=st.integers(1, 3), data=st.data())
+def test_a_draft_window_attends_the_sinks_and_the_last_positions(
+        conformance_backend, prompt, cont, window, data):
+    """Under `window_drafts(w)` a single-token step attends the first SINKS positions and the
+    last w only: as if those between were absent (the `mask` strategy's holes, where the
+    backend has them); prefill sees everything, and a window covering the context changes
+    nothing. Every step still writes its own slot (the first layer's K/V, which attention does
+    not touch, are full depth's)."""
+    b = conformance_backend.backend(conformance_backend.family(data))
+    _needs(b, "windowed_drafts")
+    holed = isinstance(b, LayerEngine)   # holes anywhere in the cache: through its layout
+    plain = forced_logits(b, prompt, cont, Full())
+    first_layer = b.read_kv(0)
+    try:
+        b.window_drafts(window)
+        windowed = forced_logits(b, prompt, cont, Full())
+        written = b.read_kv(0)
+        first = _first_step(b, prompt, cont[0])
+        b.window_drafts(None)
+        holes = range(SINKS, len(prompt) + 1 - window)
+        hidden = _first_step(b, prompt, cont[0], holes) if holed else first
+        b.window_drafts(len(prompt) + len(cont))
+        covering = forced_logits(b, prompt, cont, Full())
+    finally:
+        b.window_drafts(None)
+    assert np.array_equal(windowed[0], plain[0])
+    assert all(relative_error(w, p) <= FULL_DEPTH_RTOL for w, p in zip(written, first_layer))
+    assert relative_error(first, hidden) <= FULL_DEPTH_RTOL
+    assert all(relative_error(c, p) <= FULL_DEPTH_RTOL for c, p in zip(covering, plain))
+    assert all(relative_error(w, p) > FULL_DEPTH_RTOL for w, p in zip(windowed[1:], plain[1:]))
+
+
+def _first_step(b, prompt, token, holes=()) -> np.ndarray:
+    """The logits of decoding `token` after `prompt` at full depth, the positions `holes`
+    marked absent in every layer (a LayerEngine's layout)."""
+    run = scripted_run(Full())
+    pre = b.prefill([prompt], len(prompt) + 1)
+    for position in holes:
+        for i in range(b.num_layers):
+            b.cache.layout.skip(i, None, position)
+    logits, _ = decode_step(b, [token], run, start_rows(stand_in_error(b), run,
+                                                         pre.similarity), 0)
+    b.commit()
+    return logits
 
 
 # Sampled exactness: seeded samples of lossless and plain generation against each other and

@@ -44,6 +44,14 @@ def add_exit_arguments(parser: argparse.ArgumentParser, *, speculative: bool = T
         parser.add_argument("--adaptive-draft", action="store_true",
                             help="speculative mode: vary the draft length with the drafts' "
                             "runs, up to --draft-tokens")
+        parser.add_argument("--draft-window", type=int, metavar="N",
+                            help="speculative mode: drafts attend the context's first 4 "
+                            "positions and its last N (verification keeps the output exact)")
+    parser.add_argument("--step-aside-above", type=int, metavar="ROWS",
+                        help="rows decoding in one step above which River steps aside (full "
+                        "depth, no drafts); the crossover `river bench vllm --crossover` "
+                        "measures (river serve's default: the one measured for each mode, "
+                        "docs/scaling.md)")
 
 
 def exit_config(args: argparse.Namespace, **fields) -> ExitConfig:
@@ -52,7 +60,9 @@ def exit_config(args: argparse.Namespace, **fields) -> ExitConfig:
     given = {"policy": args.policy or default(ExitConfig, "policy"), "kv": args.kv,
              "predictor": args.predictor, "options": parse(args.option)}
     for field, name in (("prefill_exit", "prefill_exit"), ("mode", "mode"),
-                        ("draft_tokens", "draft_tokens"), ("adaptive", "adaptive_draft")):
+                        ("draft_tokens", "draft_tokens"), ("adaptive", "adaptive_draft"),
+                        ("draft_window", "draft_window"),
+                        ("step_aside_above", "step_aside_above")):
         if hasattr(args, name):
             given[field] = getattr(args, name)
     return ExitConfig(**{**given, **fields})

@@ -65,6 +65,7 @@ class Capabilities:
     recompute: bool = False   # `RecomputesSpans`, batch 1
     sub_blocks: bool = False  # `layer(..., sub_blocks=True)` reports the sub-blocks' cosines
     verify: bool = False      # `Verifies`: speculative decoding, batch 1
+    windowed_drafts: bool = False  # drafts can attend a window of the context (draft_window)
     batch: bool = False       # accepts more than one sequence
     sequences: bool = True    # keeps each sequence's exit state (its policy's, its
                               # predictor's) across steps; False where the engine sees tokens,
@@ -215,6 +216,16 @@ class Verifies(Protocol):
 
 
 @runtime_checkable
+class WindowsDrafts(Protocol):
+    """`Capabilities.windowed_drafts`: speculative mode's drafts attend part of the context."""
+
+    def window_drafts(self, window: int | None) -> None:
+        """From now on a single-token step attends only the first SINKS positions
+        (river_core.layout) and the last `window`; None: all of them again. Verification
+        (`extend`) and prefill always attend everything."""
+
+
+@runtime_checkable
 class FusedTail(Protocol, Generic[H]):
     """Optional speed: a token's whole exit river in one call."""
 
@@ -243,5 +254,6 @@ class MixedLayers(Protocol, Generic[H]):
 
 
 PROMISES = {"exits": Layered, "stand_in": StandIns, "propagate": ProjectsKV,
-            "mask": MasksEntries, "recompute": RecomputesSpans, "verify": Verifies}
+            "mask": MasksEntries, "recompute": RecomputesSpans, "verify": Verifies,
+            "windowed_drafts": WindowsDrafts}
 """Each promise of `Capabilities` and the sub-protocol that keeps it."""

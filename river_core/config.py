@@ -1,7 +1,11 @@
-"""Value types that configure a run. Validated on construction so bad input fails early."""
+"""Value types that configure a run. Validated on construction, types and ranges, so bad
+input fails early with one line (a `ConfigError`), the same from the command line and the
+API, before any model loads."""
 
 from __future__ import annotations
 
+import math
+import numbers
 from typing import Any, Mapping
 
 import attrs
@@ -12,6 +16,39 @@ from .errors import ConfigError
 def _check(cond: bool, message: str) -> None:
     if not cond:
         raise ConfigError(message)
+
+
+def _kind(value: Any) -> str:
+    return type(value).__name__
+
+
+def _integer(name: str, value: Any, low: int, what: str = "") -> None:
+    _check(isinstance(value, numbers.Integral) and not isinstance(value, bool),
+           f"{name} must be an integer{what}, got {value!r} ({_kind(value)})")
+    _check(value >= low, f"{name} must be >= {low}, got {value}")
+
+
+def _number(name: str, value: Any) -> float:
+    _check(isinstance(value, numbers.Real) and not isinstance(value, bool),
+           f"{name} must be a number, got {value!r} ({_kind(value)})")
+    _check(math.isfinite(value), f"{name} must be finite, got {value}")
+    return float(value)
+
+
+def _text(name: str, value: Any) -> None:
+    _check(isinstance(value, str), f"{name} must be text (str), got {value!r} ({_kind(value)})")
+
+
+def _stops(value: Any) -> tuple[str, ...]:
+    """One stop string or several; never a string's characters."""
+    if isinstance(value, str):
+        return (value,)
+    if value is None:
+        return ()
+    if not isinstance(value, (list, tuple)):
+        raise ConfigError(f"stop must be a string or a list of strings, got {value!r} "
+                          f"({_kind(value)})")
+    return tuple(value)
 
 
 METHODS = ("hqq", "rtn", "hqq-int", "rtn-int")
@@ -35,9 +72,10 @@ class QuantSpec:
     method: str = "hqq"
 
     def __attrs_post_init__(self) -> None:
-        _check(self.bits in (4, 8), f"stand-in precision must be 4 or 8 bits, got {self.bits}")
-        _check(self.group_size in (32, 64, 128, 256),
-               f"group size must be 32, 64, 128 or 256, got {self.group_size}")
+        _check(self.bits in (4, 8) and not isinstance(self.bits, bool),
+               f"stand-in precision must be 4 or 8 bits, got {self.bits!r}")
+        _check(self.group_size in (32, 64, 128, 256) and not isinstance(self.group_size, bool),
+               f"group size must be 32, 64, 128 or 256, got {self.group_size!r}")
         _check(self.method in METHODS,
                f"quantizer must be one of {', '.join(METHODS)}, got {self.method!r}")
 
@@ -57,40 +95,75 @@ class ExitConfig:
     policy: str = "settled"
     kv: str = "river"
     predictor: str = "transition"
-    options: Mapping[str, Any] = attrs.field(factory=dict, converter=dict)
+    options: Mapping[str, Any] = attrs.field(factory=dict, converter=lambda o: _options(o))
     prefill_exit: int | None = None
     """Sequence-level exit of the prompt (as the paper): its layers past this one run their
     stand-ins; None runs the prompt at full depth. Only with the `river` strategy."""
     mode: str = "exit"
     """"exit": a token that exits is final (the paper; fast, lossy). "speculative": exited
     tokens are drafts the backbone verifies, several at once (lossless: the backbone's output)."""
-    draft_tokens: int = 4
-    """Speculative mode: the most tokens drafted per verification."""
+    draft_tokens: int = 2
+    """Speculative mode: the most tokens drafted per verification. Two by default: verifying
+    three tokens costs hardly more than one on either CPU engine, five costs much more, and on
+    the README's prompt and GSM8K train two was the fastest length on both
+    (docs/benchmarks.md, "Lossless mode at long contexts and short answers")."""
     adaptive: bool = False
     """Speculative mode: let the draft length follow the drafts' runs (one more after a round
-    kept whole, one less after a rejection). Off by default: on GSM8K train a fixed length
-    of 4 was faster (docs/benchmarks.md, "Lossless mode")."""
+    kept whole, one less after a rejection) and take plain steps where drafting does not pay.
+    Off by default: on GSM8K train a fixed length was faster (docs/benchmarks.md, "Lossless
+    mode")."""
+    step_aside_above: int | None = None
+    """Rows decoding in one step above which River steps aside: exit mode runs that step at
+    full depth, speculative mode drafts nothing for it (None: never). Where per-token exits
+    stop paying depends on the machine and the engine: `river bench vllm` measures the
+    crossover (docs/scaling.md)."""
+    draft_window: int | None = None
+    """Speculative mode: drafts attend the context's first 4 positions and its last
+    `draft_window` (None: all of it). The backbone's verification keeps the output exact, so
+    only how many drafts it keeps can change; a long context's drafts cost less."""
 
     def __attrs_post_init__(self) -> None:
-        _check(self.prefill_exit is None or self.prefill_exit >= -1,
-               f"prefill_exit must be >= -1, got {self.prefill_exit}")
+        for name in ("policy", "kv", "predictor"):
+            _text(name, getattr(self, name))
+        if self.prefill_exit is not None:
+            _integer("prefill_exit", self.prefill_exit, -1, " or None")
         _check(self.mode in MODES, f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
-        _check(self.draft_tokens >= 1, f"draft_tokens must be >= 1, got {self.draft_tokens}")
+        _integer("draft_tokens", self.draft_tokens, 1)
+        _check(isinstance(self.adaptive, bool), f"adaptive must be True or False, got "
+               f"{self.adaptive!r}")
+        if self.draft_window is not None:
+            _integer("draft_window", self.draft_window, 1, " or None")
+        if self.step_aside_above is not None:
+            _integer("step_aside_above", self.step_aside_above, 0, " or None")
+
+
+def _options(options: Any) -> dict:
+    _check(isinstance(options, Mapping), f"options must be a mapping of names to values, got "
+           f"{options!r} ({_kind(options)})")
+    return dict(options)
 
 
 @attrs.frozen
 class GenerationConfig:
-    """Decoding settings. temperature 0 means greedy; top_k 0 keeps every token."""
+    """Decoding settings. temperature 0 means greedy; top_k 0 keeps every token; `stop`: one
+    string or several, each non-empty."""
 
     max_new_tokens: int = 128
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
-    stop: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    stop: tuple[str, ...] = attrs.field(default=(), converter=_stops)
     seed: int = 0
 
     def __attrs_post_init__(self) -> None:
-        _check(self.max_new_tokens > 0, f"max_new_tokens must be > 0, got {self.max_new_tokens}")
-        _check(self.temperature >= 0.0, f"temperature must be >= 0, got {self.temperature}")
-        _check(0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p}")
-        _check(self.top_k >= 0, f"top_k must be >= 0, got {self.top_k}")
+        _integer("max_new_tokens", self.max_new_tokens, 1)
+        _check(_number("temperature", self.temperature) >= 0.0,
+               f"temperature must be >= 0, got {self.temperature}")
+        _check(0.0 < _number("top_p", self.top_p) <= 1.0,
+               f"top_p must be in (0, 1], got {self.top_p}")
+        _integer("top_k", self.top_k, 0, " (0: every token)")
+        _integer("seed", self.seed, 0)
+        _check(self.seed < 2 ** 63, f"seed must be below 2**63, got {self.seed}")
+        for s in self.stop:
+            _text("a stop string", s)
+            _check(s != "", "a stop string must not be empty")

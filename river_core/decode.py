@@ -6,6 +6,7 @@ Backends supply primitives (backend.py); this module alone decides which layer r
 from __future__ import annotations
 
 import functools
+import numbers
 import time
 from typing import Callable, Collection, Generator, Mapping, Sequence
 
@@ -33,9 +34,10 @@ class DecodeResult:
     `layer`; **layers run** is the count, exit layer + 1 (`mean_layers_run`,
     `layers_run_histogram`).
 
-    Speed, one definition in every mode: `ms_per_token` is all decode time over the tokens
-    decoding produced (the first token comes from prefill); `median_step_ms` is a second
-    figure where a step is one token (exit mode; at batch 1 the median ms/token).
+    Speed, one definition in every mode: the first token of each sequence comes from prefill
+    (`prefill_ms`); `decoded_tokens` are the rest, and `ms_per_token` and `tokens_per_second`
+    are both all decode time over them (nan when nothing was decoded); `median_step_ms` is a
+    second figure where a step is one token (exit mode; at batch 1 the median ms/token).
     """
 
     tokens: list[list[int]]
@@ -53,9 +55,18 @@ class DecodeResult:
         return bool(self.drafted)
 
     @property
+    def decoded_tokens(self) -> int:
+        """Tokens decoding produced: every token but each sequence's first (prefill's)."""
+        return sum(max(len(t) - 1, 0) for t in self.tokens)
+
+    @property
+    def prefill_ms(self) -> float:
+        return self.prefill_seconds * 1e3
+
+    @property
     def ms_per_token(self) -> float:
         """All decode time over the tokens decoding produced, in milliseconds (every mode)."""
-        n = sum(len(t) for t in self.tokens) - len(self.tokens)
+        n = self.decoded_tokens
         return sum(self.step_seconds) * 1e3 / n if n > 0 else float("nan")
 
     @property
@@ -79,9 +90,10 @@ class DecodeResult:
 
     @property
     def tokens_per_second(self) -> float:
-        n = sum(len(t) for t in self.tokens)
-        total = self.prefill_seconds + sum(self.step_seconds)
-        return n / total if total > 0 else float("nan")
+        """Decoded tokens over decode time (prefill apart, in `prefill_ms`): 1000 / ms/token
+        at batch 1."""
+        seconds = sum(self.step_seconds)
+        return self.decoded_tokens / seconds if seconds > 0 else float("nan")
 
     @property
     def _all_exits(self) -> np.ndarray:
@@ -109,12 +121,20 @@ class DecodeResult:
 @attrs.frozen
 class Run:
     """What one generation runs: a fresh KV strategy (strategies may keep state across steps),
-    the exit policy, and the predictor factory, (stand_in_error, prompt_similarity) ->
-    predictor. `Plan.run()` makes one; tests and measurements may build their own."""
+    the exit policy, the predictor factory, (stand_in_error, prompt_similarity) -> predictor,
+    the rows per step above which River steps aside (ExitConfig.step_aside_above) and the
+    drafts' attention window (ExitConfig.draft_window).
+    `Plan.run()` makes one; tests and measurements may build their own."""
 
     strategy: KVStrategy
     policy: ExitPolicy
     new_predictor: PredictorFactory
+    step_aside_above: int | None = None
+    draft_window: int | None = None
+
+    def steps_aside(self, rows: int) -> bool:
+        """Whether a step of `rows` decoding rows runs at full depth, drafting nothing."""
+        return self.step_aside_above is not None and rows > self.step_aside_above
 
 
 @attrs.define
@@ -239,7 +259,8 @@ def decode_step(backend: Backend, tokens: Sequence[int], run: Run, rows: list[Ro
     A `draft` step's logits come from the head's stand-in where the backend has one."""
     if not isinstance(backend, Layered):   # an engine that only decodes at full depth
         return backend.decode(tokens), [backend.num_layers - 1] * len(tokens)
-    walk = Walk(backend, run, dict(enumerate(rows)), step, len(tokens))
+    movable = {} if run.steps_aside(len(tokens)) else dict(enumerate(rows))
+    walk = Walk(backend, run, movable, step, len(tokens))
     h = walk.through(backend.embed(tokens))
     logits = (backend.stand_in_logits if draft and isinstance(backend, DraftHead)
               else backend.logits)(h)
@@ -261,9 +282,13 @@ def stopped(text: str, stop: Sequence[str]) -> bool:
 
 
 def check_capacity(backend: Backend, prompts: Sequence[Sequence[int]], new_tokens: int) -> int:
-    """The cache positions a generation needs; refuses empty prompts and context overflow."""
+    """The cache positions a generation needs; refuses empty prompts, ids that are no token
+    ids, and context overflow."""
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ConfigError("empty prompt: give at least one token")
+    if not all(isinstance(t, numbers.Integral) and not isinstance(t, bool) and t >= 0
+               for p in prompts for t in p):
+        raise ConfigError("a prompt's token ids must be non-negative integers")
     longest = max(len(p) for p in prompts)
     if longest + new_tokens > backend.max_positions:
         raise ConfigError(f"prompt ({longest} tokens) plus max_new_tokens ({new_tokens}) "

@@ -14,6 +14,8 @@ import numpy as np
 
 from .errors import ConfigError
 
+SINKS = 4   # a draft window's first slots, which attention leans on (attention sinks)
+
 
 class Layout:
     def __init__(self, lengths: Sequence[int], capacity: int, num_layers: int) -> None:
@@ -65,8 +67,19 @@ class Layout:
         of a sliding-window layer reads only the last `window` slots."""
         return max(0, end - window) if window is not None and end - start == 1 else 0
 
-    def _holes(self, layer: int, lo: int, end: int) -> np.ndarray | None:
-        holes = None if self.holes is None else self.holes[layer, :, lo:end]
+    def key_slots(self, start: int, end: int, window: int | None,
+                  draft_window: int | None = None) -> slice | np.ndarray:
+        """The slots a step's queries read: first_key..end-1; for a single query under a
+        draft window (ExitConfig.draft_window) only those of them among the first SINKS
+        slots and the last `draft_window`."""
+        lo = self.first_key(start, end, window)
+        recent = end - draft_window if draft_window is not None and end - start == 1 else lo
+        if recent <= max(lo, SINKS):
+            return slice(lo, end)
+        return np.r_[lo:max(lo, SINKS), recent:end]
+
+    def _holes(self, layer: int, slots: slice | np.ndarray) -> np.ndarray | None:
+        holes = None if self.holes is None else self.holes[layer][:, slots]
         return holes if holes is not None and holes.any() else None
 
     def mask_key(self, window: int | None, layer: int) -> tuple:
@@ -77,21 +90,22 @@ class Layout:
     def plain(self, start: int, end: int, window: int | None, layer: int) -> bool:
         """True when `mask` is all-causal attention with the queries starting at slot 0, or
         every key for a single query: an engine may then skip the mask."""
-        lo = self.first_key(start, end, window)
-        return not self.padded and self._holes(layer, lo, end) is None and \
+        slots = slice(self.first_key(start, end, window), end)
+        return not self.padded and self._holes(layer, slots) is None and \
             (end - start == 1 or (start == 0 and (window is None or end <= window)))
 
-    def mask(self, start: int, end: int, window: int | None, layer: int) -> np.ndarray:
-        """[batch, queries, keys] True where query slot start..end-1 attends key slot
-        first_key..end-1 of layer `layer`."""
-        lo = self.first_key(start, end, window)
+    def mask(self, start: int, end: int, window: int | None, layer: int,
+             slots: slice | np.ndarray | None = None) -> np.ndarray:
+        """[batch, queries, keys] True where query slot start..end-1 attends key slot `slots`
+        (by default first_key..end-1) of layer `layer`."""
+        slots = slice(self.first_key(start, end, window), end) if slots is None else slots
         q = np.arange(start, end)[:, None]
-        k = np.arange(lo, end)[None, :]
+        k = np.arange(end)[slots][None, :]
         m = k <= q
         if window is not None:
             m = m & (k > q - window)
-        m = m[None] & self.valid[:, None, lo:end]
-        holes = self._holes(layer, lo, end)
+        m = m[None] & self.valid[:, None, slots]
+        holes = self._holes(layer, slots)
         if holes is not None:
             m = m & ~holes[:, None]
         return m | (k == q)[None]   # a padded query attends to itself, so no row is empty

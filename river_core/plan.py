@@ -41,7 +41,8 @@ class Plan:
 
     def run(self) -> Run:
         return Run(self.kv_plugin.make(self.kv_options), self.policy,
-                   functools.partial(self.predictor_plugin.make, self.predictor_options))
+                   functools.partial(self.predictor_plugin.make, self.predictor_options),
+                   self.config.step_aside_above, self.config.draft_window)
 
     def draft_length(self) -> DraftLength | None:
         """Speculative mode's draft length rule, fresh for a generation (None: exit mode)."""
@@ -102,8 +103,11 @@ def _check(config: ExitConfig, strategy, policy: ExitPolicy, caps: Capabilities,
         if config.prefill_exit >= shape.num_layers:
             raise ConfigError(f"prefill_exit {config.prefill_exit} is past the model's last "
                               f"layer ({shape.num_layers - 1})")
+    if config.draft_window is not None and config.mode != "speculative":
+        raise ConfigError("draft_window is the drafts' attention window: it applies to "
+                          "speculative mode")
     if config.mode == "speculative":
-        check_can_draft(caps, backend, strategy, 1)
+        check_can_draft(caps, backend, strategy, 1, config.draft_window)
         if config.prefill_exit is not None:
             raise ConfigError("speculative mode is lossless, but prefill_exit would leave "
                               "stand-in K/V in the prompt's slots; drop one of them")

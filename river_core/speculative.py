@@ -15,12 +15,12 @@ round, so the output is the backbone's, only faster when drafts are cheap and mo
 from __future__ import annotations
 
 import time
-from typing import Iterator, Sequence
+from typing import Iterator, Sequence, cast
 
 import attrs
 import numpy as np
 
-from .backend import Backend, Capabilities
+from .backend import Backend, Capabilities, WindowsDrafts
 from .config import GenerationConfig
 from .decode import (DecodeResult, Run, Stream, Token, check_capacity, decode_step, drain,
                      stand_in_error, start_rows, stopped)
@@ -46,23 +46,46 @@ class DraftLength:
     question, a formula's boilerplate) more than token by token, so the length follows the
     last round: one more after a round the backbone kept whole, one less after a rejection,
     between 1 and `most` (on GSM8K train this beat a cost model that assumed independent
-    acceptances, but not a fixed length: docs/benchmarks.md, "Lossless mode"). Fixed at
+    acceptances, but not a fixed length: docs/benchmarks.md, "Lossless mode"). And it stops
+    drafting where drafts do not pay: it keeps the measured time per token of rounds that
+    drafted and of plain steps (a round of no drafts: the backbone's next token alone), drafts
+    only while drafting is the cheaper, and looks at the other every PROBE rounds. Fixed at
     `most` when not adaptive."""
+
+    PROBE = 8
+    SMOOTHING = 0.3   # weight of a new round in the running time per token
 
     def __init__(self, most: int, adaptive: bool = False) -> None:
         self.most, self.adaptive = most, adaptive
         self._next = most
         self._kept = self._drafted = 0
+        self._rounds = 0
+        self.seconds_per_token: dict[bool, float | None] = {True: None, False: None}
+        """Running time per token of rounds that drafted (True) and of plain steps."""
 
     @property
     def acceptance(self) -> float:
         """The share of drafted tokens kept so far."""
         return self._kept / self._drafted if self._drafted else float("nan")
 
+    @property
+    def drafting_pays(self) -> bool:
+        drafted, plain = self.seconds_per_token[True], self.seconds_per_token[False]
+        return drafted is None or plain is None or drafted <= plain
+
     def next(self) -> int:
-        return self._next
+        if not self.adaptive:
+            return self.most
+        probe = self._rounds % self.PROBE == self.PROBE - 1   # now and then, the other way
+        return self._next if self.drafting_pays != probe else 0
 
     def update(self, r: Round) -> None:
+        self._rounds += 1
+        if r.verify_seconds > 0 and r.tokens:   # a round after prefill's
+            per, arm = (r.draft_seconds + r.verify_seconds) / len(r.tokens), r.drafted > 0
+            known = self.seconds_per_token[arm]
+            self.seconds_per_token[arm] = per if known is None else \
+                (1 - self.SMOOTHING) * known + self.SMOOTHING * per
         if not r.drafted:
             return
         self._kept += r.accepted
@@ -73,7 +96,8 @@ class DraftLength:
 
 
 def check_can_draft(caps: Capabilities, backend_name: str,
-                    strategy: type[KVStrategy] | KVStrategy, batch: int) -> None:
+                    strategy: type[KVStrategy] | KVStrategy, batch: int,
+                    draft_window: int | None = None) -> None:
     if not caps.verify:
         raise CapabilityError(f"backend {backend_name!r} cannot verify drafts (extend, "
                               f"rewind); speculative mode needs it")
@@ -83,13 +107,16 @@ def check_can_draft(caps: Capabilities, backend_name: str,
                           f"steps (river, propagate or full)")
     if batch != 1:
         raise ConfigError("speculative mode runs one sequence at a time")
+    if draft_window is not None and not caps.windowed_drafts:
+        raise CapabilityError(f"backend {backend_name!r} cannot give drafts a window of the "
+                              f"context; leave draft_window unset")
 
 
 def rounds(backend: Backend, prompt: Sequence[int], gen: GenerationConfig, run: Run,
            length: DraftLength) -> Iterator[Round]:
     """Prefill `prompt`, then draft-and-verify rounds until EOS, a stop string or
     gen.max_new_tokens; each round's tokens end at whichever comes first."""
-    check_can_draft(backend.capabilities, backend.name, run.strategy, 1)
+    check_can_draft(backend.capabilities, backend.name, run.strategy, 1, run.draft_window)
     check_capacity(backend, [prompt], gen.max_new_tokens)
     rng = np.random.default_rng(gen.seed)
     sampled = gen.temperature > 0
@@ -111,6 +138,29 @@ def rounds(backend: Backend, prompt: Sequence[int], gen: GenerationConfig, run: 
                 return new[:n], True
         return new, False
 
+    def draft(token: int, gamma: int, step: int) -> tuple[list[int], list, list[int]]:
+        """Up to gamma draft steps after `token` from slot `offset` on, ending at an end of
+        text: the drafts, their distributions (sampling; greedy: None) and their exit
+        layers."""
+        drafts, draft_probs, exits = [], [], []
+        if run.draft_window is not None:
+            cast(WindowsDrafts, backend).window_drafts(run.draft_window)
+        try:
+            for s in range(step, step + gamma):
+                logits, layers = decode_step(backend, [token], run, rows, s, draft=True)
+                backend.commit()
+                exits.append(layers[0])
+                q = distribution(logits[0]) if sampled else None
+                token = draw(q, rng) if sampled else int(logits[0].argmax())
+                drafts.append(token)
+                draft_probs.append(q)
+                if token in eos:
+                    break   # nothing the backbone could keep follows an end of text
+        finally:   # verification, and anything after a failed draft, sees the whole context
+            if run.draft_window is not None:
+                cast(WindowsDrafts, backend).window_drafts(None)
+        return drafts, draft_probs, exits
+
     start = time.perf_counter()
     pre = backend.prefill([prompt], len(prompt) + gen.max_new_tokens)
     rows = start_rows(stand_in_error(backend), run, pre.similarity)
@@ -122,34 +172,24 @@ def rounds(backend: Backend, prompt: Sequence[int], gen: GenerationConfig, run: 
         gamma = min(length.next(), gen.max_new_tokens - len(out) - 1)
         position = backend.offset
         start = time.perf_counter()
-        drafts, draft_probs, exits, token = [], [], [], x
-        for _ in range(gamma):
-            logits, layers = decode_step(backend, [token], run, rows, step, draft=True)
-            backend.commit()
-            step += 1
-            exits.append(layers[0])
-            if sampled:
-                draft_probs.append(distribution(logits[0]))
-                token = draw(draft_probs[-1], rng)
-            else:
-                token = int(logits[0].argmax())
-            drafts.append(token)
+        drafts, draft_probs, exits = draft(x, gamma, step)
+        step += len(drafts)
         backend.rewind(position)
         middle = time.perf_counter()
         target = backend.extend([x] + drafts)
         accepted, correction = 0, None
-        for logits, d, q in zip(target, drafts, draft_probs or [None] * gamma):
+        for logits, d, q in zip(target, drafts, draft_probs):
             correction = verify_draft(distribution(logits), q, d, rng) if sampled else \
                 (None if d == int(logits.argmax()) else int(logits.argmax()))
             if correction is not None:
                 break
             accepted += 1
         if correction is None:   # every draft stood: the backbone's next token comes free
-            correction = choose(target[gamma])
+            correction = choose(target[len(drafts)])
         backend.rewind(position + accepted + 1)
         tokens, done = stand(drafts[:accepted] + [correction])
         end = time.perf_counter()
-        r = Round(tokens, gamma, accepted, exits, middle - start, end - middle)
+        r = Round(tokens, len(drafts), accepted, exits, middle - start, end - middle)
         length.update(r)
         yield r
         x = tokens[-1]

@@ -91,3 +91,17 @@ def test_batched_teacher_forcing_matches_single_runs(strategy, policy):
         [alone] = teacher_force(b, [prompt], [cont], run)
         assert forced.exit_layers == alone.exit_layers and len(forced.logits) == len(cont) + 1
         assert all(np.allclose(x, y, atol=1e-4) for x, y in zip(forced.logits, alone.logits))
+
+
+def test_a_batch_above_the_step_aside_threshold_runs_at_full_depth():
+    from river_core import ExitConfig, GenerationConfig, RiverModel
+    from river_hf.plugin import tiny_backend
+
+    model = RiverModel(tiny_backend("llama", 0, 4))
+    rows, gen = [[1, 20, 21], [1, 30, 31, 32], [1, 40]], GenerationConfig(max_new_tokens=6)
+    exiting = dict(policy="fixed", options={"layer": 1})
+    full = model.generate_ids(rows, ExitConfig(kv="full"), gen)
+    aside = model.generate_ids(rows, ExitConfig(**exiting, step_aside_above=2), gen)
+    assert aside.tokens == full.tokens and set(aside.exit_layers[0]) == {5}
+    exits = model.generate_ids(rows, ExitConfig(**exiting, step_aside_above=3), gen)
+    assert set(exits.exit_layers[0]) == {1}

@@ -127,6 +127,7 @@ def bench(tmp_path_factory):
 
 
 has_vllm = importlib.util.find_spec("vllm") is not None
+has_lm_eval = importlib.util.find_spec("lm_eval") is not None
 TINY = [   # each benchmark at a tiny size, in an order that gives later ones their inputs
     ("tasks", "--configs", "full", "quantized", "river/settled:0.97", "--gsm8k-limit", "1",
      "--humaneval-limit", "1", "--shots", "1", "--max-tokens", "4", "--name", "paper-table-hf"),
@@ -140,7 +141,7 @@ TINY = [   # each benchmark at a tiny size, in an order that gives later ones th
     ("oracle", "--backend", "hf", "--gsm8k-limit", "1", "--policies", "settled:0.97"),
     ("scaling", "--measure", "--batches", "1", "2"),
     ("context", "--backends", "hf", "onnx", "--positions", "8", "16", "--tokens", "3",
-     "--rounds", "1"),
+     "--rounds", "1", "--draft-lengths", "2", "--questions", "1"),
     ("anchors", "--engines", "river", "--positions", "8", "16", "--tokens", "3", "--prompts",
      "1", "--rounds", "1"),
     ("attention", "--positions", "16", "--tokens", "1", "2", "--calls", "3"),
@@ -157,6 +158,10 @@ TINY = [   # each benchmark at a tiny size, in an order that gives later ones th
                   "4", "--sampled-tokens", "4", "--backends", "hf", "--configs", "vllm plain",
                   "River lossless mode in vllm"),
                  marks=pytest.mark.skipif(not has_vllm, reason="needs the vllm extra")),
+    pytest.param(("evaluate", "--servers", "river-exit", "--limit", "2", "--max-tokens", "4",
+                  "--concurrent", "2", "--context", "1024"),
+                 marks=pytest.mark.skipif(not (has_vllm and has_lm_eval),
+                                          reason="needs the vllm and eval extras")),
 ]
 NO_MODEL = {"attention", "river_kv_error", "paper_table"}
 

@@ -1,5 +1,6 @@
 """Plugin options: each plugin declares its own; users set them by name, from the CLI or the API."""
 
+import attrs
 import pytest
 
 from river_core import ConfigError, ExitConfig, RiverModel
@@ -105,4 +106,6 @@ def test_every_setting_is_declared_once_for_every_command():
     given = (ExitConfig(policy="similarity", options={"threshold": 0.3}, mode="speculative",
                         draft_tokens=3, adaptive=True), QuantSpec(bits=8, method="rtn"))
     assert settings(river_entry(*given)) == given
-    assert river_entry(ExitConfig(), QuantSpec()) == {}   # only what differs travels
+    never = (attrs.evolve(given[0], step_aside_above=None), given[1])
+    assert settings(river_entry(*never)) == never
+    assert river_entry(*settings({})) == {}   # only what differs from vLLM's defaults travels

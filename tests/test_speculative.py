@@ -30,12 +30,34 @@ def test_a_draft_equal_to_the_target_always_stands():
     assert all(verify_draft(p, p, int(rng.choice(7, p=p)), rng) is None for _ in range(500))
 
 
-def _round(drafted, accepted):
-    return Round([0] * (accepted + 1), drafted, accepted, [-1] * drafted, 0.01, 0.03)
+def _round(drafted, accepted, draft_seconds=0.01, verify_seconds=0.03):
+    return Round([0] * (accepted + 1), drafted, accepted, [-1] * drafted, draft_seconds,
+                 verify_seconds)
+
+
+@pytest.mark.parametrize("drafting_pays", [True, False])
+def test_adaptive_drafting_stops_where_plain_steps_are_cheaper_and_looks_again(drafting_pays):
+    """Rounds that drafted cost 10 ms a token; plain steps 20 ms, or 5 ms: it drafts, or takes
+    plain steps, and every PROBE rounds tries the other."""
+    length = DraftLength(4, adaptive=True)
+    plain = 0.020 if drafting_pays else 0.005
+    chosen = []
+    for _ in range(4 * length.PROBE):
+        g = length.next()
+        chosen.append(g)
+        length.update(_round(g, g, 0.01 * g, 0.01) if g else _round(0, 0, 0.0, plain))
+    assert length.drafting_pays == drafting_pays
+    later = chosen[2 * length.PROBE:]
+    probes = [g for i, g in enumerate(later) if i % length.PROBE == length.PROBE - 1]
+    usual = [g for i, g in enumerate(later) if i % length.PROBE != length.PROBE - 1]
+    assert all(g > 0 for g in usual) == drafting_pays and all(g == 0 for g in usual) != \
+        drafting_pays
+    assert all(g == 0 for g in probes) == drafting_pays
 
 
 def test_the_draft_length_grows_while_drafts_stand_and_shrinks_on_rejection():
     length = DraftLength(6, adaptive=True)
+    length.PROBE = 1000   # the length rule alone
     assert length.next() == 6
     for want in (5, 4, 3, 2, 1, 1):
         length.update(_round(length.next(), 0))
@@ -79,6 +101,23 @@ def test_cli_speculative_mode(folder, capsys):
     assert main(["generate", "abc", "--model", folder, "--mode", "speculative",
                  "--draft-tokens", "0"]) == 2
     assert "draft_tokens must be >= 1" in capsys.readouterr().err
+
+
+def test_drafting_stops_at_an_end_of_text(folder, monkeypatch):
+    """Nothing the backbone could keep follows an end of text, so no draft is made after one:
+    every verification sees EOS only last, and the output still ends where full depth's
+    does."""
+    model = RiverModel.from_pretrained(folder)
+    tokens = model.generate("abc", chat=False, max_new_tokens=12, kv="full").stats.tokens[0]
+    eos = next(t for k, t in enumerate(tokens) if k >= 3 and t not in tokens[:k])
+    monkeypatch.setattr(model.backend.tokenizer, "eos_ids", frozenset({eos}))
+    verified, extend = [], model.backend.extend
+    monkeypatch.setattr(model.backend, "extend", lambda ids: verified.append(ids) or extend(ids))
+    full = model.generate("abc", chat=False, max_new_tokens=12, kv="full").stats.tokens[0]
+    lossless = model.generate("abc", chat=False, max_new_tokens=12, mode="speculative",
+                              policy="fixed", layer=-1, draft_tokens=4).stats.tokens[0]
+    assert lossless == full and full[-1] == eos
+    assert verified and all(eos not in ids[:-1] for ids in verified)
 
 
 @pytest.fixture(scope="module")

@@ -193,12 +193,16 @@ def test_served_chat_and_streaming(client):
     assert "".join(c.choices[0].text for c in _complete(client, "abc", stream=True)) == whole
 
 
-def test_eight_concurrent_requests_each_get_their_own_answer(client):
+def test_concurrent_requests_each_get_their_own_answer(client):
+    """As many as River serves without stepping aside (STEP_ASIDE_ABOVE), so every step runs
+    River's exits whichever requests share it."""
     from concurrent.futures import ThreadPoolExecutor
 
-    prompts = [f"abc{i}" for i in range(8)]
+    from river_vllm import STEP_ASIDE_ABOVE
+
+    prompts = [f"abc{i}" for i in range(STEP_ASIDE_ABOVE["exit"])]
     alone = {p: _complete(client, p).choices[0].text for p in prompts}
-    with ThreadPoolExecutor(8) as pool:
+    with ThreadPoolExecutor(len(prompts)) as pool:
         together = dict(zip(prompts, pool.map(lambda p: _complete(client, p).choices[0].text,
                                               prompts)))
     assert together == alone
@@ -224,14 +228,14 @@ def test_river_serve_refuses_a_bad_option_before_starting(folder):
     assert out.returncode == 2 and "unknown option 'treshold'" in out.stderr
 
 
-def _paged(layer, block: int, length: int, head_dim: int):
+def _paged(layer, block: int, length: int):
     """Positions [0, length) of one block of one layer of vLLM's paged cache, as numpy (K, V)
     [kv_heads, length, head_dim], read as the drafter reads them."""
     import torch
 
     from river_vllm.drafter import read_pages
 
-    return [t.numpy() for t in read_pages(layer, torch.tensor([block]), length, head_dim)]
+    return [t.numpy() for t in read_pages(layer, torch.tensor([block]), length)]
 
 
 def test_the_river_kv_in_vllms_paged_cache_stays_within_the_kits_bound(folder):
@@ -260,13 +264,12 @@ def test_the_river_kv_in_vllms_paged_cache_stays_within_the_kits_bound(folder):
     full = [b.read_kv(i) for i in range(b.num_layers)]
     model.teacher_force(prompt, tokens[:-1], ExitConfig(**EXITING))
     ours = [b.read_kv(i) for i in range(b.num_layers)]
-    head_dim = full[0][0].shape[-1]
     # the request's block: where layer 0 holds full depth's keys of the prompt
     block = next(n for n in range(4) if np.allclose(
-        _paged(blocks[0], n, len(prompt), head_dim)[0], full[0][0][0, :, :len(prompt)],
+        _paged(blocks[0], n, len(prompt))[0], full[0][0][0, :, :len(prompt)],
         atol=1e-4))
     for j in range(b.num_layers):
-        paged = _paged(blocks[j], block, written, head_dim)
+        paged = _paged(blocks[j], block, written)
         for w in (0, 1):
             got, want, river = paged[w], full[j][w][0], ours[j][w][0]
             assert relative_error(got[:, :len(prompt)], want[:, :len(prompt)]) <= FULL_DEPTH_RTOL
@@ -312,7 +315,9 @@ def test_lossless_inside_vllm_is_vllm_plains_output_and_drafts_from_the_targets_
     import subprocess
     import sys
 
-    settings = {"exits": EXITING, "full depth": {"policy": "settled", "options": {"tau": 1.0}}}
+    settings = {"exits": {**EXITING, "step_aside_above": None},
+                "full depth": {"policy": "settled", "options": {"tau": 1.0},
+                               "step_aside_above": None}}
     done = subprocess.run([sys.executable, "-c", LOSSLESS_JOB, folder, json.dumps(PROMPTS),
                            str(3 * NEW), json.dumps(settings)], capture_output=True, text=True,
                           timeout=600)
@@ -387,7 +392,8 @@ def _sampled_comparisons(folder, plain, other, settings=VLLM_SAMPLED):
     return out
 
 
-DRAFTING = {"policy": "fixed", "options": {"layer": -1}}   # drafts of stand-ins only
+# drafts of stand-ins only, at any number of rows (the checks need drafts to verify)
+DRAFTING = {"policy": "fixed", "options": {"layer": -1}, "step_aside_above": None}
 
 
 @pytest.fixture(scope="module")
@@ -448,7 +454,7 @@ def lossless_client(folder, tmp_path_factory):
     """River's lossless mode served: drafts leaving after layer 1, vLLM verifying."""
     log = tmp_path_factory.mktemp("serve-lossless") / "serve.log"
     with _serve(folder, LOSSLESS_PORT, ["--mode", "speculative", "-o", "tau=-1", "-o",
-                                        "min_layer=1"], log):
+                                        "min_layer=1", "--step-aside-above", "64"], log):
         yield _client(LOSSLESS_PORT)
 
 
@@ -517,3 +523,38 @@ def test_served_lossless_mode_keeps_seeds_stop_strings_and_refuses_what_vllm_can
 
 def client_model(client) -> str:
     return client.models.list().data[0].id
+
+
+def test_river_settings_in_a_request_are_refused_not_dropped(client):
+    """extra_body={"river": {...}}: a 400 that says River's settings are the server's; the
+    server keeps serving."""
+    import openai
+
+    with pytest.raises(openai.BadRequestError, match="River settings are per server"):
+        _complete(client, "abc", extra_body={"river": {"options": {"tau": 0.5}}})
+    with pytest.raises(openai.BadRequestError, match="River settings are per server"):
+        client.chat.completions.create(model=client_model(client), max_tokens=4,
+                                       messages=[{"role": "user", "content": "hi"}],
+                                       extra_body={"river": {"policy": "fixed"}})
+    assert _complete(client, "abc").choices[0].text
+
+
+def test_river_steps_aside_above_its_row_threshold(folder):
+    """step_aside_above: a step with more decoding rows than that runs vLLM's own full-depth
+    step (the three prompts decode together, so 2 steps them aside and 8 does not)."""
+    plain = _vllm_greedy(folder)
+    assert _vllm_greedy(folder, {**EXITING, "step_aside_above": 2}) == plain
+    assert _vllm_greedy(folder, {**EXITING, "step_aside_above": 8}) == \
+        _river_greedy(folder, ExitConfig(**EXITING))
+
+
+def test_without_a_threshold_each_mode_steps_aside_above_its_measured_crossover():
+    """Settings that name no step_aside_above take the mode's measured crossover; one that
+    names it (None included: never step aside) keeps it."""
+    from river_vllm import STEP_ASIDE_ABOVE, settings
+
+    assert settings({})[0].step_aside_above == STEP_ASIDE_ABOVE["exit"]
+    assert settings({"mode": "speculative"})[0].step_aside_above == \
+        STEP_ASIDE_ABOVE["speculative"]
+    assert settings({"step_aside_above": None})[0].step_aside_above is None
+    assert settings({"step_aside_above": 9})[0].step_aside_above == 9

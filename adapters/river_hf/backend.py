@@ -18,6 +18,12 @@ from . import CAPABILITIES
 from .step import Step
 
 
+# The backbone's prepacked copy (Dense.pack) makes a verification faster but costs as much to
+# make as a dozen verifications save (docs/results/levers.json, verification_ms; the packing
+# itself ~0.17 s on the embedded model): short generations skip it.
+PACK_AFTER = 16
+
+
 class HFBackend(LayerEngine):
     """Runs a model layer by layer over River's own preallocated cache."""
 
@@ -45,7 +51,8 @@ class HFBackend(LayerEngine):
         self.runs_on = (str(self.device),)
         self.tokenizer = checkpoint.tokenizer
         self.step: Step | None = None
-        self._packed = False   # the backbone's prepacked copy, made on the first `extend`
+        self._extends = 0      # verifications so far: the prepacked copy comes at PACK_AFTER
+        self.draft_window: int | None = None
 
     # -- what the engine base asks for ------------------------------------------------------
 
@@ -80,7 +87,10 @@ class HFBackend(LayerEngine):
 
     def _make_step(self, start: int, end: int) -> Step:
         return Step(self.cache.layout, start, end, self.spec, self._inv_freq, self.dtype,
-                    self.device)
+                    self.device, self.draft_window)
+
+    def window_drafts(self, window: int | None) -> None:
+        self.draft_window = window
 
     def _run(self, block: Block, i: int, h: torch.Tensor, rows, mids=None) -> torch.Tensor:
         if rows is None:
@@ -114,11 +124,11 @@ class HFBackend(LayerEngine):
 
     @torch.inference_mode()
     def extend(self, tokens) -> np.ndarray:
-        if not self._packed:   # verification runs several rows: oneDNN's prepacked kernel
-            for block in self.blocks:
+        self._extends += 1
+        if self._extends == PACK_AFTER:   # verification runs several rows: from here on in
+            for block in self.blocks:      # oneDNN's prepacked kernel
                 block.pack()
             self._head.pack()
-            self._packed = True
         return super().extend(tokens)
 
     @torch.inference_mode()

@@ -13,8 +13,10 @@ class Step:
     once per step from the layout and shared by all layers."""
 
     def __init__(self, layout: Layout, start: int, end: int, spec: ModelSpec,
-                 inv_freq: dict[str, torch.Tensor], dtype, device) -> None:
+                 inv_freq: dict[str, torch.Tensor], dtype, device,
+                 draft_window: int | None = None) -> None:
         self.layout, self.start, self.end = layout, start, end
+        self.draft_window = draft_window
         self._device = device
         positions = torch.from_numpy(layout.positions(start, end)).to(device)
         self._ropes = {}
@@ -31,18 +33,25 @@ class Step:
         cos, sin = self._ropes[key]
         return (cos, sin) if rows is None else (cos[rows], sin[rows])
 
+    def _slots(self, window):
+        return self.layout.key_slots(self.start, self.end, window, self.draft_window)
+
     def read(self, cache_k, cache_v, rows, window):
-        lo = self.layout.first_key(self.start, self.end, window)
-        if rows is None:
-            return cache_k[:, :, lo:self.end], cache_v[:, :, lo:self.end]
-        return cache_k[rows, :, lo:self.end], cache_v[rows, :, lo:self.end]
+        slots = self._slots(window)
+        if isinstance(slots, slice):
+            picked = (slice(None) if rows is None else rows, slice(None), slots)
+            return cache_k[picked], cache_v[picked]
+        slots = torch.from_numpy(slots).to(self._device)   # a draft window
+        k, v = cache_k.index_select(2, slots), cache_v.index_select(2, slots)
+        return (k, v) if rows is None else (k[rows], v[rows])
 
     def mask(self, window: int | None, layer: int, rows):
         """Boolean [batch, 1, tokens, keys] (True = attend), or None for plain causal."""
         key = self.layout.mask_key(window, layer)
         if key not in self._masks:
             plain = self.layout.plain(self.start, self.end, window, layer)
-            self._masks[key] = None if plain else torch.from_numpy(
-                self.layout.mask(self.start, self.end, window, layer)[:, None]).to(self._device)
+            self._masks[key] = None if plain else torch.from_numpy(self.layout.mask(
+                self.start, self.end, window, layer, self._slots(window))[:, None]).to(
+                    self._device)
         m = self._masks[key]
         return m if m is None or rows is None else m[rows]

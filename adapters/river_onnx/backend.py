@@ -99,20 +99,24 @@ class _Step:
             self.rope[key] = tuple(np.ascontiguousarray(t[..., :half].reshape(-1, half))
                                    for t in (cos, sin))
         self.positions = np.arange(positions.size, dtype=np.int64).reshape(positions.shape)
-        # GroupQueryAttention's lengths: every row reads slots 0..end-1 (the bias masks what a
-        # row may not see) and writes the new tokens at end-T..end-1
-        self.seqlens = np.full(layout.batch, end - 1, np.int32)
-        self.total = np.array(end, np.int32)
+        # the slots every layer's graph reads: 0..end-1, or the ones a draft window leaves a
+        # single-token step, which the graphs then read from a copy (`_bound`)
+        slots = layout.key_slots(start, end, None, backend.draft_window)
+        self.slots = None if isinstance(slots, slice) else slots
+        self._read = slice(0, end) if self.slots is None else self.slots
+        # GroupQueryAttention's lengths: every row reads all the slots bound (the bias masks
+        # what a row may not see) and writes the new tokens in the last T of them
+        width = end if self.slots is None else len(self.slots)
+        self.seqlens = np.full(layout.batch, width - 1, np.int32)
+        self.total = np.array(width, np.int32)
         self._biases: dict = {}
 
     def bias(self, layer: int) -> np.ndarray:
-        """[B, 1, T, end] additive bias of `layer` (0 where a token attends, else -inf)."""
+        """[B, 1, T, total] additive bias of `layer` (0 where a token attends, else -inf)."""
         layout, window = self.layout, self._b.spec.windows[layer]
         key = layout.mask_key(window, layer)
         if key not in self._biases:
-            lo = layout.first_key(self.start, self.end, window)
-            attend = np.zeros((layout.batch, self.end - self.start, self.end), bool)
-            attend[:, :, lo:self.end] = layout.mask(self.start, self.end, window, layer)
+            attend = layout.mask(self.start, self.end, window, layer, self._read)
             self._biases[key] = np.where(attend, 0, -np.inf).astype(np.float32)[:, None]
         return self._biases[key]
 
@@ -141,6 +145,7 @@ class OnnxBackend(LayerEngine):
         self.capabilities = CAPABILITIES
         self.tokenizer = tokenizer
         self.step: _Step | None = None
+        self.draft_window: int | None = None
 
     # -- what the engine base asks for ------------------------------------------------------
 
@@ -155,6 +160,9 @@ class OnnxBackend(LayerEngine):
 
     def begin(self, start: int, end: int) -> None:
         self.step = _Step(self, start, end)
+
+    def window_drafts(self, window: int | None) -> None:
+        self.draft_window = window
 
     def embed_ids(self, ids: np.ndarray) -> np.ndarray:
         return self._embed.run(None, {"ids": ids})[0]
@@ -185,10 +193,10 @@ class OnnxBackend(LayerEngine):
         return feeds
 
     def _run_in_place(self, sess, feeds: dict, layers: dict[str, int], idx,
-                      outputs: list[str]) -> list[np.ndarray]:
+                      outputs: list[str], step: _Step) -> list[np.ndarray]:
         """Runs `sess` with each layer's cache (by the suffix of its inputs) bound as both past
         and present K/V, so the graph writes the new tokens' K/V into the cache itself. Rows
-        `idx` run on a copy of theirs, written back after."""
+        `idx`, or a draft window's slots, run on a copy, whose new slots are written back."""
         binding = sess.io_binding()
         for name, value in feeds.items():
             binding.bind_cpu_input(name, np.ascontiguousarray(value))
@@ -197,15 +205,15 @@ class OnnxBackend(LayerEngine):
         copies = []
         for suffix, i in layers.items():
             for kv, cache in (("k", self.cache.k[i]), ("v", self.cache.v[i])):
-                array = cache if idx is None else cache[idx]
+                array = _bound(cache, idx, step.slots)
                 value = ort.OrtValue.ortvalue_from_numpy(array)
                 binding.bind_ortvalue_input(f"past_{kv}{suffix}", value)
                 binding.bind_ortvalue_output(f"present_{kv}{suffix}", value)
-                if idx is not None:
+                if array is not cache:
                     copies.append((cache, array))
         sess.run_with_iobinding(binding)
         for cache, array in copies:
-            cache[idx] = array
+            _write_back(cache, array, idx, step)
         return [value.numpy() for value in binding.get_outputs()[:len(outputs)]]
 
     def _run(self, sess, i: int, h: np.ndarray, rows, step: _Step | None = None):
@@ -214,7 +222,7 @@ class OnnxBackend(LayerEngine):
         step = step or self.step
         idx = None if rows is None else np.asarray(rows)
         out, mid = self._run_in_place(sess, self._feeds(step, i, h, idx), {"": i}, idx,
-                                      ["h_out", "mid"])
+                                      ["h_out", "mid"], step)
         if idx is None:
             return out, out, mid
         full = h.copy()
@@ -252,7 +260,7 @@ class OnnxBackend(LayerEngine):
         for key in {self.spec.rope_keys[i] for i in layers.values()}:
             feeds.update({f"cos{key}": s.rope[key][0], f"sin{key}": s.rope[key][1]})
         out, = self._run_in_place(self._tails[start], feeds,
-                                  {f"_{j}": i for j, i in layers.items()}, idx, ["h_out"])
+                                  {f"_{j}": i for j, i in layers.items()}, idx, ["h_out"], s)
         if idx is None:
             return out
         full = h.copy()
@@ -284,6 +292,20 @@ class OnnxBackend(LayerEngine):
                          tuple(size(f"stand_in_{i}") for i in layers),
                          tuple(size(f"kv_{i}") for i in layers), size("head"),
                          2 * self.spec.kv_heads * self.spec.head_dim * 4, size("stand_in_head"))
+
+
+def _bound(cache: np.ndarray, idx, slots: np.ndarray | None) -> np.ndarray:
+    """What a graph reads and writes of one layer's cache [B, heads, capacity, dim]."""
+    rows = cache if idx is None else cache[idx]
+    return rows if slots is None else np.ascontiguousarray(rows[:, :, slots])
+
+
+def _write_back(cache: np.ndarray, array: np.ndarray, idx, step: _Step) -> None:
+    rows = slice(None) if idx is None else idx
+    if step.slots is None:
+        cache[rows] = array
+    else:   # a windowed step wrote its one token in the copy's last slot
+        cache[rows, :, step.end - 1] = array[:, :, -1]
 
 
 def _cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:

