@@ -81,9 +81,11 @@ def server_command(name: str, folder: str, port: int, context: int) -> list[str]
 
 
 @contextlib.contextmanager
-def serving(command: list[str], port: int, log: Path):
-    """A server on loopback for the block's duration; fails with its log if it never answers."""
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2")}
+def serving(command: list[str], port: int, log: Path, env: dict | None = None):
+    """A server on loopback for the block's duration (its output in `log`); stops with its log
+    if it never answers."""
+    env = env or {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get(
+        "VLLM_CPU_KVCACHE_SPACE", "2")}
     with log.open("w") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
     try:

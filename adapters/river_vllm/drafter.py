@@ -54,7 +54,7 @@ class RiverDrafter:
         self.model = model
         config = model.river_plan.config
         self.length = DraftLength(self.most, config.adaptive)
-        self.window = config.draft_window
+        self.window = model.river_plan.draft_window
 
     @torch.inference_mode()
     def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec, token_ids_cpu,

