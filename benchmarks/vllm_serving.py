@@ -46,6 +46,7 @@ from .library.timing import machine
 
 CONCURRENCY = (1, 4, 16)
 SAMPLED = {"temperature": 1.0}   # the sampled check's settings
+LOSSLESS = "River lossless mode in vllm"
 
 
 def configurations(exit_mode: dict, lossless: dict) -> dict:
@@ -58,7 +59,7 @@ def configurations(exit_mode: dict, lossless: dict) -> dict:
     return {"vllm plain": {},
             "vllm ngram (spec. decoding)": {"speculative_config": ngram},
             "River exit mode in vllm": {"hf_overrides": river(exit_mode)},
-            "River lossless mode in vllm": {
+            LOSSLESS: {
                 "hf_overrides": river({**lossless, "mode": "speculative"}),
                 "speculative_config": draft_config(
                     lossless.get("draft_tokens", ExitConfig().draft_tokens))}}
@@ -239,7 +240,7 @@ def sampled_gaps(nll: dict[str, list[float]]) -> dict:
     """Each lossless engine against its plain counterpart: mean NLL per token, standard
     errors, and the gap in standard errors (within 2: `ok`)."""
     pairs = {"vllm ngram (spec. decoding)": "vllm plain", REPAIRED_NGRAM: "vllm plain",
-             "River lossless mode in vllm": "vllm plain",
+             LOSSLESS: "vllm plain",
              "River lossless mode (hf)": "River full depth (hf)",
              "River lossless mode (onnx)": "River full depth (onnx)"}
     stat = {name: (statistics.mean(x), statistics.stdev(x) / len(x) ** 0.5, len(x))
@@ -330,8 +331,9 @@ def main(argv: list[str] | None = None) -> None:
     for r in range(args.rounds):
         for name, settings in chosen.items():
             print(f"round {r + 1}: {name}", file=sys.stderr, flush=True)
+            sample = r == 0 and args.samples and name != LOSSLESS   # its own below
             rounds[name].append(measure(folder, settings, prompts, args.max_tokens,
-                                        **(sampling if r == 0 and args.samples else {})))
+                                        **(sampling if sample else {})))
             if "error" in rounds[name][-1]:
                 print(f"round {r + 1}: {name} failed: {rounds[name][-1]['error']}",
                       file=sys.stderr, flush=True)
@@ -341,6 +343,13 @@ def main(argv: list[str] | None = None) -> None:
         ngram = configurations(args.exit_mode, args.lossless)["vllm ngram (spec. decoding)"]
         samples[REPAIRED_NGRAM] = measure(folder, ngram, prompts, args.max_tokens, speed=False,
                                           repairs=True, **sampling).get("samples")
+    if args.samples and LOSSLESS in chosen:   # drafting at any number of rows: a prompt's
+        # n samples decode together, above the threshold where lossless mode steps aside
+        print(f"sampled: {LOSSLESS}, never stepping aside", file=sys.stderr, flush=True)
+        drafting = configurations(args.exit_mode, {**args.lossless,
+                                                   "step_aside_above": None})[LOSSLESS]
+        samples[LOSSLESS] = measure(folder, drafting, prompts, args.max_tokens, speed=False,
+                                    **sampling).get("samples")
     crossover = {}
     for name in [n for n in chosen if n.startswith("River")] if args.crossover else []:
         print(f"crossover: {name}", file=sys.stderr, flush=True)
@@ -374,8 +383,8 @@ def main(argv: list[str] | None = None) -> None:
     at_one = lambda name: at(name, 1)
     summary = {
         "vllm_exit_speedup": at_one("River exit mode in vllm"),
-        "vllm_lossless_speedup": at_one("River lossless mode in vllm"),
-        "vllm_lossless_identical": results.get("River lossless mode in vllm", {}).get(
+        "vllm_lossless_speedup": at_one(LOSSLESS),
+        "vllm_lossless_identical": results.get(LOSSLESS, {}).get(
             "identical_to_plain"),
         "vllm_ngram_speedup": at_one("vllm ngram (spec. decoding)"),
         **{f"river_own_{mode}_speedup": {
@@ -383,16 +392,16 @@ def main(argv: list[str] | None = None) -> None:
             own[f"River full depth ({b})"]["tokens_per_second"] for b in args.backends}
             for mode in ("exit", "lossless")},
         "vllm_exit_speedup_c16": at("River exit mode in vllm", 16),
-        "vllm_lossless_speedup_c16": at("River lossless mode in vllm", 16),
+        "vllm_lossless_speedup_c16": at(LOSSLESS, 16),
         "vllm_worst_speedup": min((r[str(c)]["speedup"] for name, r in results.items()
                                    if name.startswith("River") and "error" not in r
                                    for c in CONCURRENCY), default=None),
         "step_aside_above_measured": {
             name: max([0] + [int(r) for r, t in rows.items() if t["river"] > t["aside"]])
             for name, rows in crossover.items() if rows},
-        **({"vllm_lossless_sampled_nll_gap": sampled["River lossless mode in vllm"]["gap_se"],
+        **({"vllm_lossless_sampled_nll_gap": sampled[LOSSLESS]["gap_se"],
             "lossless_sampled_ok": {name: r["ok"] for name, r in sampled.items()}}
-           if "River lossless mode in vllm" in sampled else {})}
+           if LOSSLESS in sampled else {})}
     for r in results.values():
         r.pop("outputs", None)
     command = run_command("vllm", argv)
