@@ -17,6 +17,15 @@ from .errors import ConfigError
 SINKS = 4   # a draft window's first slots, which attention leans on (attention sinks)
 
 
+def window_slots(lo: int, end: int, draft_window: int | None) -> slice | np.ndarray:
+    """Of slots lo..end-1, those a draft under `draft_window` reads: the ones among the first
+    SINKS and the last `draft_window` (all of them, as a slice, where that is all)."""
+    recent = lo if draft_window is None else end - draft_window
+    if recent <= max(lo, SINKS):
+        return slice(lo, end)
+    return np.r_[lo:max(lo, SINKS), recent:end]
+
+
 class Layout:
     def __init__(self, lengths: Sequence[int], capacity: int, num_layers: int) -> None:
         self.width = max(lengths)
@@ -73,10 +82,7 @@ class Layout:
         draft window (ExitConfig.draft_window) only those of them among the first SINKS
         slots and the last `draft_window`."""
         lo = self.first_key(start, end, window)
-        recent = end - draft_window if draft_window is not None and end - start == 1 else lo
-        if recent <= max(lo, SINKS):
-            return slice(lo, end)
-        return np.r_[lo:max(lo, SINKS), recent:end]
+        return window_slots(lo, end, draft_window if end - start == 1 else None)
 
     def _holes(self, layer: int, slots: slice | np.ndarray) -> np.ndarray | None:
         holes = None if self.holes is None else self.holes[layer][:, slots]

@@ -25,9 +25,11 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import torch
 
 from river_core import ConfigError
+from river_core.layout import window_slots
 from river_core.speculative import DraftLength, Round
 
 from .models import ForwardLayers, RiverExits
@@ -111,20 +113,16 @@ class RiverDrafter:
         return out
 
 
-SINKS = 4   # a window's first positions, which attention leans on (attention sinks)
-
-
 class DraftKV:
     """The K/V of a drafting round for all rows at once: per layer, each row's context read
     from the target's pages (all of it, or with `window` its first SINKS positions and its last
-    `window`: verification keeps the output exact whatever the drafts attend) into one padded
+    `window`, as River's own engines read it: verification keeps the output exact whatever the drafts attend) into one padded
     buffer with room for the drafts; one batched attention per layer and draft position."""
 
     def __init__(self, model: RiverExits, blocks: torch.Tensor, contexts: list[int], room: int,
                  window: int | None = None):
         self.layers = [layer.self_attn for layer in model.model.layers]
-        kept = [list(range(c)) if window is None or c <= SINKS + window else
-                [*range(SINKS), *range(c - window, c)] for c in contexts]
+        kept = [np.arange(c)[window_slots(0, c, window)].tolist() for c in contexts]
         width = max(len(k) for k in kept)
         positions = torch.tensor([k + [0] * (width - len(k)) for k in kept])
         self.kept = torch.tensor([len(k) for k in kept])
