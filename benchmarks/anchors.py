@@ -41,7 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
-from river_core import QuantSpec, RiverModel
+from river_core import QuantSpec, RiverModel, Step
 from river_models import default_gguf
 from river_models.cache import cache_root
 from river_models.source import locate
@@ -174,7 +174,7 @@ def layer_costs(model: RiverModel, positions: int = 64) -> dict:
     b = model.backend
     ids = prompt_of(model, positions)
     b.prefill([ids], positions + 8, None)
-    h = b.embed([ids[-1]])
+    h = b.embed([ids[-1]], Step(positions))
     cost = {}
     for name, run in (("layer", b.layer), ("stand_in", b.stand_in_layer)):
         cost[name] = median_us(lambda: [run(i, h, None) for i in range(b.num_layers)],

@@ -113,11 +113,11 @@ def compiled_block(checkpoint, quantized) -> dict:
 
 
 def onnx_tail(model: str | None) -> dict:
-    from river_core import RiverModel
+    from river_core import RiverModel, Step
 
     backend = RiverModel.from_pretrained(model, backend="onnx", progress=True).backend
     backend.prefill([[1] * 128], 200)
-    h = backend.embed([5])
+    h = backend.embed([5], Step(128))
     start = 4   # a token that exits after layer 3
 
     def per_layer():
@@ -135,7 +135,7 @@ def stand_in_zero_points(model: str | None) -> dict:
     by three extra nodes per projection) and with them rounded to integers (hqq-int)."""
     import numpy as np
 
-    from river_core import RiverModel
+    from river_core import RiverModel, Step
 
     def backend(method: str):
         b = RiverModel.from_pretrained(model, backend="onnx", quant=QuantSpec(method=method),
@@ -146,7 +146,7 @@ def stand_in_zero_points(model: str | None) -> dict:
     out = {method: {} for method in runs}
     for _ in range(3):   # interleaved rounds
         for method, b in runs.items():
-            h = b.embed([5])
+            h = b.embed([5], Step(64))
             layers = median_us(lambda: [b.stand_in_layer(i, h, None)
                                         for i in range(b.num_layers)], repeats=10)
             out[method].setdefault("stand_in_us", []).append(layers / b.num_layers)
@@ -224,7 +224,7 @@ def draft_head(checkpoint, model_path: str | None) -> dict:
     tok = backend.tokenizer
     for p in problems[4:]:
         prompt = tok.encode(gsm8k.prompt(p, problems[:4]))
-        model.teacher_force(prompt, tok.encode(" " + p.solution),
+        model.teacher_force([prompt], [tok.encode(" " + p.solution)],
                             ExitConfig(policy="fixed", options={"layer": -1}))
     backend.logits = head
     h = np.concatenate(states)
@@ -247,8 +247,7 @@ def verification(model: str | None, repeats: int = 15) -> dict:
         saved, Dense.ROWS = Dense.ROWS, rows
         for m in (1, 2, 3, 4, 5, 7):
             def run():
-                backend.extend([42] * m)
-                backend.rewind(300)
+                backend.extend([42] * m, 300)
             out.setdefault(label, {})[m] = median_us(run, repeats=repeats) / 1e3
         Dense.ROWS = saved
     return out
@@ -258,7 +257,7 @@ def confidence_cost(model: str | None, repeats: int = 30) -> dict:
     """A decode step exiting after layer 3, with the early softmax read at no layer (a fixed
     rule), at layer 3 only, and at every layer from 0 (CALM from the first layer): ms, onnx,
     on the embedded model's 49,152-token vocabulary."""
-    from river_core import RiverModel
+    from river_core import RiverModel, Step
     from river_core.decode import Row, Run, decode_step
     from river_core.kv import River
     from river_core.policy import Needs, Policy
@@ -277,7 +276,7 @@ def confidence_cost(model: str | None, repeats: int = 30) -> dict:
 
     backend = RiverModel.from_pretrained(model, backend="onnx").backend
     n = backend.num_layers
-    backend.prefill([[1] * 128], 128 + 3 * repeats * 12)
+    backend.prefill([[1] * 128], 129)
     rows = [Row(TransitionPredictor(backend.stand_in_error, np.zeros(n)), None)]
     out = {}
     for label, first in (("no reading", None), ("read at layer 3", 3),
@@ -285,8 +284,7 @@ def confidence_cost(model: str | None, repeats: int = 30) -> dict:
         run = Run(River(), Reading(first), TransitionPredictor)
 
         def step():
-            decode_step(backend, [42], run, rows, 0)
-            backend.commit()
+            decode_step(backend, [42], run, rows, 0, Step(128))
         out[label] = median_us(step, repeats=repeats) / 1e3
     return out
 

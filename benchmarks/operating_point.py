@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from river_core import ExitConfig, GenerationConfig, QuantSpec, RiverModel
+from river_core import ExitConfig, GenerationConfig, QuantSpec, RiverModel, Step
 from river_models import open_model, stand_ins
 from river_models.spec import Checkpoint, LayerWeights, ModelSpec, Rotary, Weights
 
@@ -85,8 +85,8 @@ def layer_costs(backend, repeats: int) -> tuple[float, float]:
     """Median µs of a backbone layer and of a stand-in layer, one decoding token, cycling
     through all layers (cold caches, as in a real step)."""
     n = backend.num_layers
-    backend.prefill([[1] * 64], 64 + 2 * repeats * n + 8)
-    h = backend.embed([5])
+    backend.prefill([[1] * 64], 65)
+    h = backend.embed([5], Step(64))
     costs = {"layer": [], "stand_in_layer": []}
     for _ in range(repeats):
         for kind in costs:

@@ -22,7 +22,7 @@ import time
 import numpy as np
 from tqdm import tqdm
 
-from river_core import ExitConfig, RiverModel
+from river_core import ExitConfig, RiverModel, Step
 from river_core.decode import Row, Run, decode_step
 from river_core.kv import River
 from river_core.predictor import TransitionPredictor
@@ -42,8 +42,8 @@ def oracle_exits(backend, prompt: list[int], continuation: list[int]) -> list[in
     n = backend.num_layers
     backend.prefill([prompt], len(prompt) + len(continuation))
     found = []
-    for token in continuation:
-        states = [backend.embed([token])]
+    for t, token in enumerate(continuation):
+        states = [backend.embed([token], Step(len(prompt) + t))]
         for i in range(n):
             states.append(backend.layer(i, states[-1], None)[0])
         top = int(backend.logits(states[-1])[0].argmax())
@@ -53,7 +53,6 @@ def oracle_exits(backend, prompt: list[int], continuation: list[int]) -> list[in
         if k < n - 1:   # the tries wrote river K/V: the backbone puts its own back
             for i in range(n):
                 backend.layer(i, states[i], None)
-        backend.commit()
         found.append(k)
     return found
 
@@ -62,14 +61,14 @@ def step_times(backend, prompt: list[int], repeats: int = 8) -> np.ndarray:
     """Median single-token decode-step time in ms of every fixed exit -1..L-1, interleaved."""
     n = backend.num_layers
     policies = {k: FixedDepth(k) for k in range(-1, n)}
-    backend.prefill([prompt], len(prompt) + repeats * (n + 1) + 2)
+    backend.prefill([prompt], len(prompt) + 1)
     rows = [Row(TransitionPredictor(backend.stand_in_error, np.zeros(n)), None)]
     times = {k: [] for k in policies}
     for _ in range(repeats):
         for k, policy in policies.items():
             start = time.perf_counter()
-            decode_step(backend, [42], Run(River(), policy, TransitionPredictor), rows, 0)
-            backend.commit()
+            decode_step(backend, [42], Run(River(), policy, TransitionPredictor), rows, 0,
+                        Step(len(prompt)))
             times[k].append(time.perf_counter() - start)
     return np.array([np.median(times[k]) * 1e3 for k in range(-1, n)])
 
@@ -100,10 +99,10 @@ def main(argv: list[str] | None = None) -> None:
         prompt = tok.encode(gsm8k.prompt(problem, shots))
         reference = tok.encode(" " + problem.solution)
         found += oracle_exits(b, prompt, reference[:-1])
-        full_nll.append(model.teacher_force(prompt, reference, ExitConfig(kv="full"))
+        full_nll.append(model.teacher_force([prompt], [reference], ExitConfig(kv="full"))[0]
                         .nll(reference))
         for p in args.policies:
-            forced = model.teacher_force(prompt, reference, policy_config(p))
+            [forced] = model.teacher_force([prompt], [reference], policy_config(p))
             exits[p] += forced.exit_layers[:-1]
             nll[p].append(forced.nll(reference) - full_nll[-1])
     times = step_times(b, tok.encode(gsm8k.prompt(problems[0], shots)))

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from river_core import QuantSpec, RiverModel
+from river_core import QuantSpec, RiverModel, Step
 from river_core.predictor import TransitionPredictor
 from river_core.predictor import relative_error
 
@@ -61,9 +61,9 @@ def main(argv: list[str] | None = None) -> None:
         p = TransitionPredictor(b.stand_in_error, pre.similarity[0])
         token = int(pre.logits[0].argmax())
         with torch.inference_mode():
-            for _ in range(args.tokens):
-                pos = b.offset
-                h = b.embed([token])
+            for t in range(args.tokens):
+                pos = len(ids) + t
+                h = b.embed([token], Step(pos))
                 states, pred, moved = [], [], []
                 for i in range(n):
                     after, sub_blocks = b.layer(i, h, None, sub_blocks=True)
@@ -87,7 +87,6 @@ def main(argv: list[str] | None = None) -> None:
                 for j, (k_, v_) in enumerate(full_kv):
                     cache.k[j, :, :, pos], cache.v[j, :, :, pos] = k_, v_
                 token = int(b.logits(h)[0].argmax())
-                b.commit()
                 predicted += pred[:-1]
                 settled += moved[:-1]
                 cosines.append([1 - m for m in moved])

@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> None:
             start = time.perf_counter()
             b.prefill([prompt], len(prompt) + 1, k)
             seconds[k].append(time.perf_counter() - start)
-            forced = model.teacher_force(prompt, reference, ExitConfig(prefill_exit=k))
+            [forced] = model.teacher_force([prompt], [reference], ExitConfig(prefill_exit=k))
             nll[k].append(forced.nll(reference))
     info = machine()
     base_s, base_nll = np.median(seconds[None]), np.mean(nll[None])

@@ -145,9 +145,9 @@ def long_generation(model: RiverModel, tokens: int) -> dict:
     ids = tok.encode(text)
     prompt, continuation = ids[:64], ids[64:64 + tokens]
     b, n = model.backend, model.backend.num_layers
-    river = model.teacher_force(prompt, continuation, ExitConfig())
+    [river] = model.teacher_force([prompt], [continuation], ExitConfig())
     got = [b.read_kv(i) for i in range(n)]
-    model.teacher_force(prompt, continuation, ExitConfig(kv="full"))
+    model.teacher_force([prompt], [continuation], ExitConfig(kv="full"))
     quarters = np.array_split(np.arange(len(prompt), len(prompt) + len(continuation)), 4)
     errors = [[max(relative_error(g[:, :, q], w[:, :, q]) for g, w in zip(got[i], b.read_kv(i)))
                for q in quarters] for i in range(n)]

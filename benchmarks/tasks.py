@@ -68,8 +68,8 @@ def run_tasks(args, models: dict[tuple[str, int], RiverModel], configs: list[Con
                 if args.nll:
                     tok = model.backend.tokenizer
                     reference = tok.encode(" " + problem.solution)
-                    r["nll"] = model.teacher_force(tok.encode(prompt), reference,
-                                                   config.exit_config()).nll(reference)
+                    r["nll"] = model.teacher_force([tok.encode(prompt)], [reference],
+                                                   config.exit_config())[0].nll(reference)
             else:
                 r = generate(model, problem.prompt, config, args.max_tokens, humaneval.STOP)
                 r["correct"], r["reason"] = humaneval.check(problem, r["completion"])

@@ -22,11 +22,10 @@ from tqdm import tqdm
 
 from river_core.backend import Backend
 from river_core.config import ExitConfig, GenerationConfig
-from river_core.decode import Forced, teacher_force
+from river_core.decode import Forced
 from river_core.errors import CapabilityError, ConfigError
 from river_core.model import RiverModel
 from river_core.options import tuned
-from river_core.policy import ScriptedExits
 from river_core.predictor import relative_error
 
 from .profile import LayerRow, Profile, Quality, Target, Trial, fingerprint
@@ -98,17 +97,13 @@ def force(model: RiverModel, refs: Sequence[Reference], config: ExitConfig,
     plan = model.plan(config)
     runs, states = [], []
     for chunk in _chunks(model, refs, plan.kv_plugin.make.batch):
-        run = plan.run()
-        if exits is not None:
-            run = attrs.evolve(run, policy=ScriptedExits([exits] * max(r.scored for r in chunk)))
-        with model.lock:
-            forced = teacher_force(model.backend, [r.prompt for r in chunk],
-                                   [r.continuation[:-1] for r in chunk], run,
-                                   plan.config.prefill_exit)
-            if keep_kv:
-                found = _read_kv(model.backend, max(len(r.prompt) for r in chunk),
-                                 [r.scored for r in chunk])
-                states += found if found is not None else [None] * len(chunk)
+        forced = model.teacher_force(
+            [r.prompt for r in chunk], [r.continuation[:-1] for r in chunk], plan,
+            None if exits is None else [exits] * max(r.scored for r in chunk))
+        if keep_kv:
+            found = _read_kv(model.backend, max(len(r.prompt) for r in chunk),
+                             [r.scored for r in chunk])
+            states += found if found is not None else [None] * len(chunk)
         runs += zip(chunk, forced)
         for _ in chunk:
             tick()

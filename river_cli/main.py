@@ -31,7 +31,8 @@ def _model_arguments(p: argparse.ArgumentParser, *, speculative: bool) -> None:
                    "SmolLM2-135M-Instruct)")
     p.add_argument("--backend", default="hf", help="hf, onnx, llamacpp (river plugins)")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="float32")
+    p.add_argument("--dtype", help="the weights' and activations' type (default: the "
+                   "backend's: float32 on the CPU, bfloat16 for hf on CUDA)")
     arguments.add_exit_arguments(p, speculative=speculative, prefill=speculative)
     arguments.add_quant_arguments(p)
     p.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
@@ -137,9 +138,10 @@ def _load(args, exit_config: ExitConfig, max_new_tokens: int = 1,
         if max_new_tokens >= shape.max_positions:
             raise ConfigError(f"max_new_tokens ({max_new_tokens}) leaves no room for a prompt "
                               f"in the model's context of {shape.max_positions} positions")
+    dtype = {} if args.dtype is None else {"dtype": args.dtype}
     model = RiverModel.from_pretrained(args.model, backend=args.backend, device=args.device,
-                                       dtype=args.dtype, quant=arguments.quant_spec(args),
-                                       progress=True, registry=registry)
+                                       quant=arguments.quant_spec(args), progress=True,
+                                       registry=registry, **dtype)
     found = Profile.find(model.backend, exit_config.policy) if find_profile else None
     if found and not set(found.options) <= set(exit_config.options):
         found.check(model.backend, default_path(model.backend, exit_config.policy))

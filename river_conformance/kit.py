@@ -32,7 +32,7 @@ import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
-from river_core.backend import PROMISES, Backend, FusedTail
+from river_core.backend import PROMISES, Backend, Step
 from river_core.config import ExitConfig, GenerationConfig
 from river_core.decode import (decode_step, generate_ids, stand_in_error, start_rows,
                                teacher_force)
@@ -274,7 +274,7 @@ def test_sub_block_similarities_match_the_reference_backend(conformance_backend,
     got, want = [], []
     for backend, out in ((b, got), (ref, want)):
         backend.prefill([prompt + cont], len(prompt) + len(cont) + 1)
-        h = backend.embed([cont[-1]])
+        h = backend.embed([cont[-1]], Step(len(prompt) + len(cont)))
         for i in range(backend.num_layers):
             h, cosines = backend.layer(i, h, None, sub_blocks=True)
             out.append(cosines[0])
@@ -401,25 +401,24 @@ def test_prefill_exit_runs_the_prompts_deep_layers_as_stand_ins(conformance_back
 
 
 @given(prompt=prompts, data=st.data())
-def test_a_fused_stand_in_tail_equals_its_layers_one_by_one(conformance_backend, prompt, data):
+def test_a_stand_in_tail_equals_its_layers_one_by_one(conformance_backend, prompt, data):
     b = conformance_backend.backend(conformance_backend.family(data))
-    if not isinstance(b, FusedTail):
-        pytest.skip(f"{b.name} runs no fused stand-in tail")
+    _needs(b, "stand_in")
     start = data.draw(st.integers(0, b.num_layers - 1), label="start")
     results = []
     for fused in (True, False):
         b.prefill([prompt], len(prompt) + 1)
-        h = b.embed([7])
+        h = b.embed([7], Step(len(prompt)))
         if fused:
             h = b.stand_in_tail(start, h, None)
         else:
             for i in range(start, b.num_layers):
                 h = b.stand_in_layer(i, h, None)
-        b.commit()
         results.append((b.logits(h), [b.read_kv(i) for i in range(b.num_layers)]))
     (fused_logits, fused_kv), (logits, kv) = results
     assert relative_error(fused_logits, logits) <= FULL_DEPTH_RTOL
-    for (fk, fv), (k, v) in zip(fused_kv, kv):
+    # layers before `start` hold no entry for this step's slot: nothing ran them
+    for (fk, fv), (k, v) in zip(fused_kv[start:], kv[start:]):
         assert relative_error(fk, k) <= FULL_DEPTH_RTOL and relative_error(fv, v) <= FULL_DEPTH_RTOL
 
 
@@ -475,8 +474,8 @@ windowed_prompts = st.lists(st.integers(3, tiny.VOCAB - 1), min_size=SINKS + 4,
 @given(prompt=windowed_prompts, cont=continuations, window=st.integers(1, 3), data=st.data())
 def test_a_draft_window_attends_the_sinks_and_the_last_positions(
         conformance_backend, prompt, cont, window, data):
-    """Under `window_drafts(w)` a single-token step attends the first SINKS positions and the
-    last w only: as if those between were absent (the `mask` strategy's holes, where the
+    """A single-token step under `Step.draft_window` w attends the first SINKS positions and
+    the last w only: as if those between were absent (the `mask` strategy's holes, where the
     backend has them); prefill sees everything, and a window covering the context changes
     nothing. Every step still writes its own slot (the first layer's K/V, which attention does
     not touch, are full depth's)."""
@@ -485,18 +484,12 @@ def test_a_draft_window_attends_the_sinks_and_the_last_positions(
     holed = isinstance(b, LayerEngine)   # holes anywhere in the cache: through its layout
     plain = forced_logits(b, prompt, cont, Full())
     first_layer = b.read_kv(0)
-    try:
-        b.window_drafts(window)
-        windowed = forced_logits(b, prompt, cont, Full())
-        written = b.read_kv(0)
-        first = _first_step(b, prompt, cont[0])
-        b.window_drafts(None)
-        holes = range(SINKS, len(prompt) + 1 - window)
-        hidden = _first_step(b, prompt, cont[0], holes) if holed else first
-        b.window_drafts(len(prompt) + len(cont))
-        covering = forced_logits(b, prompt, cont, Full())
-    finally:
-        b.window_drafts(None)
+    windowed = _windowed_logits(b, prompt, cont, window)
+    written = b.read_kv(0)
+    first = _first_step(b, prompt, cont[0], window=window)
+    holes = range(SINKS, len(prompt) + 1 - window)
+    hidden = _first_step(b, prompt, cont[0], holes) if holed else first
+    covering = _windowed_logits(b, prompt, cont, len(prompt) + len(cont))
     assert np.array_equal(windowed[0], plain[0])
     assert all(relative_error(w, p) <= FULL_DEPTH_RTOL for w, p in zip(written, first_layer))
     assert relative_error(first, hidden) <= FULL_DEPTH_RTOL
@@ -504,18 +497,48 @@ def test_a_draft_window_attends_the_sinks_and_the_last_positions(
     assert all(relative_error(w, p) > FULL_DEPTH_RTOL for w, p in zip(windowed[1:], plain[1:]))
 
 
-def _first_step(b, prompt, token, holes=()) -> np.ndarray:
-    """The logits of decoding `token` after `prompt` at full depth, the positions `holes`
-    marked absent in every layer (a LayerEngine's layout)."""
+def _windowed_logits(b, prompt, cont, window: int) -> list[np.ndarray]:
+    """`forced_logits` at full depth with every decode step under draft window `window`."""
+    run = scripted_run(Full())
+    pre = b.prefill([prompt], len(prompt) + len(cont))
+    rows = start_rows(stand_in_error(b), run, pre.similarity)
+    return [pre.logits[0]] + [
+        decode_step(b, [t], run, rows, s, Step(len(prompt) + s, draft_window=window))[0][0]
+        for s, t in enumerate(cont)]
+
+
+def _first_step(b, prompt, token, holes=(), window: int | None = None) -> np.ndarray:
+    """The logits of decoding `token` after `prompt` at full depth (under draft window
+    `window`), the positions `holes` marked absent in every layer (a LayerEngine's layout)."""
     run = scripted_run(Full())
     pre = b.prefill([prompt], len(prompt) + 1)
     for position in holes:
         for i in range(b.num_layers):
             b.cache.layout.skip(i, None, position)
     logits, _ = decode_step(b, [token], run, start_rows(stand_in_error(b), run,
-                                                         pre.similarity), 0)
-    b.commit()
+                                                         pre.similarity), 0,
+                            Step(len(prompt), draft_window=window))
     return logits
+
+
+@given(prompt=prompts, cont=continuations, stale=continuations, data=st.data())
+def test_a_step_reads_nothing_past_its_end(conformance_backend, prompt, cont, stale, data):
+    """Positions, not a cursor: a verification at slot p after drafts that wrote p.. (stale
+    K/V, never trimmed away) gives what it gives on a fresh cache, and overwrites them."""
+    b = conformance_backend.backend(conformance_backend.family(data))
+    _needs(b, "verify")
+    p, capacity = len(prompt), len(prompt) + max(len(cont), len(stale))
+    b.prefill([prompt], capacity)
+    fresh = b.extend(cont, p)
+    fresh_kv = [b.read_kv(i) for i in range(b.num_layers)]
+    b.prefill([prompt], capacity)
+    b.extend(stale, p)
+    b.trim(p)
+    assert b.offset == p
+    again = b.extend(cont, p)
+    assert relative_error(again, fresh) <= FULL_DEPTH_RTOL
+    for (k, v), (fk, fv) in zip([b.read_kv(i) for i in range(b.num_layers)], fresh_kv):
+        assert relative_error(k, fk) <= FULL_DEPTH_RTOL and relative_error(v, fv) <= FULL_DEPTH_RTOL
 
 
 # Sampled exactness: seeded samples of lossless and plain generation against each other and

@@ -8,9 +8,8 @@ the one walk through the layers), speculative.py (lossless mode), plan.py (setti
 once), model.py (`RiverModel`).
 """
 
-from .backend import (Backend, Capabilities, DraftHead, FusedTail, Layered, MasksEntries,
-                      MixedLayers, ModelShape, Prefill, ProjectsKV, RecomputesSpans, StandIns,
-                      Tokenizer, Verifies)
+from .backend import (Backend, Capabilities, Layered, MasksEntries, Measured, ModelShape,
+                      Prefill, ProjectsKV, RecomputesSpans, StandIns, Step, Tokenizer, Verifies)
 from .cache import KVCache
 from .config import ExitConfig, GenerationConfig, QuantSpec
 from .decode import DecodeResult, Forced, Run, Token, Walk
@@ -27,10 +26,10 @@ from .policy import ExitPolicy, Needs, Policy, RowView
 from .predictor import SimilarityPredictor
 
 __all__ = ["Backend", "BackendPlugin", "CapabilityError", "Capabilities", "Completion",
-           "ConfigError", "DecodeResult", "DraftHead", "ExitConfig", "ExitPolicy", "Footprint",
-           "Forced", "FusedTail", "GenerationConfig", "KVCache", "KVStrategy", "KVStrategyPlugin",
-           "LayerEngine", "Layered", "MasksEntries", "MixedLayers", "ModelError", "ModelShape",
+           "ConfigError", "DecodeResult", "ExitConfig", "ExitPolicy", "Footprint",
+           "Forced", "GenerationConfig", "KVCache", "KVStrategy", "KVStrategyPlugin",
+           "LayerEngine", "Layered", "MasksEntries", "Measured", "ModelError", "ModelShape",
            "Needs", "Plan", "PolicyPlugin", "Policy", "PredictorPlugin", "Prefill", "ProjectsKV",
            "QuantSpec", "RecomputesSpans", "Registry", "RiverError", "RiverModel", "RowView",
-           "Run", "SimilarityPredictor", "StandIns", "Token", "TokenStream", "Tokenizer",
+           "Run", "SimilarityPredictor", "StandIns", "Step", "Token", "TokenStream", "Tokenizer",
            "Verifies", "Walk", "default_registry", "hookimpl", "resolve"]

@@ -9,7 +9,8 @@ from typing import Any
 
 import attrs
 
-from .config import MODES, METHODS, ExitConfig, QuantSpec
+from .config import DRAFT_WINDOW, MODES, METHODS, ExitConfig, QuantSpec
+from .layout import SINKS
 from .options import parse
 
 
@@ -45,9 +46,9 @@ def add_exit_arguments(parser: argparse.ArgumentParser, *, speculative: bool = T
                             help="speculative mode: vary the draft length with the drafts' "
                             "runs, up to --draft-tokens")
         parser.add_argument("--draft-window", type=int, metavar="N",
-                            help="speculative mode: drafts attend the context's first 4 "
-                            "positions and its last N (default 256 where the backend can; "
-                            "verification keeps the output exact)")
+                            help=f"speculative mode: drafts attend the context's first {SINKS} "
+                            f"positions and its last N (default {DRAFT_WINDOW} where the "
+                            f"backend can; verification keeps the output exact)")
     parser.add_argument("--step-aside-above", type=int, metavar="ROWS",
                         help="rows decoding in one step above which River steps aside (full "
                         "depth, no drafts); the crossover `river bench vllm --crossover` "

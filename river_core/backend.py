@@ -1,42 +1,31 @@
 """The backend contract: what an engine supplies. The decode loop and every exit decision live
-in the core (decode.py); a backend supplies numerics.
+in the core (decode.py); a backend supplies numerics. A backend author reads this module and
+the conformance kit (river_conformance), nothing else.
 
 A backend owns the model's weights, its KV cache and an opaque hidden-state type `H` (a torch
 tensor, a numpy array...). The core never looks inside `H`; it only passes it back.
 
-Required of every backend (`Backend`): prefill prompts at full depth, decode one token per
-sequence at full depth, commit it. That is a complete engine (llama.cpp is one); River's
-method needs more, declared in two places that must agree:
+The contract has three parts:
 
-- `Capabilities`: what a backend promises before anything loads, so a plan is checked against
-  it first and a bad setting never waits for a long load;
-- the sub-protocols below: what the loaded backend implements, checked with `isinstance`
-  (the conformance kit checks that every promise is kept).
+1. **The engine** (`Backend`, required of every backend): prefill prompts at full depth, decode
+   one token per sequence at full depth at a position the core names. That is a complete
+   engine (llama.cpp is one). `Verifies` adds lossless mode's multi-token pass.
+2. **What the walk reads** (`Layered`, and for each promise of `Capabilities` its
+   sub-protocol): the layers one by one, so the core decides where each token leaves.
+   `river_core.layer_engine.LayerEngine` implements all of it over a backend's numerics.
+3. **Measurement** (`Measured`, optional): the cache's contents and the bytes a step reads, for
+   the conformance kit and the benchmarks; never on the hot path.
 
-Cache model. Every layer has one K/V slot per position. `prefill` fills positions 0..T-1 of
-every layer. Each decode step then writes exactly one new position, the same one in every
-layer, at index `offset`; `commit()` advances `offset`. Between `embed` and `commit` the core
-calls, for every layer i in order, one of (for each row of the batch):
+What a backend can do is declared once, in `Capabilities`, before anything loads: a plan is
+checked against it (plan.py) and the decode loop reads its flags, never `isinstance` against
+the protocols below; the conformance kit checks that every promise is kept.
 
-- `layer(i, h, rows)`: the backbone layer; writes layer i's slot for those rows;
-- `stand_in_layer(i, h, rows)`: layer i's stand-in (its weight-quantized copy); reads layer
-  i's cache like the backbone and writes layer i's slot itself (the cache is shared, never
-  copied);
-- `project_kv(i, h, rows)`: writes layer i's K/V computed from `h` without running the layer;
-- `skip(i, rows)`: writes nothing: layer i has no entry for this position, and every later
-  read of layer i masks it out (only for the `mask` strategy);
-- `layer_span(i, states, start)`: the backbone layer over positions start..offset of a single
-  sequence at once, causally, writing all their slots: earlier tokens whose layer-i entry was
-  left unwritten, then this step's token (only for the `recompute` strategy, which guarantees
-  that no read of those slots happens before).
-
-So after any sequence of exits every layer holds the same number of positions (some of them
-marked absent under `mask`, some not yet written under `recompute`).
-
-`rows` selects batch rows (a sorted list of row indices) or None for all of them. Layer calls
-return a new `H` of the full batch in which only `rows` changed. A layer-by-layer engine need
-not write the bookkeeping: `river_core.layer_engine.LayerEngine` implements the cache's side
-(through `river_core.cache.KVCache`) and asks only for numerics.
+Cache model, as gpt-fast's `forward(idx, input_pos)`: every layer has one K/V slot per
+position, and every step names the slots it writes (`Step`), the same slots in every layer. No
+cursor moves behind the core's back: `prefill` fills 0..T-1, a decode step at `Step(p)` writes
+slot p, a verification at `start` writes start..start+n-1, and a later step at a position
+overwrites whatever an earlier one left there. A step's queries attend only slots before its
+end, so a slot past it (a rejected draft's) is never read.
 """
 
 from __future__ import annotations
@@ -53,10 +42,27 @@ Rows = Sequence[int] | None
 
 
 @attrs.frozen
+class Step:
+    """The cache slots one forward pass writes, start..start+tokens-1 of every row (the same
+    in every layer), and what its queries attend: everything before its end, or, for a
+    single-token draft under `draft_window`, the first SINKS slots and the last
+    `draft_window` (river_core.layout.window_slots)."""
+
+    start: int
+    tokens: int = 1
+    draft_window: int | None = None
+
+    @property
+    def end(self) -> int:
+        return self.start + self.tokens
+
+
+@attrs.frozen
 class Capabilities:
     """What a backend promises, known before it loads: nothing beyond full-depth decoding of
     one sequence unless it says so. The core refuses anything not declared here with a clear
-    error; each promise names the sub-protocol that keeps it."""
+    error, and reads these flags instead of probing the loaded object; each promise names the
+    sub-protocol that keeps it (`PROMISES`, checked by the conformance kit)."""
 
     exits: bool = False       # `Layered`: a token can stop part-way through the backbone
     stand_in: bool = False    # `StandIns`
@@ -65,7 +71,7 @@ class Capabilities:
     recompute: bool = False   # `RecomputesSpans`, batch 1
     sub_blocks: bool = False  # `layer(..., sub_blocks=True)` reports the sub-blocks' cosines
     verify: bool = False      # `Verifies`: speculative decoding, batch 1
-    windowed_drafts: bool = False  # drafts can attend a window of the context (draft_window)
+    windowed_drafts: bool = False  # honours `Step.draft_window`
     batch: bool = False       # accepts more than one sequence
     sequences: bool = True    # keeps each sequence's exit state (its policy's, its
                               # predictor's) across steps; False where the engine sees tokens,
@@ -108,6 +114,8 @@ class Tokenizer(Protocol):
         """Token ids of `prompt` as one user turn under the model's chat template."""
 
 
+# -- 1. the engine -------------------------------------------------------------------------------
+
 @runtime_checkable
 class Backend(Protocol):
     """What every backend supplies: full-depth decoding over its own cache."""
@@ -121,34 +129,50 @@ class Backend(Protocol):
     """Where the backend really computes: devices or execution providers, as the engine
     reports them (e.g. ("cpu",), ("CPUExecutionProvider",))."""
 
-    @property
-    def offset(self) -> int:
-        """Positions written so far (the same in every layer)."""
-
     def prefill(self, prompts: Sequence[Sequence[int]], capacity: int,
                 prefill_exit: int | None = None) -> Prefill:
-        """Reset the cache to room for `capacity` positions and run `prompts` through every
-        layer: the backbone's up to `prefill_exit` (None: all), the stand-ins' past it (the
-        sequence-level exit of prefill; only with `Capabilities.stand_in`).
+        """Make a cache with room for `capacity` positions and run `prompts` through every
+        layer at slots 0..T-1 (T: the longest prompt): the backbone's up to `prefill_exit`
+        (None: all), the stand-ins' past it (the sequence-level exit of prefill; only with
+        `Capabilities.stand_in`). Shorter prompts are left-padded; padding is masked from
+        attention everywhere, so a row's position p is slot p for every row."""
 
-        Shorter prompts are left-padded; padding is masked from attention everywhere."""
-
-    def decode(self, tokens: Sequence[int]) -> np.ndarray:
-        """One token per sequence through every backbone layer at position `offset`, writing
-        its slots: [batch, vocab] float32 logits. `commit` then advances `offset`."""
-
-    def commit(self) -> None:
-        """Advance `offset` past the position this step wrote."""
-
-    def footprint(self) -> Footprint:
-        """What a decode step reads from memory, for speed limits in benchmarks."""
+    def decode(self, tokens: Sequence[int], step: Step) -> np.ndarray:
+        """One token per sequence through every backbone layer, writing `step`'s slot in
+        every layer: [batch, vocab] float32 logits."""
 
 
 @runtime_checkable
-class Layered(Backend, Protocol, Generic[H]):
-    """Layer by layer (`Capabilities.exits`): the core walks the layers itself."""
+class Verifies(Protocol):
+    """`Capabilities.verify`: speculative decoding, one sequence."""
 
-    def embed(self, tokens: Sequence[int]) -> H: ...
+    def extend(self, tokens: Sequence[int], start: int) -> np.ndarray:
+        """Run `tokens` through the whole backbone at slots start..start+len(tokens)-1 of the
+        one sequence, attending everything before, and write those slots in every layer:
+        [len(tokens), vocab] float32 logits, row t predicting the token after tokens[t]."""
+
+    def trim(self, offset: int) -> None:
+        """Positions offset.. hold no tokens any more (mlx-lm's trim: the offset moves,
+        nothing is erased; the next step there overwrites them)."""
+
+
+# -- 2. what the walk reads ----------------------------------------------------------------------
+
+@runtime_checkable
+class Layered(Protocol, Generic[H]):
+    """Layer by layer (`Capabilities.exits`): the core walks the layers itself. Between
+    `embed` and the head the core calls, for every layer i in order, one of (per row):
+    `layer` (the backbone), `stand_in_layer`, `project_kv` or `skip` (what the KV strategy
+    does for rows that left), each writing layer i's slots of the step for its rows only.
+
+    Invariants: a layer call takes the full batch's state and returns a new one of the full
+    batch in which only `rows` changed (`rows`: sorted row indices, or None for all); a call
+    writes the step's slots of its rows in its layer and nothing else."""
+
+    num_layers: int
+
+    def embed(self, tokens: Sequence[int], step: Step) -> H:
+        """Start a step of one token per sequence at `step`'s slot: the tokens' states."""
 
     def layer(self, i: int, h: H, rows: Rows,
               sub_blocks: bool = False) -> tuple[H, np.ndarray | None]:
@@ -161,16 +185,15 @@ class Layered(Backend, Protocol, Generic[H]):
         """Cosine of each selected row's last token before and after a layer."""
 
     def logits(self, h: H) -> np.ndarray:
-        """Final norm and LM head: [batch, vocab] float32."""
-
-    def read_kv(self, i: int) -> tuple[np.ndarray, np.ndarray]:
-        """Layer i's keys and values for positions 0..offset-1: two [batch, kv_heads, offset,
-        head_dim] float32 arrays. For tests and measurements, not the hot path."""
+        """Final norm and LM head of each row's last token: [batch, vocab] float32."""
 
 
 @runtime_checkable
 class StandIns(Protocol, Generic[H]):
-    """`Capabilities.stand_in`: every layer has a stand-in, its weight-quantized copy."""
+    """`Capabilities.stand_in`: every layer has a stand-in, its weight-quantized copy, which
+    reads layer i's cache like the backbone and writes layer i's slot itself (the cache is
+    shared, never copied). The three calls beside it have plain defaults in `LayerEngine`
+    and exist so an engine can do them faster."""
 
     stand_in_error: Sequence[float]
     """Per layer: relative weight error of its stand-in, ||Q(W) - W|| / ||W|| over the layer's
@@ -178,82 +201,66 @@ class StandIns(Protocol, Generic[H]):
 
     def stand_in_layer(self, i: int, h: H, rows: Rows) -> H: ...
 
+    def stand_in_tail(self, start: int, h: H, rows: Rows) -> H:
+        """The stand-ins of layers start..L-1 in turn (the result of `stand_in_layer` for
+        each; any start must work): a token's whole exit river in one call."""
+
+    def stand_in_logits(self, h: H) -> np.ndarray:
+        """The LM head at stand-in precision (or the head itself), for drafts, whose logits
+        only pick a token the backbone then checks."""
+
+    def mixed_layer(self, i: int, h: H, deep: list[int], gone: list[int],
+                    sub_blocks: bool = False) -> tuple[H, np.ndarray | None]:
+        """Layer i: the backbone for `deep` rows, the stand-in for `gone` rows (inside vLLM,
+        one attention call for both); the deep rows' cosines as `layer` gives them."""
+
 
 @runtime_checkable
 class ProjectsKV(Protocol, Generic[H]):
-    """`Capabilities.propagate`."""
+    """`Capabilities.propagate`: layer i's K/V of the step's slots computed from `h` without
+    running the layer."""
 
     def project_kv(self, i: int, h: H, rows: Rows) -> None: ...
 
 
 @runtime_checkable
 class MasksEntries(Protocol):
-    """`Capabilities.mask`."""
+    """`Capabilities.mask`: layer i keeps no entry for `rows` at the step's slot, and every
+    later read of layer i masks it out (a later step at that slot writes it again)."""
 
     def skip(self, i: int, rows: Rows) -> None: ...
 
 
 @runtime_checkable
 class RecomputesSpans(Protocol, Generic[H]):
-    """`Capabilities.recompute`."""
+    """`Capabilities.recompute`, one sequence."""
 
-    def layer_span(self, i: int, states: Sequence[H], start: int) -> list[H]:
-        """Layer i for positions start..offset of the one sequence: `states` holds one
-        single-token state per position, in order; returns their outputs likewise."""
+    def layer_span(self, i: int, states: Sequence[H]) -> list[H]:
+        """Backbone layer i for the last len(states) positions up to and including this
+        step's slot, causally, writing all their slots: `states` holds one single-token state
+        per position, in order (earlier tokens whose layer-i entry was left unwritten, then
+        this step's token); returns their outputs likewise. Only the `recompute` strategy
+        calls it, and it guarantees that no read of those slots happens before."""
 
 
-@runtime_checkable
-class Verifies(Protocol):
-    """`Capabilities.verify`: speculative decoding, one sequence."""
-
-    def extend(self, tokens: Sequence[int]) -> np.ndarray:
-        """Run `tokens` through the whole backbone at positions offset.. of the one sequence,
-        write their slots in every layer and commit them: [len(tokens), vocab] float32 logits,
-        row t predicting the token after tokens[t]."""
-
-    def rewind(self, offset: int) -> None:
-        """Forget positions offset.. (offset <= `offset` now): later steps overwrite them."""
-
+# -- 3. measurement ------------------------------------------------------------------------------
 
 @runtime_checkable
-class WindowsDrafts(Protocol):
-    """`Capabilities.windowed_drafts`: speculative mode's drafts attend part of the context."""
+class Measured(Protocol):
+    """For the conformance kit and the benchmarks, not the hot path."""
 
-    def window_drafts(self, window: int | None) -> None:
-        """From now on a single-token step attends only the first SINKS positions
-        (river_core.layout) and the last `window`; None: all of them again. Verification
-        (`extend`) and prefill always attend everything."""
+    @property
+    def offset(self) -> int:
+        """Positions holding tokens: the end of the last step, less what `trim` dropped."""
 
+    def read_kv(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """Layer i's keys and values for positions 0..offset-1: two [batch, kv_heads, offset,
+        head_dim] float32 arrays."""
 
-@runtime_checkable
-class FusedTail(Protocol, Generic[H]):
-    """Optional speed: a token's whole exit river in one call."""
-
-    def stand_in_tail(self, start: int, h: H, rows: Rows) -> H:
-        """The stand-ins of layers start..L-1 in turn (the same result as `stand_in_layer`
-        for each; any start must work)."""
-
-
-@runtime_checkable
-class DraftHead(Protocol, Generic[H]):
-    """Optional speed: the LM head at stand-in precision, for drafts, whose logits only pick
-    a token the backbone then checks."""
-
-    def stand_in_logits(self, h: H) -> np.ndarray: ...
-
-
-@runtime_checkable
-class MixedLayers(Protocol, Generic[H]):
-    """Optional: an engine that must run a layer's backbone rows and stand-in rows in one call
-    (one attention call per layer for the whole batch, as inside vLLM)."""
-
-    def mixed_layer(self, i: int, h: H, deep: Rows, gone: Rows,
-                    sub_blocks: bool = False) -> tuple[H, np.ndarray | None]:
-        """Layer i: the backbone for `deep` rows, the stand-in for `gone` rows; the deep rows'
-        sub-block cosines as `Layered.layer` gives them."""
+    def footprint(self) -> Footprint:
+        """What a decode step reads from memory, for speed limits in benchmarks."""
 
 
 PROMISES = {"exits": Layered, "stand_in": StandIns, "propagate": ProjectsKV,
-            "mask": MasksEntries, "recompute": RecomputesSpans, "verify": Verifies,
-            "windowed_drafts": WindowsDrafts}
+            "mask": MasksEntries, "recompute": RecomputesSpans, "verify": Verifies}
 """Each promise of `Capabilities` and the sub-protocol that keeps it."""

@@ -13,7 +13,7 @@ from typing import Callable, Collection, Generator, Mapping, Sequence
 import attrs
 import numpy as np
 
-from .backend import Backend, DraftHead, Layered
+from .backend import Backend, Step
 from .config import GenerationConfig
 from .errors import ConfigError
 from .kv import KVStrategy, subset
@@ -157,9 +157,10 @@ class Walk:
     the backbone (`deep`), which have left (`gone`), what the policy reads on the way, and
     where each row left (`exits`). `rows` holds the state of the rows that may leave (by
     index in the batch; the others, prompt tokens inside a serving engine, run every layer).
-    The engine supplies numerics only, through `run.strategy.layer` (backend.py)."""
+    The engine supplies numerics only, through `run.strategy.layer`: any object with what the
+    walk reads (backend.py, `Layered` and the sub-protocols the strategy needs)."""
 
-    def __init__(self, backend: Layered, run: Run, rows: Mapping[int, Row], step: int,
+    def __init__(self, backend, run: Run, rows: Mapping[int, Row], step: int,
                  batch: int) -> None:
         self.backend, self.run, self.rows, self.step, self.batch = backend, run, rows, step, batch
         strategy, needs = run.strategy, run.policy.needs
@@ -213,9 +214,15 @@ class Walk:
         if not strategy.allows_exit or not self.deep or i == self.backend.num_layers - 1:
             return False
         early = functools.cache(lambda: self.backend.logits(h))   # only if a policy reads it
-        leaving = [r for r in self.deep if r in self.rows and (
-            _capped(strategy.ceiling(r), i) or
-            self.run.policy.should_exit(self._view(r, i, early)))]
+        leaving = []
+        for r in self.deep:
+            row = self.rows.get(r)
+            if row is not None and (
+                    (strategy.caps_depth and _capped(strategy.ceiling(r), i)) or
+                    self.run.policy.should_exit(RowView(i, self.step, row.predictor,
+                                                        row.policy_state,
+                                                        lambda r=r: early()[r]))):
+                leaving.append(r)
         for r in leaving:
             self.exits[r] = i
             self.deep.remove(r)
@@ -223,10 +230,6 @@ class Walk:
             self.exit_states[i] = h
         self.gone = sorted(self.gone + leaving)
         return not self.deep and not self.watch_exited
-
-    def _view(self, r: int, i: int, early) -> RowView:
-        row = self.rows[r]
-        return RowView(i, self.step, row.predictor, row.policy_state, lambda: early()[r])
 
     def finish(self, logits: np.ndarray | None = None) -> None:
         """After the head: the predictors fold the token in, a policy may recheck rows (their
@@ -254,16 +257,17 @@ class Walk:
 
 
 def decode_step(backend: Backend, tokens: Sequence[int], run: Run, rows: list[Row],
-                step: int, draft: bool = False) -> tuple[np.ndarray, list[int]]:
-    """Run one token per sequence through the layers; return logits and each exit layer.
-    A `draft` step's logits come from the head's stand-in where the backend has one."""
-    if not isinstance(backend, Layered):   # an engine that only decodes at full depth
-        return backend.decode(tokens), [backend.num_layers - 1] * len(tokens)
+                step: int, at: Step, draft: bool = False) -> tuple[np.ndarray, list[int]]:
+    """Decode step number `step`: one token per sequence through the layers, writing `at`'s
+    slot; return logits and each exit layer. A `draft` step's logits come from the head's
+    stand-in where the backend has stand-ins."""
+    caps = backend.capabilities
+    if not caps.exits:   # an engine that only decodes at full depth
+        return backend.decode(tokens, at), [backend.num_layers - 1] * len(tokens)
     movable = {} if run.steps_aside(len(tokens)) else dict(enumerate(rows))
     walk = Walk(backend, run, movable, step, len(tokens))
-    h = walk.through(backend.embed(tokens))
-    logits = (backend.stand_in_logits if draft and isinstance(backend, DraftHead)
-              else backend.logits)(h)
+    h = walk.through(backend.embed(tokens, at))
+    logits = (backend.stand_in_logits if draft and caps.stand_in else backend.logits)(h)
     walk.finish(logits)
     return logits, walk.exits
 
@@ -346,6 +350,7 @@ def stream_ids(backend: Backend, prompts: Sequence[Sequence[int]], gen: Generati
     pre = backend.prefill(prompts, capacity, prefill_exit)
     prefill_seconds = time.perf_counter() - start
     rows = start_rows(stand_in_error(backend), run, pre.similarity)
+    position = max(len(p) for p in prompts)   # every row's next slot (prompts are left-padded)
 
     batch = len(prompts)
     tokens: list[list[int]] = [[] for _ in range(batch)]
@@ -366,8 +371,8 @@ def stream_ids(backend: Backend, prompts: Sequence[Sequence[int]], gen: Generati
             if all(done) or step == gen.max_new_tokens - 1:
                 break
             start = time.perf_counter()
-            logits, chose = decode_step(backend, [row[-1] for row in tokens], run, rows, step)
-            backend.commit()
+            logits, chose = decode_step(backend, [row[-1] for row in tokens], run, rows, step,
+                                        Step(position + step))
             steps.append(time.perf_counter() - start)
             for r in range(batch):
                 if not done[r]:
@@ -406,12 +411,12 @@ def teacher_force(backend: Backend, prompts: Sequence[Sequence[int]],
     capacity = max(len(p) for p in prompts) + longest
     pre = backend.prefill(prompts, capacity, prefill_exit)
     rows = start_rows(stand_in_error(backend), run, pre.similarity)
+    position = max(len(p) for p in prompts)
     logits = [[row] for row in pre.logits]
     exits: list[list[int]] = [[] for _ in prompts]
     for step in range(longest):
         fed = [c[min(step, len(c) - 1)] if c else 0 for c in continuations]
-        out, layers = decode_step(backend, fed, run, rows, step)
-        backend.commit()
+        out, layers = decode_step(backend, fed, run, rows, step, Step(position + step))
         for r, c in enumerate(continuations):
             if step < len(c):
                 logits[r].append(out[r])

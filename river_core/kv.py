@@ -15,7 +15,7 @@ from typing import Protocol
 
 import attrs
 
-from .backend import Backend, FusedTail, MixedLayers, Rows
+from .backend import Backend, Rows
 from .footprint import Reads
 from .options import NoOptions
 
@@ -31,6 +31,7 @@ class KVStrategy(Protocol):
                            # passes and nothing carries over from step to step
     across_steps: bool     # keeps state per sequence from step to step (needs an engine with
                            # `Capabilities.sequences`)
+    caps_depth: bool       # `ceiling` may cap how deep a row runs
 
     def layer(self, backend: Backend, i: int, h, deep: list[int], gone: list[int], batch: int,
               sub_blocks: bool = False):
@@ -60,6 +61,7 @@ class Strategy:
     batch = True
     drafts = False
     across_steps = False
+    caps_depth = False
 
     def __init__(self, options=NoOptions()) -> None:
         self.options = options
@@ -96,17 +98,17 @@ class River(Strategy):
 
     def layer(self, backend: Backend, i: int, h, deep: list[int], gone: list[int], batch: int,
               sub_blocks: bool = False):
-        if isinstance(backend, MixedLayers) and deep and gone:   # one call for both
-            return backend.mixed_layer(i, h, deep, gone, sub_blocks)
-        return super().layer(backend, i, h, deep, gone, batch, sub_blocks)
+        if not gone:
+            return backend.layer(i, h, None if len(deep) == batch else deep, sub_blocks)
+        if not deep:
+            return backend.stand_in_layer(i, h, None if len(gone) == batch else gone), None
+        return backend.mixed_layer(i, h, deep, gone, sub_blocks)   # one call where it can
 
     def skipped_layer(self, backend: Backend, i: int, h, rows: Rows):
         return backend.stand_in_layer(i, h, rows)
 
     def skipped_tail(self, backend: Backend, start: int, h, rows: Rows):
-        if isinstance(backend, FusedTail):
-            return backend.stand_in_tail(start, h, rows)
-        return super().skipped_tail(backend, start, h, rows)
+        return backend.stand_in_tail(start, h, rows)
 
 
 class Propagate(Strategy):
@@ -149,7 +151,7 @@ class Monotonic(Strategy):
     skipped layer did not write. Skipped layers write nothing; h_k feeds the head."""
 
     name, allows_exit, moves_state, requires = "monotonic", True, False, None
-    skipped_reads, across_steps = "nothing", True
+    skipped_reads, across_steps, caps_depth = "nothing", True, True
 
     def __init__(self, options=NoOptions()) -> None:
         super().__init__(options)
@@ -167,7 +169,6 @@ class Monotonic(Strategy):
 
 @attrs.define
 class _Waiting:
-    position: int
     layer: int       # the deepest backbone layer that holds its K/V
     state: object    # its output of that layer
 
@@ -185,10 +186,11 @@ class Recompute(Strategy):
 
     def __init__(self, options=NoOptions()) -> None:
         super().__init__(options)
-        # positions since the last full-depth token, in order; their layers never rise along
-        # positions (a newer token brings older ones up to its own exit), so the tokens lacking
-        # a given layer are always a suffix of this list
+        # the positions since the last full-depth token, in order and consecutive up to the
+        # step's own; their layers never rise along positions (a newer token brings older ones
+        # up to its own exit), so the tokens lacking a given layer are always a suffix
         self._waiting: list[_Waiting] = []
+        self._this_step_waits = False
 
     def deep_layer(self, backend: Backend, i: int, h, rows: Rows, sub_blocks: bool = False):
         """Without sub-block cosines when waiting tokens ran with this one (the walk then
@@ -196,7 +198,7 @@ class Recompute(Strategy):
         due = [w for w in self._waiting if w.layer < i]
         if not due:
             return backend.layer(i, h, rows, sub_blocks)
-        *states, h = backend.layer_span(i, [w.state for w in due] + [h], due[0].position)
+        *states, h = backend.layer_span(i, [w.state for w in due] + [h])
         for w, s in zip(due, states):
             w.layer, w.state = i, s
         if i == backend.num_layers - 1:
@@ -204,9 +206,13 @@ class Recompute(Strategy):
         return h, None
 
     def skipped_layer(self, backend: Backend, i: int, h, rows: Rows):
-        if not self._waiting or self._waiting[-1].position != backend.offset:
-            self._waiting.append(_Waiting(backend.offset, i - 1, h))
+        if not self._this_step_waits:
+            self._waiting.append(_Waiting(i - 1, h))
+            self._this_step_waits = True
         return h
+
+    def exited(self, row: int, layer: int) -> None:
+        self._this_step_waits = False
 
 
 def subset(rows: list[int], batch: int) -> Rows:

@@ -48,11 +48,7 @@ class Layout:
         return out
 
     def positions(self, start: int, end: int) -> np.ndarray:
-        """[batch, end - start] rotary positions of cache slots start..end-1 (every engine's
-        step asks, so this is where a step past the capacity is refused, never wrapped)."""
-        if end > self.capacity:
-            raise ConfigError(f"the cache is full: slots {start}..{end - 1} do not fit its "
-                              f"{self.capacity} (the capacity prefill was given)")
+        """[batch, end - start] rotary positions of cache slots start..end-1."""
         return np.maximum(np.arange(start, end)[None, :] - self.pad[:, None], 0)
 
     def prompt_mean(self, values: np.ndarray) -> np.ndarray:
@@ -66,10 +62,14 @@ class Layout:
             self.holes = np.zeros((self._num_layers, self.batch, self.capacity), dtype=bool)
         self.holes[layer, slice(None) if rows is None else list(rows), position] = True
 
-    def rewind(self, position: int) -> None:
-        """Slots from `position` on hold nothing any more: they lose their holes too."""
+    def begin(self, start: int, end: int) -> None:
+        """A step writes slots start..end-1: refused past the capacity, and whatever holes an
+        earlier step left there (a rejected draft's) are gone."""
+        if end > self.capacity:
+            raise ConfigError(f"the cache is full: slots {start}..{end - 1} do not fit its "
+                              f"{self.capacity} (the capacity prefill was given)")
         if self.holes is not None:
-            self.holes[:, :, position:] = False
+            self.holes[:, :, start:end] = False
 
     def first_key(self, start: int, end: int, window: int | None) -> int:
         """The first slot a step of queries start..end-1 can attend: a single decoding query

@@ -13,6 +13,7 @@ from .decode import DecodeResult, Forced, Stream, Token, drain, stream_ids, teac
 from .errors import ConfigError
 from .plan import Plan, resolve
 from .plugins import Registry, default_registry
+from .policy import ScriptedExits
 from .sampling import Sampler
 from .speculative import speculative_stream
 
@@ -73,13 +74,15 @@ class RiverModel:
 
     @classmethod
     def from_pretrained(cls, model: str | None = None, *, backend: str = "hf",
-                        device: str = "cpu", dtype: str = "float32",
+                        device: str = "cpu", dtype: str | None = None,
                         quant: QuantSpec = QuantSpec(), progress: bool = False,
                         registry: Registry | None = None) -> "RiverModel":
-        """`model`: a local Hugging Face folder or GGUF file; None for the embedded default."""
+        """`model`: a local Hugging Face folder or GGUF file; None for the embedded default.
+        `dtype` None: the backend's default for the device."""
         registry = registry or default_registry()
         load = registry.backend(backend).load
-        return cls(load(model, device=device, dtype=dtype, quant=quant, progress=progress),
+        chosen = {} if dtype is None else {"dtype": dtype}
+        return cls(load(model, device=device, quant=quant, progress=progress, **chosen),
                    registry)
 
     @property
@@ -175,18 +178,24 @@ class RiverModel:
                                 plan.config.prefill_exit, sample, eos)
         return _holding(self.lock, stream)
 
-    def teacher_force(self, prompt: Sequence[int], continuation: Sequence[int],
-                      exit_config: ExitConfig | Plan) -> Forced:
-        """Feed `continuation` after `prompt` token by token under `exit_config`'s policy and
-        strategy: logits at every position (for NLL) and where each token left. Many
-        sequences at once: `decode.teacher_force` with `plan(...).run()` under `lock`."""
+    def teacher_force(self, prompts: Sequence[Sequence[int]],
+                      continuations: Sequence[Sequence[int]], exit_config: ExitConfig | Plan,
+                      exits: Sequence[int | None] | None = None) -> list[Forced]:
+        """Feed each continuation after its prompt a token a step, all sequences at once
+        (fewer, larger engine calls), every row exiting on its own under `exit_config`'s
+        policy and strategy, or, with `exits`, step s of every row after layer exits[s]
+        (None or past the last layer: full depth): logits at every position (for NLL) and
+        where each token left."""
         plan = self.plan(exit_config)
         if plan.config.mode == "speculative":
             raise ConfigError("speculative mode scores exactly as full depth: teacher-force "
                               "with kv='full'")
+        run = plan.run()
+        if exits is not None:
+            run = attrs.evolve(run, policy=ScriptedExits(exits))
         with self.lock:
-            return teacher_force(self.backend, [prompt], [continuation], plan.run(),
-                                 plan.config.prefill_exit)[0]
+            return teacher_force(self.backend, prompts, continuations, run,
+                                 plan.config.prefill_exit)
 
 
 def _holding(lock: threading.Lock, stream: Stream) -> Stream:

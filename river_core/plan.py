@@ -21,7 +21,7 @@ from .hookspecs import KVStrategyPlugin, PredictorPlugin
 from .options import bind
 from .plugins import Registry
 from .policy import ExitPolicy
-from .speculative import DraftLength, check_can_draft
+from .speculative import DraftLength
 
 
 @attrs.frozen
@@ -111,7 +111,21 @@ def _check(config: ExitConfig, strategy, policy: ExitPolicy, caps: Capabilities,
         raise ConfigError("draft_window is the drafts' attention window: it applies to "
                           "speculative mode")
     if config.mode == "speculative":
-        check_can_draft(caps, backend, strategy, 1, config.draft_window)
+        _check_can_draft(caps, backend, strategy, config.draft_window)
         if config.prefill_exit is not None:
             raise ConfigError("speculative mode is lossless, but prefill_exit would leave "
                               "stand-in K/V in the prompt's slots; drop one of them")
+
+
+def _check_can_draft(caps: Capabilities, backend_name: str, strategy,
+                     draft_window: int | None) -> None:
+    if not caps.verify:
+        raise CapabilityError(f"backend {backend_name!r} cannot verify drafts (extend); "
+                              f"speculative mode needs it")
+    if not strategy.drafts:
+        raise ConfigError(f"the {strategy.name!r} kv strategy cannot draft: speculative mode "
+                          f"needs every draft step to write its slots and no state across "
+                          f"steps (river, propagate or full)")
+    if draft_window is not None and not caps.windowed_drafts:
+        raise CapabilityError(f"backend {backend_name!r} cannot give drafts a window of the "
+                              f"context; leave draft_window unset")

@@ -1,31 +1,32 @@
 """Lossless River: the exit river drafts, the backbone verifies, over one shared cache.
 
-A round starts from the last token `x` the backbone stands behind, at position P. The river
-drafts up to gamma tokens, one ordinary decode step each (the configured exit policy and KV
-strategy; logits from the head's stand-in where the backend has one), and every step writes its
-K/V into the backbone's own slots P, P+1, ... as River always does: no second cache. Then
-`extend` runs `x` and the drafts through the whole backbone in one multi-token pass,
-overwriting those slots with exact values, and returns the backbone's logits at each. The
-longest prefix of drafts the backbone agrees with stands, followed by the backbone's own next
-token (greedy: its argmax; sampling: the speculative-sampling rule, so the output follows the
-backbone's distribution exactly); `rewind` forgets the slots past it. No river K/V survives a
-round, so the output is the backbone's, only faster when drafts are cheap and mostly right.
+A round starts from the last token `x` the backbone stands behind, at position p. The river
+drafts up to gamma tokens, one ordinary decode step each at slots p, p+1, ... (the configured
+exit policy and KV strategy; logits from the head's stand-in; attending the draft window),
+writing their K/V into the backbone's own slots as River always does: no second cache. Then
+`extend(x and the drafts, p)` runs them through the whole backbone in one multi-token pass at
+slots p..p+gamma, overwriting what the drafts wrote with exact values, and returns the
+backbone's logits at each. The longest prefix of drafts the backbone agrees with stands,
+followed by the backbone's own next token (greedy: its argmax; sampling: the
+speculative-sampling rule, so the output follows the backbone's distribution exactly), and the
+next round starts after it. Nothing is rewound: the slots past the round's end are overwritten
+by the next round before anything reads them. No river K/V survives a round, so the output is
+the backbone's, only faster when drafts are cheap and mostly right.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Iterator, Sequence, cast
+from typing import Iterator, Sequence
 
 import attrs
 import numpy as np
 
-from .backend import Backend, Capabilities, WindowsDrafts
+from .backend import Backend, Step
 from .config import GenerationConfig
 from .decode import (DecodeResult, Run, Stream, Token, check_capacity, decode_step, drain,
                      stand_in_error, start_rows, stopped)
-from .errors import CapabilityError, ConfigError
-from .kv import KVStrategy
+from .errors import ConfigError
 from .sampling import draw, probabilities, verify_draft
 
 
@@ -95,28 +96,12 @@ class DraftLength:
             self._next = min(self.most, r.drafted + 1) if grow else max(1, r.drafted - 1)
 
 
-def check_can_draft(caps: Capabilities, backend_name: str,
-                    strategy: type[KVStrategy] | KVStrategy, batch: int,
-                    draft_window: int | None = None) -> None:
-    if not caps.verify:
-        raise CapabilityError(f"backend {backend_name!r} cannot verify drafts (extend, "
-                              f"rewind); speculative mode needs it")
-    if not strategy.drafts:
-        raise ConfigError(f"the {strategy.name!r} kv strategy cannot draft: speculative mode "
-                          f"needs every draft step to write its slots and no state across "
-                          f"steps (river, propagate or full)")
-    if batch != 1:
-        raise ConfigError("speculative mode runs one sequence at a time")
-    if draft_window is not None and not caps.windowed_drafts:
-        raise CapabilityError(f"backend {backend_name!r} cannot give drafts a window of the "
-                              f"context; leave draft_window unset")
-
-
 def rounds(backend: Backend, prompt: Sequence[int], gen: GenerationConfig, run: Run,
            length: DraftLength) -> Iterator[Round]:
     """Prefill `prompt`, then draft-and-verify rounds until EOS, a stop string or
-    gen.max_new_tokens; each round's tokens end at whichever comes first."""
-    check_can_draft(backend.capabilities, backend.name, run.strategy, 1, run.draft_window)
+    gen.max_new_tokens; each round's tokens end at whichever comes first. `run` comes from a
+    resolved plan (`Plan.run`), whose resolution checked that the backend and the strategy
+    can draft."""
     check_capacity(backend, [prompt], gen.max_new_tokens)
     rng = np.random.default_rng(gen.seed)
     sampled = gen.temperature > 0
@@ -138,27 +123,21 @@ def rounds(backend: Backend, prompt: Sequence[int], gen: GenerationConfig, run: 
                 return new[:n], True
         return new, False
 
-    def draft(token: int, gamma: int, step: int) -> tuple[list[int], list, list[int]]:
-        """Up to gamma draft steps after `token` from slot `offset` on, ending at an end of
-        text: the drafts, their distributions (sampling; greedy: None) and their exit
-        layers."""
+    def draft(token: int, gamma: int, step: int, p: int) -> tuple[list[int], list, list[int]]:
+        """Up to gamma draft steps after `token` at slots p.., ending at an end of text: the
+        drafts, their distributions (sampling; greedy: None) and their exit layers."""
         drafts, draft_probs, exits = [], [], []
-        if run.draft_window is not None:
-            cast(WindowsDrafts, backend).window_drafts(run.draft_window)
-        try:
-            for s in range(step, step + gamma):
-                logits, layers = decode_step(backend, [token], run, rows, s, draft=True)
-                backend.commit()
-                exits.append(layers[0])
-                q = distribution(logits[0]) if sampled else None
-                token = draw(q, rng) if sampled else int(logits[0].argmax())
-                drafts.append(token)
-                draft_probs.append(q)
-                if token in eos:
-                    break   # nothing the backbone could keep follows an end of text
-        finally:   # verification, and anything after a failed draft, sees the whole context
-            if run.draft_window is not None:
-                cast(WindowsDrafts, backend).window_drafts(None)
+        for n in range(gamma):
+            logits, layers = decode_step(backend, [token], run, rows, step + n,
+                                         Step(p + n, draft_window=run.draft_window),
+                                         draft=True)
+            exits.append(layers[0])
+            q = distribution(logits[0]) if sampled else None
+            token = draw(q, rng) if sampled else int(logits[0].argmax())
+            drafts.append(token)
+            draft_probs.append(q)
+            if token in eos:
+                break   # nothing the backbone could keep follows an end of text
         return drafts, draft_probs, exits
 
     start = time.perf_counter()
@@ -166,17 +145,15 @@ def rounds(backend: Backend, prompt: Sequence[int], gen: GenerationConfig, run: 
     rows = start_rows(stand_in_error(backend), run, pre.similarity)
     tokens, done = stand([choose(pre.logits[0])])
     yield Round(tokens, 0, 0, [], time.perf_counter() - start, 0.0)
-    x, step = tokens[-1], 0
+    x, step, p = tokens[-1], 0, len(prompt)   # x goes to slot p
     while not done:
         # a round yields at most gamma + 1 tokens, so it never writes past the capacity
         gamma = min(length.next(), gen.max_new_tokens - len(out) - 1)
-        position = backend.offset
         start = time.perf_counter()
-        drafts, draft_probs, exits = draft(x, gamma, step)
+        drafts, draft_probs, exits = draft(x, gamma, step, p)
         step += len(drafts)
-        backend.rewind(position)
         middle = time.perf_counter()
-        target = backend.extend([x] + drafts)
+        target = backend.extend([x] + drafts, p)
         accepted, correction = 0, None
         for logits, d, q in zip(target, drafts, draft_probs):
             correction = verify_draft(distribution(logits), q, d, rng) if sampled else \
@@ -186,7 +163,8 @@ def rounds(backend: Backend, prompt: Sequence[int], gen: GenerationConfig, run: 
             accepted += 1
         if correction is None:   # every draft stood: the backbone's next token comes free
             correction = choose(target[len(drafts)])
-        backend.rewind(position + accepted + 1)
+        p += accepted + 1
+        backend.trim(p)
         tokens, done = stand(drafts[:accepted] + [correction])
         end = time.perf_counter()
         r = Round(tokens, len(drafts), accepted, exits, middle - start, end - middle)
@@ -205,7 +183,8 @@ def speculative_stream(backend: Backend, prompts: Sequence[Sequence[int]],
                        gen: GenerationConfig, run: Run, length: DraftLength) -> Stream:
     """`speculative_ids` as a stream: each round's tokens as it ends (every one the
     backbone's choice; `drafted` marks the drafts it kept). Ctrl-C ends it early."""
-    check_can_draft(backend.capabilities, backend.name, run.strategy, len(prompts))
+    if len(prompts) != 1:
+        raise ConfigError("speculative mode runs one sequence at a time")
     done, interrupted, last = [], False, backend.num_layers - 1
     try:
         for r in rounds(backend, prompts[0], gen, run, length):

@@ -16,6 +16,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from river_core.errors import CapabilityError
+
 from .quant import QuantWeight
 from .spec import FUSED, PROJECTIONS, LayerWeights, ModelSpec
 
@@ -33,7 +35,7 @@ class Norm:
     def of(cls, w: np.ndarray | None, spec: ModelSpec, dtype, device) -> "Norm | None":
         if w is None:
             return None
-        t = torch.from_numpy(w).to(device)
+        t = upload(w, torch.float32, device)
         return cls(1.0 + t if spec.norm_offset else t.to(dtype), spec.norm_eps, spec.norm_offset)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -51,9 +53,8 @@ class Dense:
     ROWS = range(4, 17)
 
     def __init__(self, w: np.ndarray, bias: np.ndarray | None, dtype, device) -> None:
-        self.weight = torch.from_numpy(w).to(device=device, dtype=dtype)
-        self.bias = None if bias is None else torch.from_numpy(bias).to(device=device,
-                                                                        dtype=dtype)
+        self.weight = upload(w, dtype, device)
+        self.bias = None if bias is None else upload(bias, dtype, device)
         self.nbytes = self.weight.numel() * self.weight.element_size()
         self._packed = None
 
@@ -68,29 +69,34 @@ class Dense:
         return F.linear(x, self.weight, self.bias)
 
 
+def upload(array: np.ndarray, dtype, device) -> torch.Tensor:
+    """The one way host arrays (weights, step tables) reach the engine's device."""
+    return torch.from_numpy(np.ascontiguousarray(array)).to(device=device, dtype=dtype)
+
+
 def packed(q: QuantWeight, bias: np.ndarray | None, dtype, device) -> Callable:
-    """A stand-in projection. On the CPU: aten's packed int8/int4 kernels with bfloat16
-    activations (the fast path there); elsewhere the dequantized weights (correct, not
-    faster: not run on a GPU yet)."""
-    if device.type != "cpu":
-        return Dense(q.dequantize(), bias, dtype, device)
+    """A stand-in projection on a real low-bit kernel: on the CPU aten's packed int8/int4
+    kernels with bfloat16 activations; elsewhere (CUDA) aten's int4 tinygemm kernel
+    (`_int4_tinygemm`) and, for 8 bits (the head), the dequantized weights in the model's
+    dtype."""
     rows, _ = q.shape
-    b = None if bias is None else torch.from_numpy(bias).to(dtype)
-    scale = torch.from_numpy(q.scale)
-    if q.bits == 8:
+    if device.type != "cpu":
+        if q.bits == 8:
+            return Dense(q.dequantize(), bias, dtype, device)
+        mm, nbytes = _int4_tinygemm(q, device)
+    elif q.bits == 8:
         w = torch.from_numpy(q.codes.astype(np.int16) - 128).to(torch.int8)
-        s = scale[:, 0].to(torch.bfloat16)
+        s = torch.from_numpy(q.scale[:, 0]).to(torch.bfloat16)
         mm = lambda x: torch.ops.aten._weight_int8pack_mm(x, w, s)
         nbytes = w.numel() + s.numel() * 2
     else:
         w = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
             torch.from_numpy(q.codes.astype(np.int32)), 1)
-        # kernel convention: w = (code - 8) * scale + zero
-        zero = (8 - torch.from_numpy(q.zero).float()) * scale
-        s = torch.stack([scale.t(), zero.t()], -1).contiguous().to(torch.bfloat16)
+        s = upload(_scales_and_zeros(q), torch.bfloat16, device)
         group = q.group
         mm = lambda x: torch.ops.aten._weight_int4pack_mm_for_cpu(x, w, group, s)
         nbytes = q.codes.size // 2 + s.numel() * 2
+    b = None if bias is None else upload(bias, dtype, device)
 
     def linear(x: torch.Tensor) -> torch.Tensor:
         y = mm(x.reshape(-1, x.shape[-1]).to(torch.bfloat16)).to(x.dtype)
@@ -98,6 +104,35 @@ def packed(q: QuantWeight, bias: np.ndarray | None, dtype, device) -> Callable:
         return y if b is None else y + b
     linear.nbytes = nbytes
     return linear
+
+
+def _scales_and_zeros(q: QuantWeight) -> np.ndarray:
+    """[groups, rows, 2] float32: aten's int4 kernels (CPU and tinygemm alike) compute
+    w = (code - 8) * scale + zero, so River's zero point (w = (code - zero) * scale) becomes
+    (8 - zero) * scale."""
+    return np.stack([q.scale.T, ((8 - q.zero) * q.scale).T], -1)
+
+
+TINYGEMM_GROUPS = (32, 64, 128, 256)
+
+
+def _int4_tinygemm(q: QuantWeight, device):
+    """aten's CUDA int4 weight-only kernel (tinygemm: sm80+, bfloat16 activations): codes
+    two to a byte, the even column in the high nibble (torchao's order), then tiled by
+    `_convert_weight_to_int4pack` for the widest inner K tiles the width allows."""
+    rows, columns = q.shape
+    tiles = next((t for t in (8, 4, 2) if columns % (16 * t) == 0), None)
+    if q.group not in TINYGEMM_GROUPS or tiles is None or rows % 8:
+        raise CapabilityError(f"the CUDA int4 kernel takes groups of {TINYGEMM_GROUPS}, "
+                              f"widths that are multiples of 32 and rows of 8; this stand-in "
+                              f"projection is {rows}x{columns} in groups of {q.group}")
+    codes = q.codes.astype(np.uint8)
+    pairs = (codes[:, ::2] << 4) | codes[:, 1::2]
+    w = torch.ops.aten._convert_weight_to_int4pack(upload(pairs, torch.uint8, device), tiles)
+    s = upload(_scales_and_zeros(q), torch.bfloat16, device)
+    group = q.group
+    return (lambda x: torch.ops.aten._weight_int4pack_mm(x, w, group, s),
+            q.codes.size // 2 + s.numel() * 2)
 
 
 def fused(layer: LayerWeights, names, dtype, device, quantized=None) -> Callable:
@@ -160,7 +195,9 @@ def project_kv(b: Block, x: torch.Tensor, cos, sin):
     """Normalised input -> (q, k, v) as [batch, heads, tokens, head_dim], rotary applied."""
     batch, tokens, _ = x.shape
     shape = (batch, tokens, -1, b.head_dim)
-    q, k, v = (t.reshape(shape).transpose(1, 2) for t in b.proj["qkv"](x).split(b.splits, -1))
+    q, k, v = b.proj["qkv"](x).split(b.splits, -1)
+    q, k, v = q.reshape(shape).transpose(1, 2), k.reshape(shape).transpose(1, 2), \
+        v.reshape(shape).transpose(1, 2)
     if b.q_norm is not None:
         q, k = b.q_norm(q), b.k_norm(k)
     return rope(q, cos, sin), rope(k, cos, sin), v

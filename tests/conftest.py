@@ -41,17 +41,17 @@ def tiny_folder(tmp_path_factory):
 
 
 @pytest.fixture
-def ctrl_c_at_commit(monkeypatch):
-    """ctrl_c_at_commit(n): Ctrl-C arrives during the hf backend's n-th commit."""
+def ctrl_c_at_step(monkeypatch):
+    """ctrl_c_at_step(n): Ctrl-C arrives as the hf backend's n-th decode step begins."""
     from river_hf.backend import HFBackend
 
     def arm(n: int) -> None:
-        calls, commit = {"n": 0}, HFBackend.commit
+        calls, embed = {"n": 0}, HFBackend.embed
 
-        def interrupted(self):
+        def interrupted(self, tokens, step):
             calls["n"] += 1
             if calls["n"] == n:
                 raise KeyboardInterrupt
-            commit(self)
-        monkeypatch.setattr(HFBackend, "commit", interrupted)
+            return embed(self, tokens, step)
+        monkeypatch.setattr(HFBackend, "embed", interrupted)
     return arm

@@ -2,7 +2,7 @@
 
 Everything a backend computes is here, for the Llama, Mistral and Qwen2 families (no per-head
 norms, no sandwich norms): the core's `LayerEngine` keeps the cache's bookkeeping (positions,
-prefill, verification, rewinds, absent entries), so this file holds only numerics. It reads
+prefill, verification, row selection, absent entries), so this file holds only numerics. It reads
 the model from the model package (`river_models`) and takes padding, positions and masks from
 the core's `Layout`. Its stand-ins run the model package's quantized weights, dequantized:
 correct, not fast. The conformance kit runs it like any other backend
@@ -19,8 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from river_core.backend import Capabilities
-from river_core.cache import KVCache
+from river_core.backend import Capabilities, Step
 from river_core.errors import CapabilityError
 from river_core.footprint import Footprint
 from river_core.layer_engine import LayerEngine
@@ -56,43 +55,63 @@ class NumpyBackend(LayerEngine):
         self.stand_in_error = list(quantized.errors)
         self.stand_in_head = quantized.head.dequantize()
         self.num_layers, self.max_positions = spec.num_layers, spec.max_positions
+        self.kv_heads, self.head_dim = spec.kv_heads, spec.head_dim
         self.capabilities = Capabilities(exits=True, stand_in=True, propagate=True, mask=True,
                                          recompute=True, sub_blocks=True, verify=True,
-                                         batch=True)
+                                         windowed_drafts=True, batch=True)
         self.runs_on = ("cpu",)
         self.tokenizer = checkpoint.tokenizer
 
-    # -- what the engine base asks for ------------------------------------------------------
+    # -- numerics for the engine base -------------------------------------------------------
 
-    def new_cache(self, layout: Layout) -> KVCache:
-        shape = (self.num_layers, layout.batch, self.spec.kv_heads, layout.capacity,
-                 self.spec.head_dim)
-        return KVCache(np.full(shape, np.nan, np.float32), np.full(shape, np.nan, np.float32),
-                       layout)
+    def allocate(self, shape):
+        return np.full(shape, np.nan, np.float32), np.full(shape, np.nan, np.float32)
 
-    def begin(self, start: int, end: int) -> None:
+    def context(self, layout: Layout, step: Step) -> Step:
         """Nothing to prepare: rotary angles and masks are computed per layer (slow, plain)."""
+        return step
 
     def embed_ids(self, ids: np.ndarray) -> np.ndarray:
         return self.w.embed[ids] * self.spec.embed_scale
 
-    def token_similarity(self, before, after) -> np.ndarray:
-        return cosine(before, after)
+    def run_block(self, i, x, idx, stand_in, mids):
+        proj = self.stand_in_weights[i] if stand_in else self.w.layers[i].projections
+        out, mid = self._block(i, x, idx, proj)
+        if mids is not None:
+            mids.append(mid)
+        return out
 
-    def position_logits(self, h) -> np.ndarray:
-        return self._head(h[0])
+    def make_index(self, rows):
+        return np.asarray(rows)
 
-    def to_numpy(self, array) -> np.ndarray:
-        return array.copy()
+    def scatter(self, h, idx, rows_out):
+        full = h.copy()
+        full[idx] = rows_out
+        return full
 
-    def _rope(self, x, rows, start, end):
-        positions = self.cache.layout.positions(start, end)[rows]
+    def concat(self, arrays, axis: int):
+        return np.concatenate(arrays, axis=axis)
+
+    def cosines(self, pairs) -> np.ndarray:
+        return np.stack([cosine(a, b) for a, b in pairs], -1)
+
+    def head(self, x, stand_in: bool = False) -> np.ndarray:
+        weight = self.stand_in_head if stand_in else self.w.head
+        return rms_norm(x, self.w.final_norm, self.spec.norm_eps) @ weight.T
+
+    def host(self, array) -> np.ndarray:
+        return np.array(array)
+
+    # -- the layer --------------------------------------------------------------------------
+
+    def _rope(self, x, idx):
+        step = self.ctx
+        positions = self.cache.layout.positions(step.start, step.end)
+        positions = positions if idx is None else positions[idx]
         cos, sin = self.spec.rotary[""].angles(positions)
         half = x.shape[-1] // 2
         rotated = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
         return x * cos[:, None] + rotated * sin[:, None]
-
-    # -- the layer --------------------------------------------------------------------------
 
     def _heads(self, y, count):
         """[b, t, count * hd] -> [b, count, t, hd]"""
@@ -104,76 +123,44 @@ class NumpyBackend(LayerEngine):
         bias = self.w.layers[i].biases.get(name)
         return y if bias is None else y + bias
 
-    def _write_kv(self, i, xn, rows, proj, start, end):
-        """This layer's K/V of the normalised inputs `xn` of `rows`, into the cache."""
-        k = self._rope(self._heads(self._linear(i, "k", xn, proj), self.spec.kv_heads), rows,
-                       start, end)
+    def _write_kv(self, i, xn, idx, proj):
+        """This layer's K/V of the normalised inputs `xn` of rows `idx`, into the step's
+        slots."""
+        k = self._rope(self._heads(self._linear(i, "k", xn, proj), self.spec.kv_heads), idx)
         v = self._heads(self._linear(i, "v", xn, proj), self.spec.kv_heads)
-        self.cache.write(i, rows, k, v, start, end)
+        self.cache.write(i, idx, k, v, self.ctx.start, self.ctx.end)
 
-    def _block(self, i, h, rows, proj, start=None):
-        """Layer i (backbone or stand-in weights `proj`) for `rows`, queries start..end-1:
-        the new state of the batch, and the rows' state between attention and MLP."""
-        layout = self.cache.layout
-        start, end = self.cache.start if start is None else start, self.cache.end
-        rows = list(range(h.shape[0])) if rows is None else list(rows)
-        layer, spec = self.w.layers[i], self.spec
-        x = h[rows]
+    def _block(self, i, x, idx, proj):
+        """Layer i (backbone or stand-in weights `proj`) on the states `x` of rows `idx`:
+        their new states, and their states between attention and MLP."""
+        layout, step, spec = self.cache.layout, self.ctx, self.spec
+        start, end = step.start, step.end
+        rows = slice(None) if idx is None else idx
+        layer = self.w.layers[i]
         xn = rms_norm(x, layer.input_norm, spec.norm_eps)
-        q = self._rope(self._heads(self._linear(i, "q", xn, proj), spec.heads), rows, start, end)
-        self._write_kv(i, xn, rows, proj, start, end)
+        q = self._rope(self._heads(self._linear(i, "q", xn, proj), spec.heads), idx)
+        self._write_kv(i, xn, idx, proj)
         window = spec.windows[i]
-        lo = layout.first_key(start, end, window)
-        keys = np.repeat(self.cache.k[i, rows, :, lo:end], spec.group, axis=1)
-        values = np.repeat(self.cache.v[i, rows, :, lo:end], spec.group, axis=1)
+        slots = layout.key_slots(start, end, window, step.draft_window)
+        keys = np.repeat(self.cache.k[i][rows][:, :, slots], spec.group, axis=1)
+        values = np.repeat(self.cache.v[i][rows][:, :, slots], spec.group, axis=1)
         scores = q @ keys.transpose(0, 1, 3, 2) * spec.attn_scale
-        scores = np.where(layout.mask(start, end, window, i)[rows][:, None], scores, -np.inf)
+        attend = layout.mask(start, end, window, i, slots)[rows]
+        scores = np.where(attend[:, None], scores, -np.inf)
         p = np.exp(scores - scores.max(-1, keepdims=True))
         a = (p / p.sum(-1, keepdims=True)) @ values
         x = x + self._linear(i, "o", a.transpose(0, 2, 1, 3).reshape(*x.shape[:2], -1), proj)
         xn = rms_norm(x, layer.pre_mlp_norm, spec.norm_eps)
         m = silu(self._linear(i, "gate", xn, proj)) * self._linear(i, "up", xn, proj)
-        out = h.copy()
-        out[rows] = x + self._linear(i, "down", m, proj)
-        return out, x
+        return x + self._linear(i, "down", m, proj), x
 
-    # -- the contract -----------------------------------------------------------------------
-
-    def layer(self, i: int, h, rows, sub_blocks: bool = False):
-        out, mid = self._block(i, h, rows, self.w.layers[i].projections)
-        if not sub_blocks:
-            return out, None
-        rows = list(range(h.shape[0])) if rows is None else list(rows)
-        before, mid, after = h[rows, -1], mid[:, -1], out[rows, -1]
-        return out, np.stack([cosine(before, mid), cosine(mid, after)], -1)
-
-    def stand_in_layer(self, i: int, h, rows):
-        return self._block(i, h, rows, self.stand_in_weights[i])[0]
+    # -- the contract beyond the base -------------------------------------------------------
 
     def project_kv(self, i: int, h, rows) -> None:
-        rows = list(range(h.shape[0])) if rows is None else list(rows)
-        xn = rms_norm(h[rows], self.w.layers[i].input_norm, self.spec.norm_eps)
-        self._write_kv(i, xn, rows, self.w.layers[i].projections, self.cache.start,
-                       self.cache.end)
-
-    def layer_span(self, i: int, states, start: int):
-        out, _ = self._block(i, np.concatenate(states, axis=1), None,
-                             self.w.layers[i].projections, start)
-        return np.split(out, out.shape[1], axis=1)
-
-    def similarity(self, before, after, rows) -> list[float]:
-        cos = cosine(before[:, -1], after[:, -1])
-        return (cos if rows is None else cos[list(rows)]).tolist()
-
-    def logits(self, h) -> np.ndarray:
-        return self._head(h[:, -1])
-
-    def stand_in_logits(self, h) -> np.ndarray:
-        return self._head(h[:, -1], self.stand_in_head)
-
-    def _head(self, x, weight=None):
-        weight = self.w.head if weight is None else weight
-        return rms_norm(x, self.w.final_norm, self.spec.norm_eps) @ weight.T
+        idx = None if rows is None else self.row_index(rows)
+        x = h if idx is None else h[idx]
+        xn = rms_norm(x, self.w.layers[i].input_norm, self.spec.norm_eps)
+        self._write_kv(i, xn, idx, self.w.layers[i].projections)
 
     def footprint(self) -> Footprint:
         layers = self.w.layers

@@ -154,6 +154,7 @@ TINY = [   # each benchmark at a tiny size, in an order that gives later ones th
      "--generations", "2"),
     ("river_kv_error", "--trials", "1", "--seeds", "1"),
     ("speed", "--backends", "hf", "onnx", "--prompts", "1", "--tokens", "3"),
+    ("walk", "--engines", "hf", "--tokens", "2", "--rounds", "1"),
     pytest.param(("vllm", "--prompts", "1", "--max-tokens", "4", "--rounds", "1", "--samples",
                   "4", "--sampled-tokens", "4", "--backends", "hf", "--configs", "vllm plain",
                   "River lossless mode in vllm"),

@@ -22,12 +22,16 @@ def test_the_core_drives_the_backend_only_through_the_contract(conformance_backe
 
     from river_core import RiverModel
 
-    b, calls = conformance_backend.backend(), Counter()
-    for name in ("prefill", "embed", "layer", "commit"):
+    b, calls, steps = conformance_backend.backend(), Counter(), []
+    for name in ("prefill", "embed", "layer"):
         method = getattr(b, name)
         setattr(b, name, lambda *a, _method=method, _name=name, **k:
                 (calls.update([_name]), _method(*a, **k))[1])
-    RiverModel(b).generate("ab", chat=False, max_new_tokens=3, kv="full")
-    # the prompt and two decode steps each run every layer, through `layer`
-    assert calls["prefill"] == 1 and calls["layer"] == 3 * b.num_layers
-    assert calls["embed"] == calls["commit"] == 2
+    embed = b.embed
+    b.embed = lambda tokens, step: (steps.append(step), embed(tokens, step))[1]
+    model = RiverModel(b)
+    prompt = model.encode("ab", chat=False)[0]
+    model.generate("ab", chat=False, max_new_tokens=3, kv="full")
+    # two decode steps, each through every layer, at the two slots after the prompt's
+    assert calls["prefill"] == 1 and calls["layer"] == 2 * b.num_layers
+    assert calls["embed"] == 2 and [s.start for s in steps] == [len(prompt), len(prompt) + 1]

@@ -3,7 +3,7 @@
 import pytest
 from hypothesis import given, strategies as st
 
-from river_core import ExitConfig, GenerationConfig, RiverModel
+from river_core import ExitConfig, GenerationConfig, RiverModel, Step
 from river_hf.plugin import tiny_backend
 
 
@@ -16,9 +16,9 @@ class Recording:
     def __getattr__(self, name):
         return getattr(self._inner, name)
 
-    def embed(self, tokens):
+    def embed(self, tokens, step):
         self.seen.append([])
-        return self._inner.embed(tokens)
+        return self._inner.embed(tokens, step)
 
     def layer(self, i, h, rows, sub_blocks=False):
         out, pairs = self._inner.layer(i, h, rows, sub_blocks)
@@ -141,7 +141,7 @@ def test_a_policy_that_reads_logits_sees_the_state_after_each_layer():
     token = generate_ids(b, [[1, 30, 31]], GenerationConfig(max_new_tokens=1),
                          run).tokens[0][0]
     b.prefill([[1, 30, 31]], 5)
-    h = b.embed([token])
+    h = b.embed([token], Step(3))
     assert np.allclose(policy.seen[0][-1], b.logits(h)[0], atol=1e-6)
     for layer in range(b.num_layers - 1):
         h, _ = b.layer(layer, h, None)

@@ -6,7 +6,7 @@ import threading
 import numpy as np
 import pytest
 
-from river_core import ConfigError, ExitConfig, GenerationConfig, RiverModel
+from river_core import ConfigError, ExitConfig, GenerationConfig, RiverModel, Step
 from river_core.kv import Full, Mask, Monotonic, Propagate, Recompute, River
 from river_core.predictor import STAND_IN_BOUND_C
 from river_core.predictor import relative_error
@@ -63,10 +63,9 @@ def test_the_cache_never_runs_past_its_capacity():
                            GenerationConfig(max_new_tokens=context - 9))
     b = model.backend
     b.prefill([[1, 5, 6]], 4)
-    b.embed([7])
-    b.commit()
+    b.embed([7], Step(3))
     with pytest.raises(ConfigError, match="cache is full"):
-        b.embed([8])
+        b.embed([8], Step(4))
 
 
 def test_two_threads_on_two_models_and_on_one_model_match_sequential_runs():
@@ -100,11 +99,11 @@ class CtrlC:
     def __getattr__(self, name):
         return getattr(self._inner, name)
 
-    def embed(self, tokens):
+    def embed(self, tokens, step):
         self._left -= 1
         if self._left == 0:
             raise KeyboardInterrupt
-        return self._inner.embed(tokens)
+        return self._inner.embed(tokens, step)
 
 
 @pytest.mark.parametrize("mode", ["exit", "speculative"])
@@ -121,10 +120,10 @@ def test_ctrl_c_returns_what_was_generated_and_its_statistics(mode):
 
 
 def test_ctrl_c_in_the_cli_prints_the_text_so_far_and_the_statistics(tiny_folder,
-                                                                     ctrl_c_at_commit, capsys):
+                                                                     ctrl_c_at_step, capsys):
     from river_cli.main import main
 
-    ctrl_c_at_commit(5)
+    ctrl_c_at_step(6)
     assert main(["generate", "abc", "--model", tiny_folder("llama"), "--no-chat",
                  "--max-new-tokens", "30"]) == 130
     out, err = capsys.readouterr()

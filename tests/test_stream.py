@@ -48,9 +48,9 @@ def test_cli_stream_prints_what_generate_prints(tiny_folder, capsys):
     assert stop not in capsys.readouterr().out
 
 
-def test_cli_stream_interrupted_prints_text_and_statistics(tiny_folder, ctrl_c_at_commit,
+def test_cli_stream_interrupted_prints_text_and_statistics(tiny_folder, ctrl_c_at_step,
                                                            capsys):
-    ctrl_c_at_commit(4)
+    ctrl_c_at_step(5)
     assert main(["generate", "abc", "--model", tiny_folder("llama"), "--no-chat", "--stream",
                  "--max-new-tokens", "30"]) == 130
     out, err = capsys.readouterr()

@@ -243,9 +243,9 @@ def test_the_river_kv_in_vllms_paged_cache_stays_within_the_kits_bound(folder):
         llm.llm_engine.engine_core.shutdown()
     model = RiverModel.from_pretrained(folder)
     b, written = model.backend, len(prompt) + len(tokens) - 1
-    model.teacher_force(prompt, tokens[:-1], ExitConfig(kv="full"))
+    model.teacher_force([prompt], [tokens[:-1]], ExitConfig(kv="full"))
     full = [b.read_kv(i) for i in range(b.num_layers)]
-    model.teacher_force(prompt, tokens[:-1], ExitConfig(**EXITING))
+    model.teacher_force([prompt], [tokens[:-1]], ExitConfig(**EXITING))
     ours = [b.read_kv(i) for i in range(b.num_layers)]
     # the request's block: where layer 0 holds full depth's keys of the prompt
     block = next(n for n in range(4) if np.allclose(

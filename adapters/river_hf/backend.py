@@ -1,21 +1,29 @@
-"""The PyTorch reference backend, built from a model package `Checkpoint`."""
+"""The PyTorch reference backend, built from a model package `Checkpoint`: River's torch blocks
+over River's own preallocated cache, on the CPU or a CUDA device.
+
+Every tensor of a step lives on the model's device; the host is read in one place, `host`:
+the sub-block cosines a policy reads (at most one small read per layer it watches) and the
+logits a token is chosen from.
+"""
 
 from __future__ import annotations
 
+from typing import Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from river_core.cache import KVCache
+from river_core.backend import Step
 from river_core.footprint import Footprint
 from river_core.layer_engine import LayerEngine
 from river_core.layout import Layout
 from river_models import Checkpoint, StandIns
 
-from river_models.torch_blocks import Block, Dense, Norm, forward, packed, project_kv
+from river_models.torch_blocks import (Block, Dense, Norm, forward, packed, project_kv,
+                                       upload)
 from . import CAPABILITIES
-from .step import Step
+from .step import StepContext
 
 
 # The backbone's prepacked copy (Dense.pack) makes a verification faster but costs as much to
@@ -24,145 +32,108 @@ from .step import Step
 PACK_AFTER = 16
 
 
+def default_dtype(device: str) -> torch.dtype:
+    """float32 on the CPU (bfloat16 matmuls are slower there); bfloat16 on a GPU, where
+    attention takes the flash path and the int4 kernel wants bfloat16 activations."""
+    return torch.float32 if torch.device(device).type == "cpu" else torch.bfloat16
+
+
 class HFBackend(LayerEngine):
     """Runs a model layer by layer over River's own preallocated cache."""
 
     name = "hf"
 
     def __init__(self, checkpoint: Checkpoint, stand_ins: StandIns,
-                 dtype: torch.dtype = torch.float32, device: str = "cpu") -> None:
+                 dtype: torch.dtype | None = None, device: str = "cpu") -> None:
         spec, w = checkpoint.spec, checkpoint.weights
         self.spec = spec
-        self.device, self.dtype = torch.device(device), dtype
-        dev = self.device
+        self.device = dev = torch.device(device)
+        self.dtype = dtype = default_dtype(device) if dtype is None else dtype
         self.blocks = [Block.build(i, layer, spec, dtype, dev) for i, layer in enumerate(w.layers)]
         self.stand_ins = [Block.build(i, layer, spec, dtype, dev, q)
                           for i, (layer, q) in enumerate(zip(w.layers, stand_ins.layers))]
         self.stand_in_error = list(stand_ins.errors)
-        self._embed = torch.from_numpy(w.embed).to(device=dev, dtype=dtype)
+        self._embed = upload(w.embed, dtype, dev)
+        self._embed_scale = None if spec.embed_scale == 1.0 else \
+            torch.tensor(spec.embed_scale, dtype=dtype, device=dev)
         self._head = Dense(w.head, None, dtype, dev)
         self._stand_in_head = packed(stand_ins.head, None, dtype, dev)
         self._norm = Norm.of(w.final_norm, spec, dtype, dev)
-        self._inv_freq = {k: torch.tensor(r.inv_freq, dtype=torch.float32, device=dev)
+        self._inv_freq = {k: upload(r.inv_freq, torch.float32, dev)
                           for k, r in spec.rotary.items()}
         self.num_layers = spec.num_layers
         self.max_positions = spec.max_positions
+        self.kv_heads, self.head_dim = spec.kv_heads, spec.head_dim
         self.capabilities = CAPABILITIES
         self.runs_on = (str(self.device),)
         self.tokenizer = checkpoint.tokenizer
-        self.step: Step | None = None
         self._extends = 0      # verifications so far: the prepacked copy comes at PACK_AFTER
-        self.draft_window: int | None = None
 
-    # -- what the engine base asks for ------------------------------------------------------
+    # -- numerics for the engine base -------------------------------------------------------
 
-    def new_cache(self, layout: Layout) -> KVCache:
-        shape = (self.num_layers, layout.batch, self.spec.kv_heads, layout.capacity,
-                 self.spec.head_dim)
-        return KVCache(*(torch.full(shape, float("nan"), dtype=self.dtype, device=self.device)
-                         for _ in "kv"), layout)
+    def allocate(self, shape):
+        return tuple(torch.full(shape, float("nan"), dtype=self.dtype, device=self.device)
+                     for _ in "kv")
 
-    def begin(self, start: int, end: int) -> None:
-        self.step = self._make_step(start, end)
+    def context(self, layout: Layout, step: Step) -> StepContext:
+        return StepContext(layout, step, self.spec, self._inv_freq, self.dtype, self.device)
 
     @torch.inference_mode()
     def embed_ids(self, ids: np.ndarray) -> torch.Tensor:
-        h = self._embed[torch.from_numpy(ids).to(self.device)]
-        if self.spec.embed_scale != 1.0:
-            h = h * torch.tensor(self.spec.embed_scale).to(self.dtype)
-        return h
+        h = self._embed[upload(ids, torch.int64, self.device)]
+        return h if self._embed_scale is None else h * self._embed_scale
 
     @torch.inference_mode()
-    def token_similarity(self, before, after) -> np.ndarray:
-        return F.cosine_similarity(before.float(), after.float(), dim=-1).cpu().numpy()
+    def run_block(self, i: int, x, idx, stand_in: bool, mids):
+        block = (self.stand_ins if stand_in else self.blocks)[i]
+        return forward(block, i, x, self.ctx, self.cache, idx, mids)
+
+    def make_index(self, rows: Sequence[int]) -> torch.Tensor:
+        return torch.tensor(list(rows), device=self.device)
 
     @torch.inference_mode()
-    def position_logits(self, h) -> np.ndarray:
-        return self._head_of(h[0], self._head)
+    def scatter(self, h, idx, rows_out):
+        return h.index_copy(0, idx, rows_out)
 
-    def to_numpy(self, array) -> np.ndarray:
+    @torch.inference_mode()
+    def concat(self, arrays, axis: int):
+        return torch.cat(list(arrays), dim=axis)
+
+    @torch.inference_mode()
+    def cosines(self, pairs):
+        out = []
+        for a, b in pairs:
+            out.append(F.cosine_similarity(a.float(), b.float(), dim=-1))
+        return torch.stack(out, -1)
+
+    @torch.inference_mode()
+    def head(self, x, stand_in: bool = False):
+        y = (self._stand_in_head if stand_in else self._head)(self._norm(x))
+        cap = self.spec.final_softcap
+        return y if cap is None else torch.tanh(y / cap) * cap
+
+    def host(self, array: torch.Tensor) -> np.ndarray:
         return array.float().cpu().numpy()
 
-    # -- the contract -----------------------------------------------------------------------
-
-    def _make_step(self, start: int, end: int) -> Step:
-        return Step(self.cache.layout, start, end, self.spec, self._inv_freq, self.dtype,
-                    self.device, self.draft_window)
-
-    def window_drafts(self, window: int | None) -> None:
-        self.draft_window = window
-
-    def _run(self, block: Block, i: int, h: torch.Tensor, rows, mids=None) -> torch.Tensor:
-        if rows is None:
-            return forward(block, i, h, self.step, self.cache, None, mids)
-        idx = torch.tensor(rows, device=self.device)
-        out = h.clone()
-        out[idx] = forward(block, i, h[idx], self.step, self.cache, idx, mids)
-        return out
+    # -- what the torch engine does beyond the base -----------------------------------------
 
     @torch.inference_mode()
-    def layer(self, i: int, h, rows, sub_blocks: bool = False):
-        mids: list | None = [] if sub_blocks else None
-        out = self._run(self.blocks[i], i, h, rows, mids)
-        if not sub_blocks:
-            return out, None
-        idx = slice(None) if rows is None else torch.tensor(rows, device=self.device)
-        before, mid, after = h[idx, -1].float(), mids[0][:, -1].float(), out[idx, -1].float()
-        return out, torch.stack([F.cosine_similarity(before, mid, dim=-1),
-                                 F.cosine_similarity(mid, after, dim=-1)], -1).cpu().numpy()
-
-    @torch.inference_mode()
-    def stand_in_layer(self, i: int, h, rows):
-        return self._run(self.stand_ins[i], i, h, rows)
-
-    @torch.inference_mode()
-    def layer_span(self, i: int, states, start: int):
-        h = torch.cat(states, dim=1)
-        span = self._make_step(start, self.step.end)
-        out = forward(self.blocks[i], i, h, span, self.cache, None)
-        return list(out.split(1, dim=1))
-
-    @torch.inference_mode()
-    def extend(self, tokens) -> np.ndarray:
+    def extend(self, tokens, start: int) -> np.ndarray:
         self._extends += 1
         if self._extends == PACK_AFTER:   # verification runs several rows: from here on in
             for block in self.blocks:      # oneDNN's prepacked kernel
                 block.pack()
             self._head.pack()
-        return super().extend(tokens)
+        return super().extend(tokens, start)
 
     @torch.inference_mode()
     def project_kv(self, i: int, h, rows) -> None:
         block = self.blocks[i]
-        idx = None if rows is None else torch.tensor(rows, device=self.device)
+        idx = None if rows is None else self.row_index(rows)
         x = h if idx is None else h[idx]
-        cos, sin = self.step.rope(block.rope_key, idx)
+        cos, sin = self.ctx.rope(block.rope_key, idx)
         _, k, v = project_kv(block, block.input_norm(x), cos, sin)
-        self.cache.write(i, idx, k, v)
-
-    @torch.inference_mode()
-    def similarity(self, before, after, rows) -> list[float]:
-        a, b = before[:, -1], after[:, -1]
-        if rows is not None:
-            idx = torch.tensor(rows, device=self.device)
-            a, b = a[idx], b[idx]
-        return F.cosine_similarity(a.float(), b.float(), dim=-1).tolist()
-
-    @torch.inference_mode()
-    def logits(self, h):
-        return self._head_of(h[:, -1], self._head)
-
-    @torch.inference_mode()
-    def stand_in_logits(self, h):
-        return self._head_of(h[:, -1], self._stand_in_head)
-
-    def _head_of(self, x: torch.Tensor, head) -> np.ndarray:
-        """Final norm and `head` of states [..., hidden]."""
-        y = head(self._norm(x))
-        cap = self.spec.final_softcap
-        if cap is not None:
-            y = torch.tanh(y / cap) * cap
-        return y.float().cpu().numpy()
+        self.cache.write(i, idx, k, v, self.ctx.start, self.ctx.end)
 
     def footprint(self) -> Footprint:
         element = torch.empty(0, dtype=self.dtype).element_size()

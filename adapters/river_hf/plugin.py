@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from river_core.config import QuantSpec
 from river_core.errors import CapabilityError, ConfigError
 from river_core.hookspecs import BackendPlugin, hookimpl
@@ -22,26 +24,32 @@ def _torch_device(device: str):
     return device
 
 
-def load(model: str | None = None, *, device: str = "cpu", dtype: str = "float32",
+def load(model: str | None = None, *, device: str = "cpu", dtype: str | None = None,
          quant: QuantSpec = QuantSpec(), progress: bool = False):
-    """PyTorch (CPU, CUDA): the reference backend."""
+    """PyTorch (CPU, CUDA): the reference backend. dtype None: float32 on the CPU, bfloat16
+    on CUDA (`river_hf.backend.default_dtype`)."""
     import torch
 
     from river_models import open_model, stand_ins
 
     from .backend import HFBackend
 
-    if dtype not in DTYPES:
+    if dtype is not None and dtype not in DTYPES:
         raise ConfigError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}")
     _torch_device(device)
     checkpoint = open_model(model, progress)
-    return HFBackend(checkpoint, stand_ins(checkpoint, quant, progress), getattr(torch, dtype),
-                     device)
+    return HFBackend(checkpoint, stand_ins(checkpoint, quant, progress),
+                     None if dtype is None else getattr(torch, dtype), device)
 
+
+
+TEST_DEVICE = "RIVER_TEST_DEVICE"
+"""Where the conformance kit and the engines' tests run the hf backend (default: cpu)."""
 
 
 def tiny_backend(family: str, seed: int, bits: int, dtype: str = "float32"):
-    """The hf backend over a tiny random model: the conformance kit's reference."""
+    """The hf backend over a tiny random model, on RIVER_TEST_DEVICE (default cpu): the
+    conformance kit's reference."""
     import torch
 
     from river_models import tiny
@@ -49,7 +57,8 @@ def tiny_backend(family: str, seed: int, bits: int, dtype: str = "float32"):
     from .backend import HFBackend
 
     checkpoint = tiny.checkpoint(family, seed, dtype)
-    return HFBackend(checkpoint, tiny.stand_ins(checkpoint, bits), getattr(torch, dtype))
+    return HFBackend(checkpoint, tiny.stand_ins(checkpoint, bits), getattr(torch, dtype),
+                     _torch_device(os.environ.get(TEST_DEVICE, "cpu")))
 
 
 @hookimpl

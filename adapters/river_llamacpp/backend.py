@@ -2,7 +2,7 @@
 
 llama.cpp builds one compute graph over all layers and has no per-token exit, no hook to run a
 single layer and no public access to its KV cache. So this backend keeps the required contract
-alone (prefill, decode, commit: `river_core.backend.Backend`) and promises nothing else: the
+alone (prefill and decode: `river_core.backend.Backend`) and promises nothing else: the
 core runs it with the `full` strategy only and refuses exit policies with a clear error. A real
 integration would need llama.cpp to expose per-layer graph execution over a shared KV cache
 (see docs/backends.md).
@@ -14,7 +14,7 @@ from typing import Sequence
 
 import numpy as np
 
-from river_core.backend import Prefill
+from river_core.backend import Prefill, Step
 from river_core.footprint import Footprint
 from river_core.errors import CapabilityError
 
@@ -76,11 +76,9 @@ class LlamaCppBackend:
         logits = self._eval(prompt)
         return Prefill(logits, np.ones((1, self.num_layers)))
 
-    def decode(self, tokens: Sequence[int]) -> np.ndarray:
+    def decode(self, tokens: Sequence[int], step: Step) -> np.ndarray:
+        self._llm.n_tokens = step.start   # llama.cpp evaluates at its own token count
         return self._eval(tokens)
-
-    def commit(self) -> None:
-        """llama.cpp advanced its own cache when it evaluated the token."""
 
     def footprint(self) -> Footprint:
         """Tensor bytes in the GGUF file; K/V as float16 (llama.cpp's default cache type)."""

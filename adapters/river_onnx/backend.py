@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from river_core.cache import KVCache
+from river_core.backend import Step
 from river_core.errors import CapabilityError
 from river_core.footprint import Footprint
 from river_core.layer_engine import LayerEngine
@@ -85,12 +85,12 @@ class _Sessions:
 
 
 class _Step:
-    """Rotary tables and attention biases of cache slots start..end-1, shared by all layers."""
+    """Rotary tables and attention biases of a step's slots, shared by all layers."""
 
-    def __init__(self, backend: "OnnxBackend", start: int, end: int) -> None:
-        self.start, self.end = start, end
+    def __init__(self, backend: "OnnxBackend", layout: Layout, step: Step) -> None:
+        self.start, self.end = start, end = step.start, step.end
         self._b = backend
-        self.layout = layout = backend.cache.layout
+        self.layout = layout
         positions = layout.positions(start, end)
         half = backend.spec.head_dim // 2
         self.rope = {}   # per rotary table: one row of cos and of sin per (row, token)
@@ -101,7 +101,7 @@ class _Step:
         self.positions = np.arange(positions.size, dtype=np.int64).reshape(positions.shape)
         # the slots every layer's graph reads: 0..end-1, or the ones a draft window leaves a
         # single-token step, which the graphs then read from a copy (`_bound`)
-        slots = layout.key_slots(start, end, None, backend.draft_window)
+        slots = layout.key_slots(start, end, None, step.draft_window)
         self.slots = None if isinstance(slots, slice) else slots
         self._read = slice(0, end) if self.slots is None else self.slots
         # GroupQueryAttention's lengths: every row reads all the slots bound (the bias masks
@@ -142,52 +142,67 @@ class OnnxBackend(LayerEngine):
         self.runs_on = tuple(self._head.get_providers())
         self.num_layers, self.max_positions = spec.num_layers, spec.max_positions
         self.stand_in_error = list(manifest.stand_in_error)
+        self.kv_heads, self.head_dim = spec.kv_heads, spec.head_dim
         self.capabilities = CAPABILITIES
         self.tokenizer = tokenizer
-        self.step: _Step | None = None
-        self.draft_window: int | None = None
 
-    # -- what the engine base asks for ------------------------------------------------------
+    # -- numerics for the engine base -------------------------------------------------------
 
-    def new_cache(self, layout: Layout) -> KVCache:
+    def allocate(self, shape):
         """Unwritten slots hold 0, not NaN: attention reads every slot before the step's end
         under an additive bias (a padded row's empty slots too), and NaN * 0 would poison the
         row."""
-        shape = (self.num_layers, layout.batch, self.spec.kv_heads, layout.capacity,
-                 self.spec.head_dim)
-        return KVCache(np.zeros(shape, np.float32), np.zeros(shape, np.float32), layout,
-                       unwritten=0.0)
+        return np.zeros(shape, np.float32), np.zeros(shape, np.float32)
 
-    def begin(self, start: int, end: int) -> None:
-        self.step = _Step(self, start, end)
-
-    def window_drafts(self, window: int | None) -> None:
-        self.draft_window = window
+    def context(self, layout: Layout, step: Step) -> _Step:
+        return _Step(self, layout, step)
 
     def embed_ids(self, ids: np.ndarray) -> np.ndarray:
         return self._embed.run(None, {"ids": ids})[0]
 
-    def token_similarity(self, before, after) -> np.ndarray:
-        return _cosine(before, after)
+    def run_block(self, i: int, x, idx, stand_in: bool, mids):
+        sess = (self._stand_ins if stand_in else self._layers)[i]
+        out, mid = self._run_in_place(sess, self._feeds(self.ctx, i, x, idx), {"": i}, idx,
+                                      ["h_out", "mid"], self.ctx)
+        if mids is not None:
+            mids.append(mid)
+        return out
 
-    def position_logits(self, h) -> np.ndarray:
-        return self._head.run(None, {"h": h})[0][0]
+    def make_index(self, rows) -> np.ndarray:
+        return np.asarray(rows)
 
-    def to_numpy(self, array) -> np.ndarray:
-        return array.copy()
+    def scatter(self, h, idx, rows_out):
+        full = h.copy()
+        full[idx] = rows_out
+        return full
 
-    # -- the contract -----------------------------------------------------------------------
+    def concat(self, arrays, axis: int):
+        return np.concatenate(arrays, axis=axis)
 
-    def _feeds(self, s: _Step, i: int, h: np.ndarray, idx, attention: bool = True) -> dict:
-        """Inputs of layer i's graphs; per row, for rows `idx`, all but the rotary tables
-        (the rows' positions keep pointing into the whole step's) and the step's total."""
-        rows = {"h": h, "positions": s.positions}
+    def cosines(self, pairs) -> np.ndarray:
+        return np.stack([_cosine(a, b) for a, b in pairs], -1)
+
+    def head(self, x, stand_in: bool = False) -> np.ndarray:
+        sess = self._stand_in_head if stand_in else self._head
+        out = sess.run(None, {"h": np.ascontiguousarray(x.reshape(1, -1, x.shape[-1]))})[0]
+        return out.reshape(*x.shape[:-1], out.shape[-1])
+
+    def host(self, array) -> np.ndarray:
+        return np.array(array)
+
+    # -- what the ONNX engine does beyond the base ------------------------------------------
+
+    def _feeds(self, s: _Step, i: int, x: np.ndarray, idx, attention: bool = True) -> dict:
+        """Inputs of layer i's graphs for `x`, the states of rows `idx`: per row, all but the
+        rotary tables (the rows' positions keep pointing into the whole step's) and the
+        step's total."""
+        rows = {"positions": s.positions}
         if attention:
             rows.update(seqlens=s.seqlens, bias=s.bias(i))
         if idx is not None:
             rows = {k: v[idx] for k, v in rows.items()}
         cos, sin = s.rope[self.spec.rope_keys[i]]
-        feeds = {**rows, "cos": cos, "sin": sin}
+        feeds = {"h": x, **rows, "cos": cos, "sin": sin}
         if attention:
             feeds["total"] = s.total
         return feeds
@@ -216,41 +231,12 @@ class OnnxBackend(LayerEngine):
             _write_back(cache, array, idx, step)
         return [value.numpy() for value in binding.get_outputs()[:len(outputs)]]
 
-    def _run(self, sess, i: int, h: np.ndarray, rows, step: _Step | None = None):
-        """Layer i's graph `sess` for `rows`: the whole batch's new state, and the rows' own
-        output and mid-layer state."""
-        step = step or self.step
-        idx = None if rows is None else np.asarray(rows)
-        out, mid = self._run_in_place(sess, self._feeds(step, i, h, idx), {"": i}, idx,
-                                      ["h_out", "mid"], step)
-        if idx is None:
-            return out, out, mid
-        full = h.copy()
-        full[idx] = out
-        return full, out, mid
-
-    def layer(self, i: int, h, rows, sub_blocks: bool = False):
-        full, out, mid = self._run(self._layers[i], i, h, rows)
-        if not sub_blocks:
-            return full, None
-        before = h[:, -1:] if rows is None else h[np.asarray(rows), -1:]
-        m = mid[:, -1:]
-        return full, np.stack([_cosine(before, m)[:, 0], _cosine(m, out[:, -1:])[:, 0]], -1)
-
-    def stand_in_layer(self, i: int, h, rows):
-        return self._run(self._stand_ins[i], i, h, rows)[0]
-
-    def layer_span(self, i: int, states, start: int):
-        span = _Step(self, start, self.step.end)
-        out = self._run(self._layers[i], i, np.concatenate(states, axis=1), None, span)[0]
-        return np.split(out, out.shape[1], axis=1)
-
     def stand_in_tail(self, start: int, h, rows):
         if start not in self._tails:
             for i in range(start, self.num_layers):
                 h = self.stand_in_layer(i, h, rows)
             return h
-        s, idx = self.step, None if rows is None else np.asarray(rows)
+        s, idx = self.ctx, None if rows is None else self.row_index(rows)
         feeds = {"h": h, "positions": s.positions, "seqlens": s.seqlens}
         layers = dict(enumerate(range(start, self.num_layers)))
         feeds.update({f"bias_{j}": s.bias(i) for j, i in layers.items()})
@@ -268,19 +254,10 @@ class OnnxBackend(LayerEngine):
         return full
 
     def project_kv(self, i: int, h, rows) -> None:
-        idx = None if rows is None else np.asarray(rows)
-        k, v = self._kv_proj[i].run(None, self._feeds(self.step, i, h, idx, attention=False))
-        self.cache.write(i, idx, k, v)
-
-    def similarity(self, before, after, rows) -> list[float]:
-        cos = _cosine(before[:, -1:], after[:, -1:])[:, 0]
-        return (cos if rows is None else cos[np.asarray(rows)]).tolist()
-
-    def logits(self, h) -> np.ndarray:
-        return self._head.run(None, {"h": np.ascontiguousarray(h[:, -1:])})[0][:, 0]
-
-    def stand_in_logits(self, h) -> np.ndarray:
-        return self._stand_in_head.run(None, {"h": np.ascontiguousarray(h[:, -1:])})[0][:, 0]
+        idx = None if rows is None else self.row_index(rows)
+        x = h if idx is None else h[idx]
+        k, v = self._kv_proj[i].run(None, self._feeds(self.ctx, i, x, idx, attention=False))
+        self.cache.write(i, idx, k, v, self.ctx.start, self.ctx.end)
 
     def footprint(self) -> Footprint:
         """Weight files as stored; a step's attention reads the K/V slots written so far."""

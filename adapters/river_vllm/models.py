@@ -40,6 +40,7 @@ from vllm.model_executor.models.qwen3 import Qwen3ForCausalLM
 
 from river_core import ConfigError, ModelShape, Walk, default_registry, resolve
 from river_core.decode import Row
+from river_core.layer_engine import StandInDefaults
 from river_models import open_model, stand_ins
 from river_models.torch_blocks import Block, mlp, packed
 
@@ -133,9 +134,9 @@ class RiverExits:
 
 
 @attrs.define
-class ForwardLayers:
+class ForwardLayers(StandInDefaults):
     """The numerics of one forward (or one draft step) as the core's walk asks for them
-    (`river_core.backend`: `Layered`, `StandIns`, `MixedLayers`): the rows of a [tokens,
+    (`river_core.backend`: `Layered`, `StandIns` with its own `mixed_layer`): the rows of a [tokens,
     hidden] state through vLLM's decoder layers or River's stand-ins, with one attention call
     per layer for all rows (`attention(i)`: vLLM's, or the drafter's)."""
 
