@@ -40,8 +40,12 @@ def load(model: str | None = None, *, device: str = "cpu", dtype: str = "float32
 
 
 
-def tiny_backend(family: str, seed: int, bits: int, dtype: str = "float32"):
-    """The hf backend over a tiny random model: the conformance kit's reference."""
+def tiny_backend(family: str, seed: int, bits: int, dtype: str = "float32",
+                 device: str | None = None):
+    """The hf backend over a tiny random model: the conformance kit's reference, on `device`
+    (default: $RIVER_TEST_DEVICE, else the CPU; `river bench gpu` points it at a GPU)."""
+    import os
+
     import torch
 
     from river_models import tiny
@@ -49,7 +53,8 @@ def tiny_backend(family: str, seed: int, bits: int, dtype: str = "float32"):
     from .backend import HFBackend
 
     checkpoint = tiny.checkpoint(family, seed, dtype)
-    return HFBackend(checkpoint, tiny.stand_ins(checkpoint, bits), getattr(torch, dtype))
+    return HFBackend(checkpoint, tiny.stand_ins(checkpoint, bits), getattr(torch, dtype),
+                     device or os.environ.get("RIVER_TEST_DEVICE", "cpu"))
 
 
 @hookimpl
