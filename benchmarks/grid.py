@@ -14,7 +14,8 @@ weights); and `transformers`, transformers' own greedy generate() in this proces
 between consecutive logits-processor calls). They decode at full depth, on the real model only. Configurations (River's
 engines): backbone (full depth), exit (exit mode at the paper's rule, ExitConfig()), lossless
 (lossless mode, River's defaults), whole-4bit (every layer a stand-in), exit@K (every token
-leaves after layer K), lossless@W (drafts attend the last W positions). Shapes: `default` (the
+leaves after layer K), lossless@W (drafts attend the last W positions), lossless/D (D drafts a
+round). Shapes: `default` (the
 embedded model, or --model) and random-weight models of known shapes (library/shapes.py:
 tiny, llama-1b, llama-8b), for speed alone.
 
@@ -53,18 +54,20 @@ CONFIGS = ("backbone", "exit", "lossless", "whole-4bit")
 
 def exit_config(name: str) -> ExitConfig:
     """A configuration's name (the docstring's list) as River's ExitConfig."""
-    base, _, value = name.partition("@")
     known = {"backbone": ExitConfig(kv="full"), "exit": ExitConfig(),
              "lossless": ExitConfig(mode="speculative"),
              "whole-4bit": ExitConfig(policy="fixed", options={"layer": -1})}
-    if value and base == "exit":
-        return ExitConfig(policy="fixed", options={"layer": int(value)})
-    if value and base == "lossless":
-        return ExitConfig(mode="speculative", draft_window=int(value))
-    if value or base not in known:
-        raise SystemExit(f"unknown configuration {name!r}: use {', '.join(CONFIGS)}, exit@K "
-                         "or lossless@W")
-    return known[base]
+    numbered = {"exit@": lambda k: ExitConfig(policy="fixed", options={"layer": k}),
+                "lossless@": lambda w: ExitConfig(mode="speculative", draft_window=w),
+                "lossless/": lambda d: ExitConfig(mode="speculative", draft_tokens=d)}
+    if name in known:
+        return known[name]
+    for prefix, make in numbered.items():
+        number = name.removeprefix(prefix)
+        if number != name and number.lstrip("-").isdigit():
+            return make(int(number))
+    raise SystemExit(f"unknown configuration {name!r}: use {', '.join(CONFIGS)}, exit@K, "
+                     "lossless@W or lossless/D")
 
 
 def is_anchor(engine: str) -> bool:
@@ -228,7 +231,8 @@ def arguments(ap) -> None:
                     help="BACKEND[:DTYPE] for River's engines; llamacpp:KIND and genai:PRECISION "
                     "for the anchors")
     ap.add_argument("--configs", nargs="+", default=list(CONFIGS),
-                    help=f"of River's engines: {', '.join(CONFIGS)}, exit@K, lossless@W")
+                    help=f"of River's engines: {', '.join(CONFIGS)}, exit@K, lossless@W, "
+                    "lossless/D")
     ap.add_argument("--shapes", nargs="+", default=[shapes.REAL],
                     choices=[shapes.REAL, *shapes.SHAPES])
     ap.add_argument("--positions", type=int, nargs="+", default=[64, 512])

@@ -236,7 +236,8 @@ def test_the_grid_names_river_configurations_as_exit_configs():
     assert exit_config("exit") == ExitConfig()   # the paper's rule: River's default
     assert exit_config("exit@3").options == {"layer": 3}
     assert exit_config("lossless@64") == ExitConfig(mode="speculative", draft_window=64)
-    for bad in ("fast", "backbone@2", "whole-4bit@1"):
+    assert exit_config("lossless/3") == ExitConfig(mode="speculative", draft_tokens=3)
+    for bad in ("fast", "backbone@2", "whole-4bit@1", "exit/2", "lossless/2@64"):
         with pytest.raises(SystemExit):
             exit_config(bad)
 
