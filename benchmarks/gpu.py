@@ -252,7 +252,10 @@ def main(argv: list[str] | None = None) -> None:
     args.command = run_command("gpu", argv)
     path = out.folder / "gpu.json"
     record = json.loads(path.read_text()) if path.is_file() else {"parts": {}}
-    record["machine"] = machine(args.device)
+    try:
+        record["machine"] = machine(args.device)
+    except Exception as e:   # no such device: every part then says so itself
+        record["machine"] = machine() | {"device": args.device, "device_error": str(e)[:300]}
     run_parts(args, record)
     out.write("gpu", record, report(record))
 

@@ -32,7 +32,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -43,7 +42,7 @@ from river_models import locate
 from .library.output import Output, parser, plot_file
 from .library.output import command as run_command
 from .library.prompts import GSM8K_TEST
-from .library.timing import machine
+from .library.timing import machine, now
 
 CONCURRENCY = (1, 4, 16)
 SAMPLED = {"temperature": 1.0}   # the sampled check's settings
@@ -75,11 +74,12 @@ def _time_forward(worker) -> None:
     """Wrap the model's forward so each call's wall time is kept (`forward_seconds`)."""
     model = worker.model_runner.model
     forward, model.forward_seconds = model.forward, []
+    device = str(next(model.parameters()).device)   # a GPU's forward returns before it ends
 
     def timed(*args, **kwargs):
-        start = time.perf_counter()
+        start = now(device)
         out = forward(*args, **kwargs)
-        model.forward_seconds.append(time.perf_counter() - start)
+        model.forward_seconds.append(now(device) - start)
         return out
     model.forward = timed
 
@@ -149,10 +149,10 @@ def _crossover(llm, prompts: list[list[int]], max_tokens: int, rows: list[int]) 
         for _ in range(2):
             for arm, above in (("river", None), ("aside", 0)):
                 llm.collective_rpc(_aside(above))
-                start = time.perf_counter()
+                start = now()
                 done = llm.generate(batch, params, use_tqdm=False)
                 tokens = sum(len(d.outputs[0].token_ids) for d in done)
-                best[arm] = max(best[arm], tokens / (time.perf_counter() - start))
+                best[arm] = max(best[arm], tokens / (now() - start))
         out[r] = best
     llm.collective_rpc(_aside(None))
     return out
@@ -170,10 +170,10 @@ def _speed(llm, prompts: list[list[int]], max_tokens: int, concurrency: Sequence
         llm.collective_rpc(_forward_seconds)   # from zero
         tokens, seconds, per_token, texts = 0, 0.0, [], []
         for i in range(0, len(prompts), c):
-            start = time.perf_counter()
+            start = now()   # generate() returns the tokens: the device is done by then
             done = llm.generate([{"prompt_token_ids": p} for p in prompts[i:i + c]], params,
                                 use_tqdm=False)
-            wall = time.perf_counter() - start
+            wall = now() - start
             made = [list(d.outputs[0].token_ids) for d in done]
             tokens += sum(map(len, made))
             seconds += wall
