@@ -101,6 +101,8 @@ def load(engine: str, shape: str, model: str | None, device: str, quant: QuantSp
 
         return RiverModel(HFBackend(checkpoint, quantized, getattr(torch, dtype), device))
     if backend == "onnx":
+        if dtype != "float32":
+            raise SystemExit(f"random shapes run on onnx in float32, not {dtype}")
         import tempfile
         from pathlib import Path
 
