@@ -32,7 +32,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from river_cli.prompts import read_prompts
@@ -42,7 +42,7 @@ from river_models import locate
 from .library.output import Output, parser, plot_file
 from .library.output import command as run_command
 from .library.prompts import GSM8K_TEST
-from .library.timing import machine
+from .library.timing import machine, now
 
 CONCURRENCY = (1, 4, 16)
 SAMPLED = {"temperature": 1.0}   # the sampled check's settings
@@ -74,11 +74,12 @@ def _time_forward(worker) -> None:
     """Wrap the model's forward so each call's wall time is kept (`forward_seconds`)."""
     model = worker.model_runner.model
     forward, model.forward_seconds = model.forward, []
+    device = str(next(model.parameters()).device)   # a GPU's forward returns before it ends
 
     def timed(*args, **kwargs):
-        start = time.perf_counter()
+        start = now(device)
         out = forward(*args, **kwargs)
-        model.forward_seconds.append(time.perf_counter() - start)
+        model.forward_seconds.append(now(device) - start)
         return out
     model.forward = timed
 
@@ -91,8 +92,10 @@ def _forward_seconds(worker) -> float:
 
 def run_engine(folder: str, settings: dict, prompts: list[list[int]], max_tokens: int,
                samples: int = 0, sampled_tokens: int = 32, speed: bool = True,
-               repairs: bool = False, crossover: list[int] | None = None) -> dict:
-    """Per concurrency: output tokens/s, ms per output token (a batch's wall time over its
+               repairs: bool = False, crossover: list[int] | None = None,
+               engine_args: dict | None = None,
+               concurrency: Sequence[int] = CONCURRENCY) -> dict:
+    """Per concurrency (`concurrency`): output tokens/s, ms per output token (a batch's wall time over its
     longest output), the share of the wall time spent in the model's forward, and the greedy
     outputs; with `samples`, that many seeded continuations of each prompt at SAMPLED."""
     from vllm import LLM, SamplingParams
@@ -104,9 +107,10 @@ def run_engine(folder: str, settings: dict, prompts: list[list[int]], max_tokens
 
         register = current_platform.register_triton_kernel_overrides
         current_platform.register_triton_kernel_overrides = lambda: (register(), repair())
-    llm = LLM(model=folder, dtype="float32", enforce_eager=True, max_model_len=2048, **settings)
+    engine_args = {"dtype": "float32", "enforce_eager": True, **(engine_args or {})}
+    llm = LLM(model=folder, max_model_len=2048, **engine_args, **settings)
     try:
-        out = _speed(llm, prompts, max_tokens) if speed else {}
+        out = _speed(llm, prompts, max_tokens, concurrency) if speed else {}
         if crossover:
             out["crossover"] = _crossover(llm, prompts, max_tokens, crossover)
         if samples:   # after the speed runs, whose prompts it would otherwise cache
@@ -145,16 +149,16 @@ def _crossover(llm, prompts: list[list[int]], max_tokens: int, rows: list[int]) 
         for _ in range(2):
             for arm, above in (("river", None), ("aside", 0)):
                 llm.collective_rpc(_aside(above))
-                start = time.perf_counter()
+                start = now()
                 done = llm.generate(batch, params, use_tqdm=False)
                 tokens = sum(len(d.outputs[0].token_ids) for d in done)
-                best[arm] = max(best[arm], tokens / (time.perf_counter() - start))
+                best[arm] = max(best[arm], tokens / (now() - start))
         out[r] = best
     llm.collective_rpc(_aside(None))
     return out
 
 
-def _speed(llm, prompts: list[list[int]], max_tokens: int) -> dict:
+def _speed(llm, prompts: list[list[int]], max_tokens: int, concurrency: Sequence[int]) -> dict:
     """`run_engine`'s speed runs, greedy, at each concurrency."""
     from vllm import SamplingParams
 
@@ -162,14 +166,14 @@ def _speed(llm, prompts: list[list[int]], max_tokens: int) -> dict:
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
     llm.generate([{"prompt_token_ids": prompts[0]}], params, use_tqdm=False)   # warm-up
     llm.collective_rpc(_time_forward)
-    for c in CONCURRENCY:
+    for c in concurrency:
         llm.collective_rpc(_forward_seconds)   # from zero
         tokens, seconds, per_token, texts = 0, 0.0, [], []
         for i in range(0, len(prompts), c):
-            start = time.perf_counter()
+            start = now()   # generate() returns the tokens: the device is done by then
             done = llm.generate([{"prompt_token_ids": p} for p in prompts[i:i + c]], params,
                                 use_tqdm=False)
-            wall = time.perf_counter() - start
+            wall = now() - start
             made = [list(d.outputs[0].token_ids) for d in done]
             tokens += sum(map(len, made))
             seconds += wall

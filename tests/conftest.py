@@ -10,6 +10,25 @@ settings.register_profile("river", deadline=None, derandomize=True, max_examples
 settings.load_profile("river")
 
 
+from river_hf.plugin import TEST_DEVICE as VARIABLE
+
+TEST_DEVICE = os.environ.get(VARIABLE, "cpu")
+"""The device the engines' tests and the conformance kit build River's torch engine on:
+RIVER_TEST_DEVICE=cuda points them at a GPU (`river bench gpu` runs them so)."""
+
+
+@pytest.fixture(scope="session")
+def test_device() -> str:
+    """RIVER_TEST_DEVICE (default cpu); a device torch cannot reach fails the run, never
+    skips it."""
+    if TEST_DEVICE != "cpu":
+        import torch
+
+        assert torch.device(TEST_DEVICE).type == "cuda" and torch.cuda.is_available(), \
+            f"RIVER_TEST_DEVICE={TEST_DEVICE}, but torch sees no such device"
+    return TEST_DEVICE
+
+
 @pytest.fixture(scope="session")
 def scratch_cache(tmp_path_factory):
     return tmp_path_factory.mktemp("river-cache")

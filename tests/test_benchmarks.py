@@ -140,20 +140,20 @@ TINY = [   # each benchmark at a tiny size, in an order that gives later ones th
     ("lossless", "--report", "lossless-hf"),
     ("oracle", "--backend", "hf", "--gsm8k-limit", "1", "--policies", "settled:0.97"),
     ("scaling", "--measure", "--batches", "1", "2"),
-    ("context", "--backends", "hf", "onnx", "--positions", "8", "16", "--tokens", "3",
-     "--rounds", "1", "--draft-lengths", "2", "--questions", "1"),
-    ("anchors", "--engines", "river", "--positions", "8", "16", "--tokens", "3", "--prompts",
-     "1", "--rounds", "1"),
+    ("grid", "--engines", "hf", "onnx", "transformers", "--shapes", "default", "tiny",
+     "--configs", "backbone", "exit", "lossless", "whole-4bit", "exit@1", "lossless@8",
+     "--positions", "8", "16", "--tokens", "3", "--prompts", "1"),
+    ("gpu", "--device", "cpu", "--shapes", "default", "tiny", "--positions", "8", "--prompts",
+     "1", "--tokens", "3", "--rounds", "1", "--tests", "tests/test_footprint.py",
+     "--concurrency", "1"),
     ("attention", "--positions", "16", "--tokens", "1", "2", "--calls", "3"),
     ("levers",),
-    ("operating_point", "--prompts", "1", "--prompt-tokens", "8", "--tokens", "3"),
     ("predictor_fidelity", "--prompts", "1", "--tokens", "2"),
     ("prefill_exit", "--problems", "1", "--exits", "1"),
     ("quantizers", "--solutions", "1"),
     ("reliability", "--backend", "hf", "--parts", "long", "memory", "--long-tokens", "16",
      "--generations", "2"),
     ("river_kv_error", "--trials", "1", "--seeds", "1"),
-    ("speed", "--backends", "hf", "onnx", "--prompts", "1", "--tokens", "3"),
     ("walk", "--engines", "hf", "--tokens", "2", "--rounds", "1"),
     pytest.param(("vllm", "--prompts", "1", "--max-tokens", "4", "--rounds", "1", "--samples",
                   "4", "--sampled-tokens", "4", "--backends", "hf", "--configs", "vllm plain",
@@ -174,12 +174,82 @@ def test_every_benchmark_runs_in_the_suite():
     assert ran == set(river_bench.names())
 
 
+def grid_rows_cover_the_grid(out: Path) -> None:
+    """Every (shape, engine, configuration, length) has its row; transformers' generate() runs
+    the real model only; lossless mode's output is the backbone's; a token leaving early reads
+    fewer bytes than one at full depth."""
+    import json
+
+    rows = json.loads((out / "grid.json").read_text())["rows"]
+    cells = {(r["shape"], r["engine"], r["config"], r["positions"]) for r in rows}
+    river = {(s, e, c, n) for s in ("default", "tiny") for e in ("hf", "onnx")
+             for c in ("backbone", "exit", "lossless", "whole-4bit", "exit@1", "lossless@8")
+             for n in (8, 16)}
+    assert cells == river | {("default", "transformers", "backbone", n) for n in (8, 16)}
+    by = {(r["shape"], r["engine"], r["config"], r["positions"]): r for r in rows}
+    for s, e, c, n in river:
+        r = by[(s, e, c, n)]
+        assert r["ms_per_token"] > 0 and r["runs"] == 1
+        if c.startswith("lossless"):
+            assert r["same_as_backbone"] == 1.0 and r["limit_ms_per_token"] is None
+        else:
+            assert r["limit_ms_per_token"] > 0
+    assert by[("tiny", "hf", "exit@1", 8)]["mean_layers_run"] == 2
+    assert by[("tiny", "hf", "whole-4bit", 8)]["bytes_per_token"] < \
+        by[("tiny", "hf", "exit@1", 8)]["bytes_per_token"] < \
+        by[("tiny", "hf", "backbone", 8)]["bytes_per_token"]
+
+
+def gpu_parts_are_each_recorded(out: Path) -> None:
+    """On the CPU every part runs or says why not: peak GPU memory needs CUDA, vLLM its
+    package; the tests part ran the tests it was given."""
+    import json
+
+    parts = json.loads((out / "gpu.json").read_text())["parts"]
+    assert list(parts) == ["tests", "speed", "layers", "memory", "onnx", "vllm"]
+    assert "passed" in parts["tests"]["result"]["summary"]
+    assert {r["config"] for r in parts["speed"]["result"]["rows"]} == \
+        {"backbone", "whole-4bit", "exit", "lossless"}
+    assert set(parts["layers"]["result"]) == {"default", "tiny"}
+    assert parts["memory"] == parts["memory"] | {"status": "skipped"} and \
+        "CUDA" in parts["memory"]["reason"]
+    assert {r["engine"] for r in parts["onnx"]["result"]["rows"]} == {"onnx", "hf"}
+    assert parts["vllm"]["status"] == ("ran" if has_vllm else "skipped")
+
+
+CHECKS = {"grid": grid_rows_cover_the_grid, "gpu": gpu_parts_are_each_recorded}
+
+
 @pytest.mark.parametrize("args", TINY, ids=lambda a: a[0])
 def test_each_benchmark_runs_at_a_tiny_size(bench, args):
     name, *rest = args
     model = [] if name in NO_MODEL else ["--model", bench.model]
     out = bench(name, *model, *rest)
     assert any(out.glob("*.md")) and any(out.glob("*.json"))
+    CHECKS.get(name, lambda out: None)(out)
+
+
+def test_the_grid_names_river_configurations_as_exit_configs():
+    from river_bench.grid import exit_config
+    from river_core import ExitConfig
+
+    assert exit_config("backbone") == ExitConfig(kv="full")
+    assert exit_config("exit") == ExitConfig()   # the paper's rule: River's default
+    assert exit_config("exit@3").options == {"layer": 3}
+    assert exit_config("lossless@64") == ExitConfig(mode="speculative", draft_window=64)
+    assert exit_config("lossless/3") == ExitConfig(mode="speculative", draft_tokens=3)
+    for bad in ("fast", "backbone@2", "whole-4bit@1", "exit/2", "lossless/2@64"):
+        with pytest.raises(SystemExit):
+            exit_config(bad)
+
+
+def test_the_kits_reference_engine_is_built_on_the_test_device(test_device):
+    """RIVER_TEST_DEVICE reaches the engines the conformance kit and the tests build."""
+    import torch
+
+    from river_hf.plugin import tiny_backend
+
+    assert tiny_backend("llama", 0, 8).device == torch.device(test_device)
 
 
 def test_the_benchmarks_leave_the_checkout_as_it_was(bench, tmp_path, monkeypatch):
@@ -222,7 +292,7 @@ def test_the_anchors_ggufs_hold_the_same_weights_and_metadata(kind, tolerance, t
     from gguf import GGUFReader
     from gguf.quants import dequantize
 
-    from river_bench import anchors
+    from river_bench.library import anchors
     from river_llamacpp.tiny import gguf_file
 
     source = GGUFReader(gguf_file())

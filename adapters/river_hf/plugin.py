@@ -42,14 +42,14 @@ def load(model: str | None = None, *, device: str = "cpu", dtype: str | None = N
                      None if dtype is None else getattr(torch, dtype), device)
 
 
-
 TEST_DEVICE = "RIVER_TEST_DEVICE"
 """Where the conformance kit and the engines' tests run the hf backend (default: cpu)."""
 
 
-def tiny_backend(family: str, seed: int, bits: int, dtype: str = "float32"):
-    """The hf backend over a tiny random model, on RIVER_TEST_DEVICE (default cpu): the
-    conformance kit's reference."""
+def tiny_backend(family: str, seed: int, bits: int, dtype: str = "float32",
+                 device: str | None = None):
+    """The hf backend over a tiny random model: the conformance kit's reference, on `device`
+    (default: $RIVER_TEST_DEVICE, else the CPU; `river bench gpu` points it at a GPU)."""
     import torch
 
     from river_models import tiny
@@ -58,7 +58,7 @@ def tiny_backend(family: str, seed: int, bits: int, dtype: str = "float32"):
 
     checkpoint = tiny.checkpoint(family, seed, dtype)
     return HFBackend(checkpoint, tiny.stand_ins(checkpoint, bits), getattr(torch, dtype),
-                     _torch_device(os.environ.get(TEST_DEVICE, "cpu")))
+                     _torch_device(device or os.environ.get(TEST_DEVICE, "cpu")))
 
 
 @hookimpl

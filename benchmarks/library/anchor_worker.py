@@ -1,8 +1,8 @@
-"""One engine of `river bench anchors`, in a process of its own so that its peak resident
-memory is its own. Not run by hand: the driver starts it as
+"""One anchor engine of `river bench grid`, in a process of its own so that its peak resident
+memory is its own. Not run by hand: the driver starts it in the anchors' environment (no River
+there) as
 
-    python -m river_bench.library.anchor_worker river CONFIG DTYPE PREFILL_EXIT QUANTIZER MODEL
-    python anchor_worker.py llamacpp FILE.gguf   # the anchors' environment (no River there)
+    python anchor_worker.py llamacpp FILE.gguf
     python anchor_worker.py genai FOLDER         # the same, an ONNX Runtime GenAI model
 
 and then writes one JSON request per line, {"ids": [...], "tokens": N}; the worker answers each
@@ -17,27 +17,6 @@ import json
 import os
 import sys
 import time
-
-
-def river(config: str, dtype: str, prefill_exit: str, quantizer: str, model: str = ""):
-    """CONFIG as `river bench lossless` names them; PREFILL_EXIT "none" or a layer; QUANTIZER
-    the stand-ins' (QuantSpec.method); MODEL a folder or GGUF ("": the embedded model). Runs
-    as a module of the benchmarks' package, in the project's environment."""
-    import attrs
-
-    from river_core import GenerationConfig, QuantSpec, RiverModel
-
-    from ..lossless import Config
-
-    exit_config = attrs.evolve(Config.parse(config).exit_config,
-                               prefill_exit=None if prefill_exit == "none" else int(prefill_exit))
-    model = RiverModel.from_pretrained(model or None, backend="onnx", dtype=dtype,
-                                       quant=QuantSpec(method=quantizer))
-
-    def generate(ids: list[int], tokens: int) -> tuple[list[int], float]:
-        out = model.generate_ids([ids], exit_config, GenerationConfig(max_new_tokens=tokens))
-        return out.tokens[0], sum(out.step_seconds)
-    return generate
 
 
 def llamacpp(path: str):
@@ -84,7 +63,7 @@ def genai(folder: str):
     return generate
 
 
-ENGINES = {"river": river, "llamacpp": llamacpp, "genai": genai}
+ENGINES = {"llamacpp": llamacpp, "genai": genai}
 
 
 def main() -> None:

@@ -1,0 +1,137 @@
+"""llama.cpp and ONNX Runtime GenAI as rows of `river bench grid`: their packages in an
+environment of their own (made in the benchmark cache on first use: llama-cpp-python compiles
+llama.cpp, about 8 minutes here, or given by --anchors-python), the GGUFs and GenAI models they
+run on the same weights as River, and each engine in a worker process (anchor_worker.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from river_models.cache import cache_root
+from river_models.source import locate
+
+from . import anchor_worker
+
+# GenAI's model builder needs torch and transformers; torch on the CPU wheel's pin
+ANCHOR_PACKAGES = ("llama-cpp-python==0.3.36", "onnxruntime-genai==0.18.0", "torch==2.13.0",
+                   "transformers", "onnx-ir")
+GGUF_TYPES = ("F32", "F16", "Q8_0")   # written from the embedded Q4_1 file; Q4_1 is itself
+GENAI_PRECISIONS = ("fp32", "int4")
+
+
+def anchors_python(given: str | None) -> Path:
+    """An interpreter with the anchors' packages: the given one, or the benchmark cache's own
+    environment, made on first use."""
+    if given:
+        return Path(given)
+    venv = cache_root() / "anchors" / "venv"
+    python = venv / "bin" / "python"
+    check = "import llama_cpp, onnxruntime_genai, torch, transformers"
+    if not python.exists() or subprocess.run([python, "-c", check],
+                                             capture_output=True).returncode:
+        print(f"installing {' '.join(ANCHOR_PACKAGES)} into {venv} (compiles llama.cpp: about "
+              "8 minutes here)", file=sys.stderr, flush=True)
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        subprocess.run([python, "-m", "pip", "install", "-q", *ANCHOR_PACKAGES], check=True)
+    return python
+
+
+def write_gguf(source: Path, target: Path, kind: str) -> Path:
+    """`source`'s metadata and tokenizer with every tensor dequantized and stored as `kind`
+    (F32, F16 or Q8_0; vectors stay F32, as llama.cpp's converter keeps them)."""
+    from gguf import GGMLQuantizationType as Q, GGUFReader, GGUFValueType, GGUFWriter
+    from gguf.constants import LlamaFileType
+    from gguf.quants import dequantize, quantize
+
+    if target.is_file():
+        return target
+    reader = GGUFReader(source)
+    arch = reader.fields["general.architecture"].contents()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_suffix(".partial")
+    writer = GGUFWriter(partial, arch)
+    for field in reader.fields.values():
+        if field.name.startswith("GGUF.") or field.name in ("general.architecture",
+                                                              "general.file_type"):
+            continue
+        sub = field.types[-1] if field.types[0] == GGUFValueType.ARRAY else None
+        writer.add_key_value(field.name, field.contents(), field.types[0], sub_type=sub)
+    writer.add_file_type({"F32": LlamaFileType.ALL_F32, "F16": LlamaFileType.MOSTLY_F16,
+                          "Q8_0": LlamaFileType.MOSTLY_Q8_0}[kind])
+    for tensor in reader.tensors:
+        weights = dequantize(tensor.data, tensor.tensor_type).astype(np.float32)
+        if weights.ndim == 1 or kind == "F32":
+            writer.add_tensor(tensor.name, weights)
+        elif kind == "F16":
+            writer.add_tensor(tensor.name, weights.astype(np.float16))
+        else:
+            writer.add_tensor(tensor.name, quantize(weights, Q.Q8_0), raw_dtype=Q.Q8_0)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    partial.rename(target)
+    return target
+
+
+def genai_model(python: Path, precision: str, model: str | None) -> Path:
+    """The model's float weights built for ONNX Runtime GenAI by its own model builder (CPU,
+    `precision` fp32 or int4, the builder's defaults otherwise), once per model."""
+    folder = locate(model)
+    target = cache_root() / "anchors" / f"genai-{folder.name}-{precision}"
+    if not (target / "genai_config.json").is_file():
+        print(f"building the ONNX Runtime GenAI model ({precision})", file=sys.stderr, flush=True)
+        built = subprocess.run([str(python), "-m", "onnxruntime_genai.models.builder", "-i",
+                                str(folder), "-o", str(target), "-p", precision, "-e",
+                                "cpu", "-c", str(cache_root() / "anchors" / "genai-build")],
+                               capture_output=True, text=True)
+        if built.returncode:
+            raise SystemExit(f"GenAI's model builder failed:\n{built.stderr[-3000:]}")
+    return target
+
+
+class Worker:
+    """One anchor engine in a process of its own, in the anchors' environment (the worker is
+    a script there: no River), so its peak resident memory is its own."""
+
+    def __init__(self, python: Path, *args: str) -> None:
+        self.process = subprocess.Popen([str(python), anchor_worker.__file__, *args],
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        line = self.process.stdout.readline()
+        if not line:
+            raise SystemExit(f"the worker {' '.join(args)} did not start (its errors are above)")
+        self.loaded_rss_mb = json.loads(line)["loaded_rss_mb"]
+
+    def generate(self, ids: list[int], tokens: int) -> dict:
+        self.process.stdin.write(json.dumps({"ids": ids, "tokens": tokens}) + "\n")
+        self.process.stdin.flush()
+        line = self.process.stdout.readline()
+        if not line:
+            raise SystemExit("a worker died (its errors are above)")
+        return json.loads(line)
+
+    def close(self) -> None:
+        self.process.stdin.close()
+        self.process.wait()
+
+
+def start(engine: str, python: Path, model: str | None) -> Worker:
+    """An anchor engine, `llamacpp:KIND` (Q4_1, the embedded GGUF, or one of GGUF_TYPES
+    written from it) or `genai:PRECISION` (GENAI_PRECISIONS), on `model`'s weights."""
+    from river_models import default_gguf
+
+    name, _, kind = engine.partition(":")
+    if name == "llamacpp":
+        q4 = default_gguf() if model is None else Path(model)
+        if q4.suffix != ".gguf":
+            raise SystemExit("llama.cpp runs a GGUF: give --model FILE.gguf")
+        kind = kind or "Q4_1"
+        path = q4 if kind == "Q4_1" else write_gguf(
+            q4, cache_root() / "anchors" / f"{q4.stem}.{kind}.gguf", kind)
+        return Worker(python, "llamacpp", str(path))
+    return Worker(python, "genai", str(genai_model(python, kind or "fp32", model)))
