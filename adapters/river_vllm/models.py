@@ -15,6 +15,10 @@ forward is vLLM's own, since it verifies, and River's drafter (drafter.py) walks
 a step with nothing to exit (prompts alone) and one with more decoding rows than
 `step_aside_above` (River steps aside where per-token exits stop paying).
 
+On any device: every tensor of the step is made on the step's device and the host is read only
+through `to_host`; the paged cache is read through the attention backend's layout (pages.py,
+other backends refused at start), and vLLM must run eagerly (`refuse_cuda_graphs`).
+
 Settings come from the model config's `river` entry (`--hf-overrides`): `ExitConfig`'s fields
 and `bits` of the stand-ins, with their defaults. vLLM's model sees tokens, not requests, so its
 capabilities (`river_vllm.CAPABILITIES`) keep no state per sequence: the plan refuses policies,
