@@ -262,7 +262,8 @@ def test_the_drafter_and_the_model_classes_numerics_stay_on_the_steps_device(
     assert tokens == [(rows,)] * count and all(len(c) == 1 or c[1] == 2 for c in cosines)
     assert reads.reads[-1] == ((rows, VOCAB), torch.float32) and logits.shape == (rows, VOCAB)
     assert len(reads.reads) == len(tokens) + len(cosines) + 1
+    ran = model.river_stats["layers"]   # backbone layers the drafts ran, over all rows
     if exit_config.policy == "fixed":   # the layer is known: no cosine is read
-        assert not cosines
-    else:   # at most one read per layer and draft, and fewer once the rows that may leave do
-        assert 0 < len(cosines) <= count * LAYERS
+        assert not cosines and ran == count * rows
+    else:   # one read per layer and draft while rows may leave; the rows leave one by one
+        assert 0 < len(cosines) <= count * LAYERS and ran == count * (1 + 2 + 3)
