@@ -59,8 +59,9 @@ Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 def to_host(t: torch.Tensor) -> np.ndarray:
     """The one place River's forward and drafter read the device, each a small read: a
-    step's query starts, a layer's exit cosines (one read per layer, for the exit decision),
-    the logits or chosen tokens of a draft. Every other tensor stays on the step's device."""
+    step's query starts, a layer's cosines for the exit decision (one read per layer while a
+    row may leave), the logits an early-logit policy reads, a draft's chosen tokens. Every
+    other tensor stays on the step's device."""
     return t.detach().cpu().numpy()
 
 
@@ -182,14 +183,12 @@ class ForwardLayers:
 
     def mixed_layer(self, i: int, h: torch.Tensor, deep, gone, sub_blocks: bool = False):
         # row indices, not masks: indexing by a mask waits on the device for its count
-        index = lambda rows: torch.tensor(list(rows), dtype=torch.long, device=h.device)
-        deep_rows, gone_rows = index(deep), index(gone)
-        mid, out = self._layer(i, h, deep_rows, gone_rows)
+        indices = lambda rows: torch.tensor(list(rows), dtype=torch.long, device=h.device)
+        d = indices(deep)
+        mid, out = self._layer(i, h, d, indices(gone))
         if not sub_blocks:
             return out, None
-        index = deep_rows
-        cosines = torch.stack([_cosine(h[index], mid[index]), _cosine(mid[index], out[index])],
-                              -1)
+        cosines = torch.stack([_cosine(h[d], mid[d]), _cosine(mid[d], out[d])], -1)
         return out, to_host(cosines)
 
     def layer(self, i: int, h: torch.Tensor, rows, sub_blocks: bool = False):
