@@ -142,6 +142,8 @@ TINY = [   # each benchmark at a tiny size, in an order that gives later ones th
     ("scaling", "--measure", "--batches", "1", "2"),
     ("context", "--backends", "hf", "onnx", "--positions", "8", "16", "--tokens", "3",
      "--rounds", "1", "--draft-lengths", "2", "--questions", "1"),
+    ("first_contact", "--engines", "hf", "onnx", "--short", "1", "--long", "0",
+     "--short-tokens", "3", "--llamacpp", "none"),
     ("anchors", "--engines", "river", "--positions", "8", "16", "--tokens", "3", "--prompts",
      "1", "--rounds", "1"),
     ("attention", "--positions", "16", "--tokens", "1", "2", "--calls", "3"),
