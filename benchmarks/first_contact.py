@@ -75,8 +75,8 @@ class LlamaCpp:
                   *self.threads]
         if name == LLAMACPP[0]:
             return [str(self.folder / "llama-completion"), *common, "-no-cnv"]
-        spec = ["-md", str(self.q4), "-td", self.threads[1], "-tbd", self.threads[1]] \
-            if name == LLAMACPP[1] else ["--spec-type", "ngram-simple"]
+        spec = ["-md", str(self.q4), "--spec-type", "draft-simple", "-td", self.threads[1],
+                "-tbd", self.threads[1]] if name == LLAMACPP[1] else ["--spec-type", "ngram-simple"]
         return [str(self.folder / "llama-speculative-simple"), *common, *spec, "-nr"]
 
     def call(self, name: str, text: str, tokens: int) -> dict:
