@@ -28,6 +28,7 @@ model that is not a GGUF, its rows are skipped with the reason. Writes NAME.{md,
 from __future__ import annotations
 
 import json
+import os
 import re
 import statistics
 import subprocess
@@ -165,6 +166,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     out = Output(args)
     info = machine()
+    load = {"start": os.getloadavg()[0]}   # other work on the machine slows every figure
     questions = gsm8k_questions(args.data, args.short + args.long, args.offset)
     budgets = [args.short_tokens] * args.short + [args.long_tokens] * args.long
     llama = llamacpp_tools(args.llamacpp, args.model, args.threads)
@@ -184,7 +186,9 @@ def main(argv: list[str] | None = None) -> None:
             else:
                 r = river_call(question, engine, mode, tokens, args.model)
                 calls[f"{engine}, {mode}"].append({"question": q, "budget": tokens, **r})
+    load["end"] = os.getloadavg()[0]
     payload = {"command": run_command("first_contact", argv), "machine": info,
+               "load_average": load,
                "questions": len(questions), "offset": args.offset, "budgets": budgets,
                "engines": args.engines, "threads": args.threads,
                "llamacpp": None if isinstance(llama, LlamaCpp) else llama,
@@ -235,7 +239,9 @@ def report(p: dict) -> str:
     lines = ["# First contact: `river generate` as a user runs it, beside llama.cpp", "",
              f"Command: `{p['command']}`", "",
              f"Machine: {info['cpu']}, {info['cores']} cores, copy bandwidth "
-             f"{info['memory_bandwidth_gb_s']} GB/s. {p['questions']} GSM8K test questions "
+             f"{info['memory_bandwidth_gb_s']} GB/s, load average (1 minute) "
+             f"{p['load_average']['start']:.1f} at the start, {p['load_average']['end']:.1f} at "
+             f"the end. {p['questions']} GSM8K test questions "
              f"(from the {p['offset']}th), greedy, answers of at most "
              f"{' and '.join(budgets)} tokens; one fresh process per call, configurations "
              f"interleaved. llama.cpp: {p['threads']} threads"
