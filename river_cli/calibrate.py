@@ -163,14 +163,14 @@ def fit(model: RiverModel, references: Sequence[Reference], config: ExitConfig, 
 
 
 def tuned_option(registry, config: ExitConfig) -> tuple[str, float, float]:
+    if config.mode != "exit":
+        raise ConfigError("calibration fits exit mode; speculative mode is lossless already")
     mark = tuned(registry.policy(config.policy).options)
     if mark is None:
         raise ConfigError(f"policy {config.policy} marks no option for calibration "
                           "(option(..., tune=(strict, permissive)))")
     if mark[0] in config.options:
         raise ConfigError(f"calibration fits {mark[0]}: leave it unset")
-    if config.mode != "exit":
-        raise ConfigError("calibration fits exit mode; speculative mode is lossless already")
     return mark
 
 

@@ -59,6 +59,8 @@ def _parser(registry) -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=default(GenerationConfig, "seed"))
     g.add_argument("--stream", action="store_true",
                    help="print the text as it is generated (Ctrl-C stops, with statistics)")
+    g.add_argument("--json", action="store_true", help="print the answer and its statistics "
+                   "as one JSON object on stdout (for scripts; river bench first_contact)")
     c = sub.add_parser("calibrate", help="fit the policy's threshold to a quality target on "
                        "your prompts (no training); saves a profile `generate` then uses",
                        description=calibrate_doc_text,
@@ -115,6 +117,22 @@ def report_stats(stats: DecodeResult) -> str:
     return "\n".join(lines)
 
 
+def stats_record(text: str, stats: DecodeResult) -> dict:
+    """`river generate --json`'s object: the answer and the statistics line's figures
+    (DecodeResult's definitions; speculative figures only in speculative mode)."""
+    decoded = stats.decoded_tokens
+    record = {"text": text, "tokens": sum(len(t) for t in stats.tokens),
+              "decoded_tokens": decoded, "prefill_ms": stats.prefill_ms,
+              "decode_ms": sum(stats.step_seconds) * 1e3,
+              "ms_per_token": stats.ms_per_token if decoded else None,
+              "speculative": stats.speculative,
+              "mean_layers_run": stats.mean_layers_run if decoded else None}
+    if stats.speculative:
+        record |= {"acceptance_rate": stats.acceptance_rate,
+                   "tokens_per_round": stats.tokens_per_round}
+    return record
+
+
 def _exit_config(args, profile: Profile | None = None) -> ExitConfig:
     """The command's exit settings; a profile named on the command line fills in its policy
     (unless one is given) and its calibrated options (unless given)."""
@@ -166,12 +184,14 @@ def _generate(args) -> None:
     profile = profile or found
     if profile:
         print(f"calibrated: {profile.describe()}", file=sys.stderr)
+    if args.stream and args.json:
+        raise ConfigError("--json prints one object once the answer is complete; drop --stream")
     if args.stream:
         stats = _stream(model, args.prompt, not args.no_chat, plan, gen)
     else:
         out = model.generate(args.prompt, chat=not args.no_chat, exit_config=plan,
                              generation_config=gen)
-        print(out.text)
+        print(json.dumps(stats_record(out.text, out.stats)) if args.json else out.text)
         stats = out.stats
     if not model.text(stats.tokens[0], gen.stop).strip() and not stats.interrupted:
         print("river: the answer is empty: the model ended it at once" + (

@@ -9,7 +9,7 @@ from typing import Any
 
 import attrs
 
-from .config import DRAFT_WINDOW, MODES, METHODS, ExitConfig, QuantSpec
+from .config import DRAFT_WINDOW, MODES, METHODS, ExitConfig, QuantSpec, mode_policy
 from .layout import SINKS
 from .options import parse
 
@@ -23,8 +23,10 @@ def add_exit_arguments(parser: argparse.ArgumentParser, *, speculative: bool = T
                        prefill: bool = True) -> None:
     """ExitConfig's fields; the speculative mode's and the prompt's exit where the command
     takes them."""
-    parser.add_argument("--policy", help=f"exit policy: {default(ExitConfig, 'policy')} "
-                        f"(default), similarity, fixed, ... (river plugins)")
+    parser.add_argument("--policy", help=f"exit policy: similarity, fixed, ... (river "
+                        f"plugins); default: {_described(mode_policy('exit'))}" + (
+                            f", and in speculative mode {_described(mode_policy('speculative'))}"
+                            if speculative else ""))
     parser.add_argument("--predictor", default=default(ExitConfig, "predictor"))
     parser.add_argument("--kv", default=default(ExitConfig, "kv"),
                         help="KV strategy: river, propagate, mask, monotonic, recompute, full")
@@ -42,9 +44,11 @@ def add_exit_arguments(parser: argparse.ArgumentParser, *, speculative: bool = T
         parser.add_argument("--draft-tokens", type=int,
                             default=default(ExitConfig, "draft_tokens"),
                             help="speculative mode: the most tokens drafted per verification")
-        parser.add_argument("--adaptive-draft", action="store_true",
-                            help="speculative mode: vary the draft length with the drafts' "
-                            "runs, up to --draft-tokens")
+        adaptive = default(ExitConfig, "adaptive")
+        parser.add_argument("--adaptive-draft", action=argparse.BooleanOptionalAction,
+                            default=adaptive, help="speculative mode: vary the draft length "
+                            "with the drafts' runs, up to --draft-tokens, and take plain steps "
+                            f"where drafts do not pay (default: {'on' if adaptive else 'off'})")
         parser.add_argument("--draft-window", type=int, metavar="N",
                             help=f"speculative mode: drafts attend the context's first {SINKS} "
                             f"positions and its last N (default {DRAFT_WINDOW} where the "
@@ -56,11 +60,19 @@ def add_exit_arguments(parser: argparse.ArgumentParser, *, speculative: bool = T
                         "docs/scaling.md)")
 
 
+def _described(policy: tuple[str, dict]) -> str:
+    name, options = policy
+    return " ".join([name, *(f"-o {k}={v}" for k, v in options.items())])
+
+
 def exit_config(args: argparse.Namespace, **fields) -> ExitConfig:
     """The ExitConfig of parsed `add_exit_arguments` (`fields` override; a policy left unset
-    is ExitConfig's default)."""
-    given = {"policy": args.policy or default(ExitConfig, "policy"), "kv": args.kv,
-             "predictor": args.predictor, "options": parse(args.option)}
+    is the mode's, with its options unless -o gives others: ExitConfig's defaults)."""
+    given = {"kv": args.kv, "predictor": args.predictor}
+    if args.policy:
+        given["policy"] = args.policy
+    if args.option:
+        given["options"] = parse(args.option)
     for field, name in (("prefill_exit", "prefill_exit"), ("mode", "mode"),
                         ("draft_tokens", "draft_tokens"), ("adaptive", "adaptive_draft"),
                         ("draft_window", "draft_window"),

@@ -90,31 +90,50 @@ DRAFT_WINDOW = 256
 only past it (docs/benchmarks.md, "Lossless mode at long contexts and short answers")."""
 
 
+POLICIES = {"exit": ("settled", {}), "speculative": ("fixed", {"layer": -1})}
+"""Each mode's exit policy and its options where none is named. Exit mode: the paper's rule.
+Speculative mode: drafts from the stand-ins alone (no backbone layer), faster than drafts by
+the paper's rule on both CPU engines (docs/benchmarks.md, "The speculative defaults")."""
+
+
+def mode_policy(mode: str) -> tuple[str, dict]:
+    """The policy and options a mode runs where none is named (POLICIES)."""
+    name, options = POLICIES.get(mode, POLICIES["exit"])
+    return name, dict(options)
+
+
+def _mode_options(config: "ExitConfig") -> dict:
+    name, options = mode_policy(config.mode)
+    return options if config.policy == name else {}
+
+
 @attrs.frozen
 class ExitConfig:
     """Which exit policy, predictor and KV strategy run, and their options by name (each
-    plugin declares its own: `river plugins` lists them)."""
+    plugin declares its own: `river plugins` lists them). A policy left unnamed is the mode's
+    (POLICIES), with its options unless others are given."""
 
-    policy: str = "settled"
-    kv: str = "river"
-    predictor: str = "transition"
-    options: Mapping[str, Any] = attrs.field(factory=dict, converter=lambda o: _options(o))
-    prefill_exit: int | None = None
-    """Sequence-level exit of the prompt (as the paper): its layers past this one run their
-    stand-ins; None runs the prompt at full depth. Only with the `river` strategy."""
     mode: str = "exit"
     """"exit": a token that exits is final (the paper; fast, lossy). "speculative": exited
     tokens are drafts the backbone verifies, several at once (lossless: the backbone's output)."""
+    policy: str = attrs.field(default=attrs.Factory(lambda c: mode_policy(c.mode)[0],
+                                                    takes_self=True))
+    kv: str = "river"
+    predictor: str = "transition"
+    options: Mapping[str, Any] = attrs.field(default=attrs.Factory(_mode_options, takes_self=True),
+                                             converter=lambda o: _options(o))
+    prefill_exit: int | None = None
+    """Sequence-level exit of the prompt (as the paper): its layers past this one run their
+    stand-ins; None runs the prompt at full depth. Only with the `river` strategy."""
     draft_tokens: int = 2
     """Speculative mode: the most tokens drafted per verification. Two by default: verifying
     three tokens costs hardly more than one on either CPU engine, five costs much more, and on
     the README's prompt and GSM8K train two was the fastest length on both
     (docs/benchmarks.md, "Lossless mode at long contexts and short answers")."""
-    adaptive: bool = False
+    adaptive: bool = True
     """Speculative mode: let the draft length follow the drafts' runs (one more after a round
     kept whole, one less after a rejection) and take plain steps where drafting does not pay.
-    Off by default: on GSM8K train a fixed length was faster (docs/benchmarks.md, "Lossless
-    mode")."""
+    On by default (docs/benchmarks.md, "The speculative defaults")."""
     step_aside_above: int | None = None
     """Rows decoding in one step above which River steps aside: exit mode runs that step at
     full depth, speculative mode drafts nothing for it (None: never). Where per-token exits

@@ -146,6 +146,8 @@ TINY = [   # each benchmark at a tiny size, in an order that gives later ones th
     ("gpu", "--device", "cpu", "--shapes", "default", "tiny", "--positions", "8", "--prompts",
      "1", "--tokens", "3", "--rounds", "1", "--tests", "tests/test_footprint.py",
      "--concurrency", "1"),
+    ("first_contact", "--engines", "hf", "onnx", "--short", "1", "--long", "0",
+     "--short-tokens", "3", "--llamacpp", "none"),
     ("attention", "--positions", "16", "--tokens", "1", "2", "--calls", "3"),
     ("levers",),
     ("predictor_fidelity", "--prompts", "1", "--tokens", "2"),
@@ -304,3 +306,21 @@ def test_the_anchors_ggufs_hold_the_same_weights_and_metadata(kind, tolerance, t
         assert a.name == b.name
         x, y = (dequantize(t.data, t.tensor_type) for t in (a, b))
         assert np.abs(x - y).max() <= tolerance * max(np.abs(x).max(), 1e-6)
+
+
+def test_first_contact_reads_llamacpps_closing_statistics():
+    """llama-speculative-simple's "decoded N tokens in S seconds" and llama-completion's perf
+    lines give the prompt's and the decoded tokens and ms/token."""
+    from river_bench.first_contact import parse_llamacpp
+
+    spec = parse_llamacpp("I encoded   16 tokens in    2.284 seconds, speed:    7.004 t/s\n"
+                          "I decoded   20 tokens in    0.500 seconds, speed:   40.000 t/s\n"
+                          "I n_accept  = 14\nI accept    = 82.353%\n")
+    assert spec == {"prompt_tokens": 16, "decoded": 20, "ms_per_token": 25.0,
+                    "acceptance_rate": 0.82353}
+    plain = parse_llamacpp(
+        "llama_perf_context_print: prompt eval time =      40.00 ms /    71 tokens\n"
+        "llama_perf_context_print:        eval time =     180.00 ms /    10 runs   "
+        "(   18.00 ms per token,    55.56 tokens per second)\n")
+    assert plain == {"prompt_tokens": 71, "decoded": 10, "ms_per_token": 18.0,
+                     "acceptance_rate": None}

@@ -87,6 +87,27 @@ def test_plugins_lists_each_plugins_options(capsys):
         assert line in out
 
 
+def test_each_mode_runs_its_own_policy_where_none_is_named():
+    """Exit mode: the paper's rule. Speculative mode: stand-ins-only drafts, adaptive; a named
+    policy or given options replace the mode's, on the command line as in the API."""
+    import argparse
+
+    from river_core import arguments
+
+    assert (ExitConfig().policy, ExitConfig().options) == ("settled", {})
+    drafts = ExitConfig(mode="speculative")
+    assert (drafts.policy, drafts.options, drafts.adaptive) == ("fixed", {"layer": -1}, True)
+    assert ExitConfig(mode="speculative", policy="settled").options == {}
+    assert ExitConfig(mode="speculative", options={"layer": 3}).options == {"layer": 3}
+    parser = argparse.ArgumentParser()
+    arguments.add_exit_arguments(parser)
+    cli = lambda *a: arguments.exit_config(parser.parse_args(list(a)))
+    assert cli("--mode", "speculative") == drafts
+    assert cli("--mode", "speculative", "--no-adaptive-draft").adaptive is False
+    assert cli("--mode", "speculative", "--policy", "settled", "-o", "tau=0.9") == \
+        ExitConfig(mode="speculative", policy="settled", options={"tau": 0.9})
+
+
 def test_every_setting_is_declared_once_for_every_command():
     """generate, calibrate and serve take the exit settings from the same declarations, with
     ExitConfig's and QuantSpec's defaults; River inside vLLM reads them back as the same

@@ -112,7 +112,8 @@ def test_drafting_stops_at_an_end_of_text(folder, monkeypatch):
     eos = next(t for k, t in enumerate(tokens) if k >= 3 and t not in tokens[:k])
     monkeypatch.setattr(model.backend.tokenizer, "eos_ids", frozenset({eos}))
     verified, extend = [], model.backend.extend
-    monkeypatch.setattr(model.backend, "extend", lambda ids: verified.append(ids) or extend(ids))
+    monkeypatch.setattr(model.backend, "extend",
+                        lambda ids, start: verified.append(ids) or extend(ids, start))
     full = model.generate("abc", chat=False, max_new_tokens=12, kv="full").stats.tokens[0]
     lossless = model.generate("abc", chat=False, max_new_tokens=12, mode="speculative",
                               policy="fixed", layer=-1, draft_tokens=4).stats.tokens[0]
