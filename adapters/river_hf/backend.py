@@ -13,7 +13,8 @@ from river_core.layer_engine import LayerEngine
 from river_core.layout import Layout
 from river_models import Checkpoint, StandIns
 
-from river_models.torch_blocks import Block, Dense, Norm, forward, packed, project_kv
+from river_models.torch_blocks import (Block, Dense, Norm, Rotaries, forward, packed,
+                                       project_kv)
 from . import CAPABILITIES
 from .step import Step
 
@@ -43,8 +44,7 @@ class HFBackend(LayerEngine):
         self._head = Dense(w.head, None, dtype, dev)
         self._stand_in_head = packed(stand_ins.head, None, dtype, dev)
         self._norm = Norm.of(w.final_norm, spec, dtype, dev)
-        self._inv_freq = {k: torch.tensor(r.inv_freq, dtype=torch.float32, device=dev)
-                          for k, r in spec.rotary.items()}
+        self._rotaries = Rotaries(spec, dev)
         self.num_layers = spec.num_layers
         self.max_positions = spec.max_positions
         self.capabilities = CAPABILITIES
@@ -86,7 +86,7 @@ class HFBackend(LayerEngine):
     # -- the contract -----------------------------------------------------------------------
 
     def _make_step(self, start: int, end: int) -> Step:
-        return Step(self.cache.layout, start, end, self.spec, self._inv_freq, self.dtype,
+        return Step(self.cache.layout, start, end, self._rotaries, self.dtype,
                     self.device, self.draft_window)
 
     def window_drafts(self, window: int | None) -> None:

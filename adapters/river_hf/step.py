@@ -5,29 +5,26 @@ from __future__ import annotations
 import torch
 
 from river_core.layout import Layout
-from river_models import ModelSpec
+from river_models.torch_blocks import Rotaries
 
 
 class Step:
     """Cache slots start..end-1 of every sequence: rotary tables, masks and cache reads, built
     once per step from the layout and shared by all layers."""
 
-    def __init__(self, layout: Layout, start: int, end: int, spec: ModelSpec,
-                 inv_freq: dict[str, torch.Tensor], dtype, device,
-                 draft_window: int | None = None) -> None:
+    def __init__(self, layout: Layout, start: int, end: int, rotaries: Rotaries,
+                 dtype, device, draft_window: int | None = None) -> None:
         self.layout, self.start, self.end = layout, start, end
         self.draft_window = draft_window
         self._device = device
-        positions = torch.from_numpy(layout.positions(start, end)).to(device)
-        self._ropes = {}
-        for key, freq in inv_freq.items():
-            # as transformers computes it, so rotary tables are bit-identical
-            freqs = positions[..., None].float() * freq
-            emb = torch.cat((freqs, freqs), dim=-1)
-            scaling = spec.rotary[key].scaling
-            self._ropes[key] = ((emb.cos() * scaling).to(dtype).unsqueeze(1),
-                                (emb.sin() * scaling).to(dtype).unsqueeze(1))
+        positions = layout.positions(start, end)
+        self._ropes = rotaries.tables(positions, dtype)
+        self._query_scale = rotaries.query_scales(positions, dtype)
         self._masks: dict = {}
+
+    def query_scale(self, rows):
+        qs = self._query_scale
+        return qs if qs is None or rows is None else qs[rows]
 
     def rope(self, key: str, rows):
         cos, sin = self._ropes[key]
