@@ -91,9 +91,7 @@ def _np(t) -> np.ndarray | None:
 
 def _projections(attn, mlp) -> tuple[dict, dict]:
     """(weights, biases) by River's projection names. Phi-3 stores q, k and v as one matrix
-    and gate and up as one: split by rows here, and River's FUSED concatenates them back
-    (its stand-ins quantize each row group of 32 inputs on its own, so split or fused
-    quantize alike)."""
+    and gate and up as one: split by rows here, and River's FUSED concatenates them back."""
     if hasattr(attn, "qkv_proj"):
         q = attn.config.num_attention_heads * attn.head_dim
         kv = attn.num_key_value_heads * attn.head_dim
