@@ -265,6 +265,9 @@ def _plugins() -> None:
             print(f"  {e.name:<12} {e.provider:<20} {e.summary}")
             for name, value, doc in e.options:
                 print(f"  {'':<12} -o {name}={json.dumps(value)}: {doc}")
+    from river_models.families import SUPPORTED
+
+    print(f"architectures (model_type, docs/models.md): {', '.join(SUPPORTED)}")
 
 
 def main(argv: list[str] | None = None) -> int:

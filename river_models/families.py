@@ -10,11 +10,12 @@ import numpy as np
 
 from river_core.errors import ModelError
 
-from .spec import ACTIVATIONS, LayerWeights, ModelSpec, Rotary, Weights
+from .spec import ACTIVATIONS, LayerWeights, ModelSpec, QueryScale, Rotary, Weights
 
 # model_type -> has a sandwich-normed block (Gemma: norms after attention and after the MLP too)
 SUPPORTED = {"llama": False, "mistral": False, "qwen2": False, "qwen3": False,
-             "gemma3_text": True}
+             "gemma3_text": True, "phi3": False, "ministral3": False}
+WINDOWED = ("mistral", "phi3", "ministral3")   # config.sliding_window applies to every layer
 STATIC_ROPE = ("default", "linear", "llama3", "yarn")   # inv_freq fixed after construction
 
 
@@ -36,7 +37,7 @@ def _windows(config) -> tuple[int | None, ...]:
     window = getattr(config, "sliding_window", None)
     if types is not None:
         return tuple(window if t == "sliding_attention" else None for t in types)
-    return (window,) * n if config.model_type == "mistral" else (None,) * n
+    return (window,) * n if config.model_type in WINDOWED else (None,) * n
 
 
 def _rope_keys(config) -> tuple[str, ...]:
@@ -46,15 +47,33 @@ def _rope_keys(config) -> tuple[str, ...]:
     return ("",) * config.num_hidden_layers
 
 
-def _rotary(inner, key: str) -> Rotary:
+def _floats(t) -> tuple[float, ...]:
+    return tuple(float(f) for f in t.float().cpu().numpy())
+
+
+def _rotary(inner, config, key: str) -> Rotary:
     emb = inner.rotary_emb
     prefix = f"{key}_" if key else ""
     kind = emb.rope_type[key] if key else emb.rope_type
+    scaling = float(getattr(emb, f"{prefix}attention_scaling"))
+    if kind == "longrope":   # the short table is the one built; the long one as transformers
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS   # switches to it
+
+        switch = config.rope_parameters["original_max_position_embeddings"]
+        long_freq, _ = ROPE_INIT_FUNCTIONS[kind](config, None, seq_len=switch + 1)
+        return Rotary(_floats(emb.original_inv_freq), scaling, _floats(long_freq), switch)
     if kind not in STATIC_ROPE:
         raise ModelError(f"rotary type {kind!r} changes with the sequence length; River "
-                         f"supports {', '.join(STATIC_ROPE)}")
-    inv_freq = getattr(emb, f"{prefix}inv_freq").float().cpu().numpy()
-    return Rotary(tuple(float(f) for f in inv_freq), float(getattr(emb, f"{prefix}attention_scaling")))
+                         f"supports {', '.join(STATIC_ROPE + ('longrope',))}")
+    return Rotary(_floats(getattr(emb, f"{prefix}inv_freq")), scaling)
+
+
+def _query_scale(config) -> QueryScale | None:
+    """Ministral 3's position-dependent query scaling, where the config sets it."""
+    rope = getattr(config, "rope_parameters", None) or {}
+    beta = rope.get("llama_4_scaling_beta") if config.model_type == "ministral3" else None
+    return None if beta is None else QueryScale(float(beta),
+                                                int(rope["original_max_position_embeddings"]))
 
 
 def eos_ids(model, tokenizer) -> tuple[int, ...]:
@@ -70,17 +89,32 @@ def _np(t) -> np.ndarray | None:
     return None if t is None else t.detach().float().cpu().numpy()
 
 
-def _layer(layer, sandwich: bool) -> LayerWeights:
-    attn, mlp = layer.self_attn, layer.mlp
+def _projections(attn, mlp) -> tuple[dict, dict]:
+    """(weights, biases) by River's projection names. Phi-3 stores q, k and v as one matrix
+    and gate and up as one: split by rows here, and River's FUSED concatenates them back."""
+    if hasattr(attn, "qkv_proj"):
+        q = attn.config.num_attention_heads * attn.head_dim
+        kv = attn.num_key_value_heads * attn.head_dim
+        qkv, gate_up = _np(attn.qkv_proj.weight), _np(mlp.gate_up_proj.weight)
+        half = len(gate_up) // 2
+        weights = {"q": qkv[:q], "k": qkv[q:q + kv], "v": qkv[q + kv:], "o": _np(attn.o_proj.weight),
+                   "gate": gate_up[:half], "up": gate_up[half:], "down": _np(mlp.down_proj.weight)}
+        return weights, {}
     modules = {"q": attn.q_proj, "k": attn.k_proj, "v": attn.v_proj, "o": attn.o_proj,
                "gate": mlp.gate_proj, "up": mlp.up_proj, "down": mlp.down_proj}
+    return ({n: _np(m.weight) for n, m in modules.items()},
+            {n: _np(m.bias) for n, m in modules.items() if m.bias is not None})
+
+
+def _layer(layer, sandwich: bool) -> LayerWeights:
+    attn, mlp = layer.self_attn, layer.mlp
     norm = lambda m: None if m is None else _np(m.weight)
+    projections, biases = _projections(attn, mlp)
     return LayerWeights(
         input_norm=norm(layer.input_layernorm),
         pre_mlp_norm=norm(layer.pre_feedforward_layernorm if sandwich
                           else layer.post_attention_layernorm),
-        projections={n: _np(m.weight) for n, m in modules.items()},
-        biases={n: _np(m.bias) for n, m in modules.items() if m.bias is not None},
+        projections=projections, biases=biases,
         post_attn_norm=norm(layer.post_attention_layernorm) if sandwich else None,
         post_mlp_norm=norm(layer.post_feedforward_layernorm) if sandwich else None,
         q_norm=norm(getattr(attn, "q_norm", None)), k_norm=norm(getattr(attn, "k_norm", None)))
@@ -101,12 +135,13 @@ def describe(model, tokenizer) -> tuple[ModelSpec, Weights]:
         head_dim=attn.head_dim, vocab=config.vocab_size,
         max_positions=config.max_position_embeddings, eos_ids=eos_ids(model, tokenizer),
         windows=_windows(config), rope_keys=keys,
-        rotary={k: _rotary(inner, k) for k in set(keys)},
+        rotary={k: _rotary(inner, config, k) for k in set(keys)},
         activation=getattr(config, "hidden_activation", None) or config.hidden_act,
         norm_eps=float(config.rms_norm_eps), norm_offset=config.model_type.startswith("gemma"),
         sandwich=sandwich, qk_norm=hasattr(attn, "q_norm"), attn_scale=float(attn.scaling),
         embed_scale=float(getattr(inner.embed_tokens, "scalar_embed_scale", 1.0)),
-        final_softcap=getattr(config, "final_logit_softcapping", None))
+        final_softcap=getattr(config, "final_logit_softcapping", None),
+        query_scale=_query_scale(config))
     embed = _np(inner.embed_tokens.weight)
     tied = model.lm_head.weight.data_ptr() == inner.embed_tokens.weight.data_ptr()
     weights = Weights(embed=embed, final_norm=_np(inner.norm.weight),

@@ -24,16 +24,45 @@ ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 
 @attrs.frozen
 class Rotary:
-    """One rotary table: cos/sin(position * inv_freq) * scaling, halves concatenated."""
+    """One rotary table: cos/sin(position * inv_freq) * scaling, halves concatenated. It
+    covers the first 2 * len(inv_freq) dimensions of a head (Phi-3's partial rotary: the rest
+    pass through). LongRoPE (Phi-3) has a second table, `long_inv_freq`, for a sequence longer
+    than `switch` (its original context): a row's table is chosen by the last position it
+    reaches in the step, as transformers chooses it by the forward pass's last position."""
 
     inv_freq: tuple[float, ...]
     scaling: float = 1.0
+    long_inv_freq: tuple[float, ...] = ()
+    switch: int = 0
+
+    def is_long(self, positions: np.ndarray) -> np.ndarray:
+        """positions [rows, tokens] -> [rows] bool: the row takes the long table."""
+        return np.asarray(positions).max(-1) + 1 > self.switch if self.long_inv_freq else \
+            np.zeros(len(positions), bool)
 
     def angles(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """positions [...] -> (cos, sin) [..., head_dim] float32."""
-        freqs = positions.astype(np.float32)[..., None] * np.asarray(self.inv_freq, np.float32)
+        """positions [rows, tokens] -> (cos, sin) [rows, tokens, rotary dims] float32."""
+        positions = np.asarray(positions)
+        freq = np.where(self.is_long(positions)[:, None],
+                        np.asarray(self.long_inv_freq or self.inv_freq, np.float32),
+                        np.asarray(self.inv_freq, np.float32))[:, None]
+        freqs = positions.astype(np.float32)[..., None] * freq
         emb = np.concatenate([freqs, freqs], axis=-1)
         return np.cos(emb) * np.float32(self.scaling), np.sin(emb) * np.float32(self.scaling)
+
+
+@attrs.frozen
+class QueryScale:
+    """Ministral 3's position-dependent query scaling (transformers: llama_4_scaling_beta):
+    q *= 1 + beta * log(1 + floor(position / period)), after the rotary."""
+
+    beta: float
+    period: int
+
+    def factors(self, positions: np.ndarray) -> np.ndarray:
+        """positions [...] -> [...] float32."""
+        return (1 + self.beta * np.log1p(np.floor(np.asarray(positions) / self.period))
+                ).astype(np.float32)
 
 
 @attrs.frozen
@@ -60,6 +89,7 @@ class ModelSpec:
     attn_scale: float = 0.0            # softmax scale of q.k
     embed_scale: float = 1.0           # Gemma multiplies embeddings by sqrt(hidden)
     final_softcap: float | None = None
+    query_scale: QueryScale | None = None   # Ministral 3
 
     @property
     def group(self) -> int:
@@ -69,12 +99,16 @@ class ModelSpec:
     def to_json(self) -> dict:
         d = attrs.asdict(self, recurse=False)
         d["rotary"] = {k: attrs.asdict(r) for k, r in self.rotary.items()}
+        d["query_scale"] = self.query_scale and attrs.asdict(self.query_scale)
         return d
 
     @classmethod
     def from_json(cls, d: dict) -> "ModelSpec":
         d = dict(d)
-        d["rotary"] = {k: Rotary(tuple(r["inv_freq"]), r["scaling"]) for k, r in d["rotary"].items()}
+        d["rotary"] = {k: Rotary(tuple(r["inv_freq"]), r["scaling"],
+                                 tuple(r.get("long_inv_freq", ())), r.get("switch", 0))
+                       for k, r in d["rotary"].items()}
+        d["query_scale"] = d.get("query_scale") and QueryScale(**d["query_scale"])
         for name in ("eos_ids", "windows", "rope_keys"):
             d[name] = tuple(d[name])
         return cls(**d)

@@ -13,7 +13,24 @@ LAYERS = 6
 COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=LAYERS,
               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
               bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False)
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma3")
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma3", "llama3", "phi3", "ministral3")
+
+# The paper's models' special config fields, kept at tiny widths (head_dim 16): Llama-3.2-1B's
+# llama3 rope (original context 8,192 brought down to 64) and tied embeddings; Phi-4-mini's
+# partial rotary (0.75: 12 of 16 dims, 6 factors), LongRoPE and tied embeddings, its switch
+# (original context 4,096) brought down to 48 positions; Ministral-3-8B's YaRN and query
+# scaling, its original context (16,384) brought down to 16.
+LLAMA3_ROPE = dict(rope_type="llama3", rope_theta=500000.0, factor=32.0, low_freq_factor=1.0,
+                   high_freq_factor=4.0, original_max_position_embeddings=64)
+PHI3_SWITCH = 48
+PHI3_ROPE = dict(rope_type="longrope", rope_theta=10000.0, partial_rotary_factor=0.75,
+                 short_factor=[1.0, 1.0, 1.1, 1.3, 1.6, 2.0],
+                 long_factor=[1.0, 1.5, 3.0, 6.0, 12.0, 24.0],
+                 original_max_position_embeddings=PHI3_SWITCH)
+MINISTRAL3_PERIOD = 16
+MINISTRAL3_ROPE = dict(rope_type="yarn", rope_theta=1000000.0, factor=16.0,
+                       original_max_position_embeddings=MINISTRAL3_PERIOD, beta_fast=32.0,
+                       beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0, llama_4_scaling_beta=0.1)
 
 
 # serving engines' attention kernels take wider heads (vLLM's CPU attention: 32 and up)
@@ -35,6 +52,14 @@ def _config(family: str, serving: bool = False):
         "gemma3": lambda: t.Gemma3TextConfig(
             **COMMON, head_dim=16, sliding_window=6,
             layer_types=["sliding_attention", "full_attention"] * 3),
+        "llama3": lambda: t.LlamaConfig(**{**COMMON, "tie_word_embeddings": True},
+                                        rope_parameters=LLAMA3_ROPE),
+        "phi3": lambda: t.Phi3Config(**{**COMMON, "tie_word_embeddings": True},
+                                     original_max_position_embeddings=PHI3_SWITCH,
+                                     partial_rotary_factor=0.75, rope_parameters=PHI3_ROPE,
+                                     sliding_window=262144),
+        "ministral3": lambda: t.Ministral3Config(**COMMON, head_dim=16,
+                                                 rope_parameters=MINISTRAL3_ROPE),
     }[family]()
 
 

@@ -22,6 +22,38 @@ from .quant import QuantWeight
 from .spec import FUSED, PROJECTIONS, LayerWeights, ModelSpec
 
 
+class Rotaries:
+    """A model's rotary tables and query scaling for the positions of one step, computed as
+    transformers computes them (so full depth matches it bit for bit)."""
+
+    def __init__(self, spec: ModelSpec, device) -> None:
+        f32 = lambda f: upload(np.asarray(f, np.float32), torch.float32, device)
+        self._spec, self._device = spec, device
+        self._freqs = {k: (r, f32(r.inv_freq), f32(r.long_inv_freq or r.inv_freq))
+                       for k, r in spec.rotary.items()}
+
+    def tables(self, positions: np.ndarray, dtype) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """positions [batch, tokens] -> per table (cos, sin) [batch, 1, tokens, rotary dims]."""
+        pos = upload(positions, torch.int64, self._device)
+        out = {}
+        for key, (rotary, short, long) in self._freqs.items():
+            is_long = upload(rotary.is_long(positions), torch.bool, self._device)[:, None, None]
+            freqs = pos[..., None].float() * torch.where(is_long, long, short)
+            emb = torch.cat((freqs, freqs), dim=-1)
+            out[key] = ((emb.cos() * rotary.scaling).to(dtype).unsqueeze(1),
+                        (emb.sin() * rotary.scaling).to(dtype).unsqueeze(1))
+        return out
+
+    def query_scales(self, positions: np.ndarray, dtype) -> torch.Tensor | None:
+        """[batch, 1, tokens, 1] factors for q after the rotary, or None (no query scaling)."""
+        qs = self._spec.query_scale
+        if qs is None:
+            return None
+        pos = upload(positions, torch.int64, self._device)
+        return (1 + qs.beta * torch.log(1 + torch.floor(pos / qs.period)))[:, None, :, None].to(
+            dtype)
+
+
 @attrs.frozen(eq=False)
 class Norm:
     """RMSNorm. Gemma (`offset`) scales by 1 + w in float32 before casting back; the others
@@ -187,12 +219,17 @@ class Block:
 
 
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
+    """The rotary on the first cos.shape[-1] dimensions (all but Phi-3's partial rotary)."""
+    dims = cos.shape[-1]
+    if dims < x.shape[-1]:
+        return torch.cat((rope(x[..., :dims], cos, sin), x[..., dims:]), dim=-1)
+    half = dims // 2
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
 
-def project_kv(b: Block, x: torch.Tensor, cos, sin):
-    """Normalised input -> (q, k, v) as [batch, heads, tokens, head_dim], rotary applied."""
+def project_kv(b: Block, x: torch.Tensor, cos, sin, query_scale=None):
+    """Normalised input -> (q, k, v) as [batch, heads, tokens, head_dim], rotary applied (and
+    the query scaling, when the model has one)."""
     batch, tokens, _ = x.shape
     shape = (batch, tokens, -1, b.head_dim)
     q, k, v = b.proj["qkv"](x).split(b.splits, -1)
@@ -200,7 +237,8 @@ def project_kv(b: Block, x: torch.Tensor, cos, sin):
         v.reshape(shape).transpose(1, 2)
     if b.q_norm is not None:
         q, k = b.q_norm(q), b.k_norm(k)
-    return rope(q, cos, sin), rope(k, cos, sin), v
+    q = rope(q, cos, sin)
+    return q if query_scale is None else q * query_scale, rope(k, cos, sin), v
 
 
 def mlp(b: Block, h: torch.Tensor) -> torch.Tensor:
@@ -215,7 +253,7 @@ def forward(b: Block, i: int, x: torch.Tensor, step, cache, rows,
     step's slots of `cache` (a `river_core.KVCache`), which it writes. `mids`, when given,
     receives the state between the attention and MLP sub-blocks."""
     cos, sin = step.rope(b.rope_key, rows)
-    q, k, v = project_kv(b, b.input_norm(x), cos, sin)
+    q, k, v = project_kv(b, b.input_norm(x), cos, sin, step.query_scale(rows))
     cache.write(i, rows, k, v, step.start, step.end)
     keys, values = step.read(cache.k[i], cache.v[i], rows, b.window)
     mask = step.mask(b.window, i, rows)

@@ -46,7 +46,9 @@ class NumpyBackend(LayerEngine):
 
     def __init__(self, checkpoint: Checkpoint, quantized: StandIns) -> None:
         spec = checkpoint.spec
-        if spec.qk_norm or spec.sandwich or spec.activation != "silu":
+        partial = any(2 * len(r.inv_freq) != spec.head_dim for r in spec.rotary.values())
+        if spec.qk_norm or spec.sandwich or spec.activation != "silu" or partial or \
+                spec.query_scale is not None:
             raise CapabilityError("the example backend runs the Llama, Mistral and Qwen2 families")
         self.spec, self.w = spec, checkpoint.weights
         # a stand-in is its layer with every projection replaced by its quantized copy

@@ -79,6 +79,7 @@ def test_plugins_lists_every_kind_with_its_distribution():
     for name in ("hf", "similarity", "fixed", "transition", "river", "propagate", "full"):
         assert f"  {name} " in out.stdout
     assert "river-llm" in out.stdout
+    assert "phi3" in out.stdout and "ministral3" in out.stdout   # the architectures
 
 
 @pytest.mark.parametrize("args, message", [

@@ -14,7 +14,7 @@ def conformance_backend():
 
 
 def test_the_example_runs_the_families_it_says(conformance_backend):
-    assert conformance_backend.families == ("llama", "mistral", "qwen2")
+    assert conformance_backend.families == ("llama", "mistral", "qwen2", "llama3")
 
 
 def test_the_core_drives_the_backend_only_through_the_contract(conformance_backend):

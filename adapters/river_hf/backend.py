@@ -20,8 +20,8 @@ from river_core.layer_engine import LayerEngine
 from river_core.layout import Layout
 from river_models import Checkpoint, StandIns
 
-from river_models.torch_blocks import (Block, Dense, Norm, forward, packed, project_kv,
-                                       upload)
+from river_models.torch_blocks import (Block, Dense, Norm, Rotaries, forward, packed,
+                                       project_kv, upload)
 from . import CAPABILITIES
 from .step import StepContext
 
@@ -59,8 +59,7 @@ class HFBackend(LayerEngine):
         self._head = Dense(w.head, None, dtype, dev)
         self._stand_in_head = packed(stand_ins.head, None, dtype, dev)
         self._norm = Norm.of(w.final_norm, spec, dtype, dev)
-        self._inv_freq = {k: upload(r.inv_freq, torch.float32, dev)
-                          for k, r in spec.rotary.items()}
+        self._rotaries = Rotaries(spec, dev)
         self.num_layers = spec.num_layers
         self.max_positions = spec.max_positions
         self.kv_heads, self.head_dim = spec.kv_heads, spec.head_dim
@@ -76,7 +75,7 @@ class HFBackend(LayerEngine):
                      for _ in "kv")
 
     def context(self, layout: Layout, step: Step) -> StepContext:
-        return StepContext(layout, step, self.spec, self._inv_freq, self.dtype, self.device)
+        return StepContext(layout, step, self._rotaries, self.dtype, self.device)
 
     @torch.inference_mode()
     def embed_ids(self, ids: np.ndarray) -> torch.Tensor:

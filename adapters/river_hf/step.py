@@ -6,31 +6,27 @@ import torch
 
 from river_core.backend import Step
 from river_core.layout import Layout
-from river_models import ModelSpec
-from river_models.torch_blocks import upload
+from river_models.torch_blocks import Rotaries, upload
 
 
 class StepContext:
-    """A step's slots of every sequence: rotary tables, masks and the slots its attention
-    reads (a draft window's too), built once per step from the layout and shared by all
-    layers; every tensor on the engine's device."""
+    """A step's slots of every sequence: rotary tables (and query scales), masks and the slots
+    its attention reads (a draft window's too), built once per step from the layout and shared
+    by all layers; every tensor on the engine's device."""
 
-    def __init__(self, layout: Layout, step: Step, spec: ModelSpec,
-                 inv_freq: dict[str, torch.Tensor], dtype, device) -> None:
+    def __init__(self, layout: Layout, step: Step, rotaries: Rotaries, dtype, device) -> None:
         self.layout, self.start, self.end = layout, step.start, step.end
         self.draft_window = step.draft_window
         self._device = device
-        positions = upload(layout.positions(self.start, self.end), torch.int64, device)
-        self._ropes = {}
-        for key, freq in inv_freq.items():
-            # as transformers computes it, so rotary tables are bit-identical
-            freqs = positions[..., None].float() * freq
-            emb = torch.cat((freqs, freqs), dim=-1)
-            scaling = spec.rotary[key].scaling
-            self._ropes[key] = ((emb.cos() * scaling).to(dtype).unsqueeze(1),
-                                (emb.sin() * scaling).to(dtype).unsqueeze(1))
+        positions = layout.positions(self.start, self.end)
+        self._ropes = rotaries.tables(positions, dtype)
+        self._query_scale = rotaries.query_scales(positions, dtype)
         self._masks: dict = {}
         self._slots: dict = {}
+
+    def query_scale(self, rows):
+        qs = self._query_scale
+        return qs if qs is None or rows is None else qs[rows]
 
     def rope(self, key: str, rows):
         cos, sin = self._ropes[key]

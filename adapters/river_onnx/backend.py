@@ -92,12 +92,14 @@ class _Step:
         self._b = backend
         self.layout = layout
         positions = layout.positions(start, end)
-        half = backend.spec.head_dim // 2
         self.rope = {}   # per rotary table: one row of cos and of sin per (row, token)
         for key, rotary in backend.spec.rotary.items():
             cos, sin = rotary.angles(positions)
+            half = cos.shape[-1] // 2
             self.rope[key] = tuple(np.ascontiguousarray(t[..., :half].reshape(-1, half))
                                    for t in (cos, sin))
+        qs = backend.spec.query_scale   # Ministral 3: the graphs' qscale input
+        self.query_scale = {} if qs is None else {"qscale": qs.factors(positions)[..., None]}
         self.positions = np.arange(positions.size, dtype=np.int64).reshape(positions.shape)
         # the slots every layer's graph reads: 0..end-1, or the ones a draft window leaves a
         # single-token step, which the graphs then read from a copy (`_bound`)
@@ -196,7 +198,7 @@ class OnnxBackend(LayerEngine):
         """Inputs of layer i's graphs for `x`, the states of rows `idx`: per row, all but the
         rotary tables (the rows' positions keep pointing into the whole step's) and the
         step's total."""
-        rows = {"positions": s.positions}
+        rows = {"positions": s.positions, **(s.query_scale if attention else {})}
         if attention:
             rows.update(seqlens=s.seqlens, bias=s.bias(i))
         if idx is not None:
@@ -237,7 +239,7 @@ class OnnxBackend(LayerEngine):
                 h = self.stand_in_layer(i, h, rows)
             return h
         s, idx = self.ctx, None if rows is None else self.row_index(rows)
-        feeds = {"h": h, "positions": s.positions, "seqlens": s.seqlens}
+        feeds = {"h": h, "positions": s.positions, "seqlens": s.seqlens, **s.query_scale}
         layers = dict(enumerate(range(start, self.num_layers)))
         feeds.update({f"bias_{j}": s.bias(i) for j, i in layers.items()})
         if idx is not None:

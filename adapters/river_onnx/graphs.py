@@ -60,6 +60,8 @@ class BlockWeights:
     head_dim: int
     scaling: float
     activation: str
+    rotary_dim: int        # Phi-3's partial rotary: the leading dims the rotary turns
+    query_scaled: bool     # Ministral 3: q times the step's `qscale` input after the rotary
 
     @classmethod
     def of(cls, layer: LayerWeights, spec: ModelSpec,
@@ -74,7 +76,8 @@ class BlockWeights:
             proj[fused] = Linear(weight, bias)
         return cls(norm(layer.input_norm), norm(layer.pre_mlp_norm), norm(layer.post_attn_norm),
                    norm(layer.post_mlp_norm), norm(layer.q_norm), norm(layer.k_norm), proj,
-                   spec.heads, spec.kv_heads, spec.head_dim, spec.attn_scale, spec.activation)
+                   spec.heads, spec.kv_heads, spec.head_dim, spec.attn_scale, spec.activation,
+                   2 * len(spec.rotary[spec.rope_keys[0]].inv_freq), spec.query_scale is not None)
 
 
 class Graph:
@@ -148,10 +151,12 @@ class Graph:
             y = self.op("MatMul", x, self.const(w.T.astype(np.float32)))
         return y if lin.bias is None else self.op("Add", y, self.const(lin.bias))
 
-    def rope(self, x: str, heads: int, rope: "Rope") -> str:
-        """Rotary on [B, T, heads*hd], one contrib node (the halves rotated, NeoX style)."""
+    def rope(self, x: str, b: BlockWeights, heads: int, rope: "Rope") -> str:
+        """Rotary on [B, T, heads*hd], one contrib node (the halves rotated, NeoX style; on
+        the leading rotary_dim dims of each head only, for a partial rotary)."""
+        partial = {} if b.rotary_dim == b.head_dim else {"rotary_embedding_dim": b.rotary_dim}
         return self.op("RotaryEmbedding", x, rope.positions, rope.cos, rope.sin,
-                       domain="com.microsoft", num_heads=heads, interleaved=0)
+                       domain="com.microsoft", num_heads=heads, interleaved=0, **partial)
 
     def head_norm(self, x: str, count: int, head_dim: int, norm: Norm | None) -> str:
         """The per-head norm of Qwen3 and Gemma 3 on [B, T, count*hd]."""
@@ -165,8 +170,10 @@ class Graph:
         widths = np.array([b.heads, b.kv_heads, b.kv_heads], dtype=np.int64) * b.head_dim
         q, k, v = self.ops("Split", 3, self.linear(x, b.proj["qkv"]), self.const(widths),
                            axis=-1)
-        q = self.rope(self.head_norm(q, b.heads, b.head_dim, b.q_norm), b.heads, rope)
-        k = self.rope(self.head_norm(k, b.kv_heads, b.head_dim, b.k_norm), b.kv_heads, rope)
+        q = self.rope(self.head_norm(q, b.heads, b.head_dim, b.q_norm), b, b.heads, rope)
+        k = self.rope(self.head_norm(k, b.kv_heads, b.head_dim, b.k_norm), b, b.kv_heads, rope)
+        if rope.query_scale is not None:
+            q = self.op("Mul", q, rope.query_scale)
         return q, k, v
 
     def attention(self, x: str, b: BlockWeights, rope: "Rope", layer: "LayerInputs",
@@ -197,18 +204,28 @@ class Graph:
 
 @attrs.frozen
 class Rope:
-    """The names of a graph's rotary inputs: the step's tables cos, sin [B*T, hd/2] (one row
-    per token of the step) and positions [B, T] int64, each token's row in them."""
+    """The names of a graph's rotary inputs: the step's tables cos, sin [B*T, rotary_dim/2]
+    (one row per token of the step: a length-dependent table such as LongRoPE's is chosen by
+    the host per row) and positions [B, T] int64, each token's row in them; and, for
+    Ministral 3, qscale [B, T, 1], each token's query scaling (an input, computed by the host
+    like the tables)."""
 
     cos: str
     sin: str
     positions: str
+    query_scale: str | None = None
 
     @classmethod
-    def declare(cls, g: "Graph", key: str = "", positions: str | None = None) -> "Rope":
+    def declare(cls, g: "Graph", key: str = "", positions: str | None = None,
+                query_scale: str | None = None) -> "Rope":
         table = ["slots", "half"]
         positions = positions or g.input("positions", ["batch", "tokens"], TensorProto.INT64)
-        return cls(g.input(f"cos{key}", table), g.input(f"sin{key}", table), positions)
+        return cls(g.input(f"cos{key}", table), g.input(f"sin{key}", table), positions,
+                   query_scale)
+
+    @staticmethod
+    def query_scale_input(g: "Graph", b: BlockWeights) -> str | None:
+        return g.input("qscale", ["batch", "tokens", 1]) if b.query_scaled else None
 
 
 @attrs.frozen
@@ -257,7 +274,8 @@ def block(b: BlockWeights) -> onnx.ModelProto:
     g = Graph()
     h = g.input("h", ["batch", "tokens", "hidden"])
     layer = LayerInputs.declare(g, b, LayerInputs.lengths(g))
-    h, mid = _decoder_block(g, b, h, Rope.declare(g), layer)
+    h, mid = _decoder_block(g, b, h, Rope.declare(g, query_scale=Rope.query_scale_input(g, b)),
+                            layer)
     g.output(h, "h_out")
     last = g.const(np.array([-1], dtype=np.int64))
     g.output(g.op("Slice", mid, last, g.const(np.array([np.iinfo(np.int64).max], np.int64)),
@@ -274,7 +292,8 @@ def tail(blocks: list[BlockWeights], rope_keys: list[str]) -> onnx.ModelProto:
     h = g.input("h", ["batch", "tokens", "hidden"])
     positions = g.input("positions", ["batch", "tokens"], TensorProto.INT64)
     lengths = LayerInputs.lengths(g)
-    ropes = {key: Rope.declare(g, key, positions) for key in dict.fromkeys(rope_keys)}
+    qscale = Rope.query_scale_input(g, blocks[0])
+    ropes = {key: Rope.declare(g, key, positions, qscale) for key in dict.fromkeys(rope_keys)}
     for j, (b, key) in enumerate(zip(blocks, rope_keys)):
         layer = LayerInputs.declare(g, b, lengths, f"_{j}")
         h, _ = _decoder_block(g, b, h, ropes[key], layer, f"_{j}")

@@ -1,0 +1,117 @@
+"""The paper's models' special fields, each where it changes the result: Llama 3's rope scaling
+and tied embeddings, Phi-3's fused projections, partial rotary and LongRoPE switch, Ministral
+3's YaRN and query scaling. Full depth on each engine against transformers' own model; the
+conformance kit (test_conformance.py) runs these families like the others."""
+
+import attrs
+import numpy as np
+import pytest
+import torch
+
+from river_core.config import GenerationConfig
+from river_core.decode import generate_ids
+from river_core.kv import Full
+from river_core.predictor import relative_error
+from river_conformance.kit import FULL_DEPTH_RTOL
+from river_conformance.scripted import forced_logits, scripted_run
+from river_models import tiny
+
+PAPER_FAMILIES = ("llama3", "phi3", "ministral3")
+ENGINES = ("hf", "onnx")
+rng = np.random.default_rng(0)
+# longer than Phi-3's LongRoPE switch, and several of Ministral 3's query-scaling periods
+LONG_PROMPT = [1] + rng.integers(3, tiny.VOCAB, 2 * tiny.PHI3_SWITCH).tolist()
+
+
+def _backend(engine: str, family: str, checkpoint=None):
+    from river_core.plugins import default_registry
+
+    if checkpoint is None:
+        return default_registry().get("conformance backend", engine)(family, 0, 8)
+    from river_hf.backend import HFBackend
+
+    return HFBackend(checkpoint, tiny.stand_ins(checkpoint, 8), torch.float32)
+
+
+def _reference_logits(family: str, ids: list[int]) -> np.ndarray:
+    with torch.no_grad():
+        return tiny.model(family)(torch.tensor([ids])).logits[0].numpy()
+
+
+def _full_depth_logits(backend, ids: list[int]) -> np.ndarray:
+    """Logits after every position: the prompt's first token prefilled, the rest fed."""
+    return np.concatenate([l.reshape(-1, tiny.VOCAB)[-1:] for l in
+                           forced_logits(backend, ids[:1], ids[1:], Full())])
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("family", PAPER_FAMILIES)
+def test_full_depth_matches_transformers_past_every_switch(engine, family):
+    """A prompt longer than the LongRoPE switch, prefilled whole (transformers then runs every
+    position on the long table), then greedy decoding: the same tokens, logits within the
+    kit's tolerance."""
+    n = 8
+    ref = tiny.model(family).generate(torch.tensor([LONG_PROMPT]), do_sample=False,
+                                      max_new_tokens=n)[0]
+    b = _backend(engine, family)
+    ours = generate_ids(b, [LONG_PROMPT], GenerationConfig(max_new_tokens=n),
+                        scripted_run(Full(), []))
+    assert ours.tokens[0] == ref[len(LONG_PROMPT):].tolist()
+    got = forced_logits(b, LONG_PROMPT, ref[len(LONG_PROMPT):].tolist(), Full())
+    want = _reference_logits(family, ref.tolist())[len(LONG_PROMPT) - 1:]
+    for step, g in enumerate(got):
+        assert relative_error(g.reshape(-1, tiny.VOCAB)[-1], want[step]) <= FULL_DEPTH_RTOL
+
+
+def test_longrope_switches_to_the_long_table_past_the_original_context():
+    """Without its long table Phi-3 matches transformers up to the switch and not past it."""
+    checkpoint = tiny.checkpoint("phi3")
+    rotary = checkpoint.spec.rotary[""]
+    assert rotary.switch == tiny.PHI3_SWITCH and rotary.long_inv_freq != rotary.inv_freq
+    assert 2 * len(rotary.inv_freq) == 12 < checkpoint.spec.head_dim   # partial rotary, 0.75
+    short_only = attrs.evolve(checkpoint, spec=attrs.evolve(
+        checkpoint.spec, rotary={"": attrs.evolve(rotary, long_inv_freq=())}))
+    within = LONG_PROMPT[:tiny.PHI3_SWITCH]
+    b = _backend("hf", "phi3", short_only)
+    assert relative_error(forced_logits(b, within, [], Full())[0].reshape(-1),
+                          _reference_logits("phi3", within)[-1]) <= FULL_DEPTH_RTOL
+    past = LONG_PROMPT[:tiny.PHI3_SWITCH + 1]
+    assert relative_error(forced_logits(b, past, [], Full())[0].reshape(-1),
+                          _reference_logits("phi3", past)[-1]) > 100 * FULL_DEPTH_RTOL
+
+
+def test_ministral3_query_scaling_changes_the_logits_from_its_first_period():
+    """Without its query scaling Ministral 3 matches transformers for positions below the
+    scaling's period (factor 1) and departs from it from there on."""
+    checkpoint = tiny.checkpoint("ministral3")
+    assert checkpoint.spec.query_scale.period == tiny.MINISTRAL3_PERIOD
+    b = _backend("hf", "ministral3", attrs.evolve(
+        checkpoint, spec=attrs.evolve(checkpoint.spec, query_scale=None)))
+    got = _full_depth_logits(b, LONG_PROMPT[:3 * tiny.MINISTRAL3_PERIOD])
+    want = _reference_logits("ministral3", LONG_PROMPT[:3 * tiny.MINISTRAL3_PERIOD])
+    errors = [relative_error(g, w) for g, w in zip(got, want)]
+    assert max(errors[:tiny.MINISTRAL3_PERIOD]) <= FULL_DEPTH_RTOL
+    assert min(errors[tiny.MINISTRAL3_PERIOD:]) > 10 * FULL_DEPTH_RTOL
+
+
+@pytest.mark.parametrize("family", ["llama3", "phi3"])
+def test_tied_embeddings_are_read_as_one_matrix(family):
+    w = tiny.checkpoint(family).weights
+    assert w.head is w.embed
+
+
+def test_llama3_rope_scaling_stretches_the_low_frequencies():
+    """Llama 3.1's rope: the long wavelengths divided by the factor, the short ones kept."""
+    inv_freq = np.asarray(tiny.checkpoint("llama3").spec.rotary[""].inv_freq)
+    plain = 1.0 / tiny.LLAMA3_ROPE["rope_theta"] ** (np.arange(0, 16, 2) / 16)
+    assert np.isclose(inv_freq[0], plain[0])
+    assert np.isclose(inv_freq[-1], plain[-1] / tiny.LLAMA3_ROPE["factor"])
+
+
+def test_phi3_fused_projections_split_into_river_projections():
+    m, w = tiny.model("phi3"), tiny.checkpoint("phi3").weights
+    attn = m.model.layers[0].self_attn
+    fused = np.concatenate([w.layers[0].projections[n] for n in ("q", "k", "v")])
+    assert np.array_equal(fused, attn.qkv_proj.weight.detach().numpy())
+    gate_up = np.concatenate([w.layers[0].projections[n] for n in ("gate", "up")])
+    assert np.array_equal(gate_up, m.model.layers[0].mlp.gate_up_proj.weight.detach().numpy())
