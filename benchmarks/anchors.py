@@ -58,7 +58,7 @@ ANCHOR_PACKAGES = ("llama-cpp-python==0.3.36", "onnxruntime-genai==0.18.0", "tor
                    "transformers", "onnx-ir")
 GENAI_PRECISIONS = ("fp32", "int4")
 LOSSLESS = "lossless/fixed:-1/4="
-RIVER = {   # name: (config as `benchmarks lossless` names them, backbone dtype, prefill exit)
+RIVER = {   # name: (config as `river bench tasks` names them, backbone dtype, prefill exit)
     "River full depth": ("full", "float32", "none"),
     "River exit mode": ("river", "float32", "none"),
     "River exit mode, prompt exits after layer 3": ("river", "float32", "3"),

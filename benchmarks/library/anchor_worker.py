@@ -20,14 +20,14 @@ import time
 
 
 def river(config: str, dtype: str, prefill_exit: str, quantizer: str, model: str = ""):
-    """CONFIG as `river bench lossless` names them; PREFILL_EXIT "none" or a layer; QUANTIZER
+    """CONFIG as `river bench tasks` names them; PREFILL_EXIT "none" or a layer; QUANTIZER
     the stand-ins' (QuantSpec.method); MODEL a folder or GGUF ("": the embedded model). Runs
     as a module of the benchmarks' package, in the project's environment."""
     import attrs
 
     from river_core import GenerationConfig, QuantSpec, RiverModel
 
-    from ..lossless import Config
+    from .runs import Config
 
     exit_config = attrs.evolve(Config.parse(config).exit_config,
                                prefill_exit=None if prefill_exit == "none" else int(prefill_exit))
