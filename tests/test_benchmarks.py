@@ -148,14 +148,11 @@ TINY = [   # each benchmark at a tiny size, in an order that gives later ones th
      "--rounds", "1", "--draft-lengths", "2", "--questions", "1"),
     ("anchors", "--engines", "river", "--positions", "8", "16", "--tokens", "3", "--prompts",
      "1", "--rounds", "1"),
-    ("attention", "--positions", "16", "--tokens", "1", "2", "--calls", "3"),
     ("levers",),
     ("operating_point", "--prompts", "1", "--prompt-tokens", "8", "--tokens", "3"),
     ("predictor_fidelity", "--prompts", "1", "--tokens", "2"),
     ("prefill_exit", "--problems", "1", "--exits", "1"),
     ("quantizers", "--solutions", "1"),
-    ("reliability", "--backend", "hf", "--parts", "long", "memory", "--long-tokens", "16",
-     "--generations", "2"),
     ("river_kv_error", "--trials", "1", "--seeds", "1"),
     ("speed", "--backends", "hf", "onnx", "--prompts", "1", "--tokens", "3"),
     pytest.param(("vllm", "--prompts", "1", "--max-tokens", "4", "--rounds", "1", "--samples",
@@ -167,7 +164,7 @@ TINY = [   # each benchmark at a tiny size, in an order that gives later ones th
                  marks=pytest.mark.skipif(not (has_vllm and has_lm_eval),
                                           reason="needs the vllm and eval extras")),
 ]
-NO_MODEL = {"attention", "river_kv_error"}
+NO_MODEL = {"river_kv_error"}
 
 
 def test_every_benchmark_runs_in_the_suite():
