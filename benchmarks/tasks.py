@@ -187,6 +187,12 @@ def lossless_summary(rows: dict) -> dict | None:
             "vs_whole_4bit": versus("quantized")}
 
 
+def summary(rows: dict) -> dict | None:
+    """A run's summary: `paper_summary`'s figures and `lossless_summary`'s (their keys apart),
+    as the retired paper_table and lossless benchmarks wrote them; None without either."""
+    return {**(paper_summary(rows) or {}), **(lossless_summary(rows) or {})} or None
+
+
 def table(rows: dict) -> list[str]:
     def score(r, task):
         if task not in r["scores"]:
@@ -275,17 +281,15 @@ def frontier(out: Output, name: str, rows: dict, num_layers: int) -> list[str]:
 def report(out: Output, names: list[str], name: str) -> None:
     """NAME.{md,json,png}: the named runs (one per engine) on one page, with each run's
     summaries: the paper's three figures for its best River config (`paper_summary`) and its
-    fastest speculative config (`lossless_summary`)."""
+    fastest speculative config (`lossless_summary`), both under `summary`."""
     engines = out.runs_by_engine(names, "tasks")
     lines = ["# Exit and speculative modes on GSM8K and HumanEval, per engine", "",
              "Each engine in its own interleaved run (same problems, configs rotated per "
              "problem, greedy, batch 1); speed is all decode time over all decoded tokens, "
              "against that engine's float32 backbone. Stand-ins: 4-bit HQQ, groups of 64.", ""]
-    summary = {}
     for engine, run in engines.items():
-        rows = run["results"]
-        summary[engine] = {"exit": paper_summary(rows), "speculative": lossless_summary(rows)}
-        lines += [*engine_heading(engine, run), *table(rows), *summary_lines(rows), ""]
+        lines += [*engine_heading(engine, run), *table(run["results"]),
+                  *summary_lines(run["results"]), ""]
     plt, save = plot_file(out, name)
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
     for engine, run in engines.items():
@@ -300,7 +304,8 @@ def report(out: Output, names: list[str], name: str) -> None:
         ax.set_xlabel("speedup over the engine's float32 backbone")
         ax.grid(alpha=0.3)
     save(fig)
-    out.write(name, {"summary": summary, "runs": list(names)},
+    out.write(name, {"summary": {e: summary(r["results"]) for e, r in engines.items()},
+                     "runs": list(names)},
               "\n".join(lines + [f"![speed against quality]({name}.png)", ""]))
 
 
@@ -367,8 +372,7 @@ def main(argv: list[str] | None = None) -> None:
              "", f"Command: `{command}`", "", *table(rows), *summary_lines(rows), "",
              *[f"![{i}]({i})" for i in images]]
     out.write(args.name, {"machine": info, "command": command, "args": vars(args),
-                          "summary": paper_summary(rows), "lossless": lossless_summary(rows),
-                          "results": rows}, "\n".join(lines) + "\n")
+                          "summary": summary(rows), "results": rows}, "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

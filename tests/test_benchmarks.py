@@ -138,8 +138,8 @@ has_lm_eval = importlib.util.find_spec("lm_eval") is not None
 TINY = [   # each benchmark at a tiny size, in an order that gives later ones their inputs
     ("tasks", "--configs", "full", "quantized", "river/settled:0.97", "lossless/fixed:-1/3=",
      "--gsm8k-limit", "1", "--humaneval-limit", "1", "--shots", "1", "--max-tokens", "4",
-     "--name", "paper-table-hf"),
-    ("tasks", "--report", "paper-table-hf", "--name", "paper-table"),
+     "--name", "tasks-hf"),
+    ("tasks", "--report", "tasks-hf", "--name", "lossless"),   # scaling reads its summary
     ("calibration", "--backend", "hf", "--prompts", "2", "--tokens", "2", "--gsm8k-limit", "1",
      "--max-tokens", "3", "--layer-prompts", "1", "--targets", "agreement=0.9"),
     ("oracle", "--backend", "hf", "--gsm8k-limit", "1", "--policies", "settled:0.97"),
