@@ -8,12 +8,12 @@ a weight with group-64 scales and zeros), the head in bf16, K/V in bf16. Exit pr
 exit histograms measured on the default model by `river bench oracle` (oracle.json in the
 same results folder), mapped to other depths by the fraction of layers run (an assumption: no
 larger model ran here); the lossless row prices a measured speculative round (lossless.json
-there). Batch: B sequences decoding together, each token's exit drawn
-independently from the profile; a backbone layer's weights are read once a step if any row
-runs it, a stand-in's if any row left before it; every row reads its own K/V in every layer
-(the river attends at every layer). --measure also times decode steps of the model at
-batch 1, 2, 4 and 8 on this CPU (hf engine, full depth and the paper's rule; the first GSM8K
-train questions, one a row).
+there, from `river bench tasks --report`). Batch: B sequences decoding together, each
+token's exit drawn independently from the profile; a backbone layer's weights are read once a
+step if any row runs it, a stand-in's if any row left before it; every row reads its own K/V
+in every layer (the river attends at every layer). --measure also times decode steps of the
+model at batch 1, 2, 4 and 8 on this CPU (hf engine, full depth and the paper's rule; the
+first GSM8K train questions, one a row).
 """
 
 from __future__ import annotations
@@ -98,7 +98,8 @@ def per_token(shape: Shape, deep: np.ndarray, batch: int, positions: int) -> flo
 def profiles(out: Output) -> dict:
     """The exit profiles of the oracle and lossless results in the same results folder."""
     oracle = out.read("oracle", "oracle")["rows"]
-    lossless = next(iter(out.read("lossless", "lossless")["summary"].values()))
+    lossless = next(iter(out.read("lossless", "tasks --report RUN... --name lossless")
+                         ["summary"].values()))
     n = len(oracle["oracle"]["histogram"]) - 1
     full = np.zeros(n + 1)
     full[-1] = 1

@@ -55,19 +55,26 @@ def test_humaneval_sandbox_contains_runaway_programs(source, reason, monkeypatch
     assert not passed and reason in why
 
 
-def test_task_configs_name_a_strategy_policy_value_and_precision():
+def test_task_configs_name_exit_and_speculative_modes():
     from river_bench.library.runs import Config
     from river_core import ConfigError, ExitConfig
 
     river = Config.parse("river:0.2@int8")
-    assert (river.kv, river.policy, river.value, river.bits, river.model_key("onnx")) == \
-        ("river", "similarity", 0.2, 8, ("onnx", 8))
-    assert Config.parse("river/settled:0.95").exit_config() == \
+    assert (river.exit_config, river.bits, river.model_key("onnx")) == \
+        (ExitConfig(kv="river", policy="similarity", options={"threshold": 0.2}), 8, ("onnx", 8))
+    assert Config.parse("river").exit_config == ExitConfig()   # the paper's rule
+    assert Config.parse("river/settled:0.95").exit_config == \
         ExitConfig(kv="river", policy="settled", options={"tau": 0.95})
-    assert Config.parse("mask/fixed:3").exit_config().options == {"layer": 3}
+    assert Config.parse("mask/fixed:3").exit_config.options == {"layer": 3}
     assert Config.parse("llamacpp").model_key("hf") == ("llamacpp", 4)
-    assert Config.parse("quantized@int8").exit_config().options == {"layer": -1}
-    for bad in ("river", "full:0.2", "river:0.2@int2", "river/teleport:1"):
+    assert Config.parse("quantized@int8").exit_config.options == {"layer": -1}
+    exact, adaptive = Config.parse("lossless/fixed:-1/4="), Config.parse("lossless/settled:0.97/6")
+    assert exact.speculative and not Config.parse("river").speculative
+    assert exact.exit_config == ExitConfig(mode="speculative", policy="fixed",
+                                           options={"layer": -1}, draft_tokens=4)
+    assert (adaptive.exit_config.draft_tokens, adaptive.exit_config.adaptive) == (6, True)
+    for bad in ("full:0.2", "river:0.2@int2", "river/teleport:1", "lossless/fixed:-1",
+                "lossless/teleport:1/4", "lossless/fixed:-1/x"):
         with pytest.raises(ConfigError):
             Config.parse(bad)
 
@@ -129,15 +136,12 @@ def bench(tmp_path_factory):
 has_vllm = importlib.util.find_spec("vllm") is not None
 has_lm_eval = importlib.util.find_spec("lm_eval") is not None
 TINY = [   # each benchmark at a tiny size, in an order that gives later ones their inputs
-    ("tasks", "--configs", "full", "quantized", "river/settled:0.97", "--gsm8k-limit", "1",
-     "--humaneval-limit", "1", "--shots", "1", "--max-tokens", "4", "--name", "paper-table-hf"),
-    ("paper_table", "--runs", "paper-table-hf"),
+    ("tasks", "--configs", "full", "quantized", "river/settled:0.97", "lossless/fixed:-1/3=",
+     "--gsm8k-limit", "1", "--humaneval-limit", "1", "--shots", "1", "--max-tokens", "4",
+     "--name", "tasks-hf"),
+    ("tasks", "--report", "tasks-hf", "--name", "lossless"),   # scaling reads its summary
     ("calibration", "--backend", "hf", "--prompts", "2", "--tokens", "2", "--gsm8k-limit", "1",
      "--max-tokens", "3", "--layer-prompts", "1", "--targets", "agreement=0.9"),
-    ("lossless", "--backend", "hf", "--configs", "full", "quantized", "lossless/fixed:-1/3=",
-     "--gsm8k-limit", "1", "--humaneval-limit", "1", "--max-tokens", "4", "--name",
-     "lossless-hf"),
-    ("lossless", "--report", "lossless-hf"),
     ("oracle", "--backend", "hf", "--gsm8k-limit", "1", "--policies", "settled:0.97"),
     ("scaling", "--measure", "--batches", "1", "2"),
     ("grid", "--engines", "hf", "onnx", "transformers", "--shapes", "default", "tiny",
@@ -148,13 +152,10 @@ TINY = [   # each benchmark at a tiny size, in an order that gives later ones th
      "--concurrency", "1"),
     ("first_contact", "--engines", "hf", "onnx", "--short", "1", "--long", "0",
      "--short-tokens", "3", "--llamacpp", "none"),
-    ("attention", "--positions", "16", "--tokens", "1", "2", "--calls", "3"),
     ("levers",),
     ("predictor_fidelity", "--prompts", "1", "--tokens", "2"),
     ("prefill_exit", "--problems", "1", "--exits", "1"),
     ("quantizers", "--solutions", "1"),
-    ("reliability", "--backend", "hf", "--parts", "long", "memory", "--long-tokens", "16",
-     "--generations", "2"),
     ("river_kv_error", "--trials", "1", "--seeds", "1"),
     ("walk", "--engines", "hf", "--tokens", "2", "--rounds", "1"),
     pytest.param(("vllm", "--prompts", "1", "--max-tokens", "4", "--rounds", "1", "--samples",
@@ -166,7 +167,7 @@ TINY = [   # each benchmark at a tiny size, in an order that gives later ones th
                  marks=pytest.mark.skipif(not (has_vllm and has_lm_eval),
                                           reason="needs the vllm and eval extras")),
 ]
-NO_MODEL = {"attention", "river_kv_error", "paper_table"}
+NO_MODEL = {"river_kv_error"}
 
 
 def test_every_benchmark_runs_in_the_suite():

@@ -18,47 +18,71 @@ MAIN_OPTION = {"similarity": "threshold", "settled": "tau", "fixed": "layer", "c
 
 @attrs.frozen
 class Config:
-    """`KV[/POLICY]:VALUE[@int8|@int4]`: a KV strategy, its exit policy (similarity by default)
-    at the value of the policy's main option (MAIN_OPTION), stand-ins at 4 bits (HQQ) unless
-    @int8; `full`; `quantized[@BITS]` (every layer a stand-in); `llamacpp`."""
+    """A configuration the task benchmark compares, by its label:
+
+    - `full`: the backbone at full depth (every ratio is taken against it);
+    - `quantized[@int8|@int4]`: every layer a stand-in (the river from before layer 0);
+    - `llamacpp`: full depth through llama-cpp-python on the same GGUF (the anchor);
+    - `KV[@int8|@int4]`: exit mode with a KV strategy (river, propagate, mask, monotonic,
+      recompute) under River's default exit policy and options (`river`: the paper's rule);
+    - `KV[/POLICY]:VALUE[@int8|@int4]`: the same under an exit policy (similarity unless named)
+      at VALUE of its main option (MAIN_OPTION);
+    - `lossless/POLICY:VALUE/G[=]`: speculative mode, the river drafting under that policy, at
+      most G tokens per verification, adaptive (a trailing `=`: exactly G every round).
+
+    Stand-ins are 4-bit HQQ unless @int8."""
 
     label: str
-    kv: str
-    policy: str | None
-    value: float | None
-    bits: int
+    exit_config: ExitConfig
+    bits: int = 4
     backend: str | None = None   # None: the run's --backend
 
     @classmethod
     def parse(cls, text: str) -> "Config":
         if text == "llamacpp":
-            return cls(text, "full", None, None, 4, "llamacpp")
+            return cls(text, ExitConfig(kv="full"), backend="llamacpp")
+        if text.startswith("lossless/"):
+            return cls(text, _speculative(text))
         body, _, bits = text.partition("@")
-        head, _, value = body.partition(":")
-        kv, _, policy = head.partition("/")
         if bits not in ("", "int8", "int4"):
             raise ConfigError(f"{text}: stand-in precision is @int8 or @int4")
+        head, _, value = body.partition(":")
+        kv, _, policy = head.partition("/")
         if kv in ("full", "quantized") and (value or policy):
             raise ConfigError(f"{text}: {kv} takes no policy or value")
-        if kv not in ("full", "quantized"):
-            policy = policy or "similarity"
-            if policy not in MAIN_OPTION or not value:
-                raise ConfigError(f"{text}: give a policy ({', '.join(MAIN_OPTION)}) and its "
-                                  f"value, e.g. {kv}/settled:0.95")
-        return cls(text, kv, policy or None, float(value) if value else None,
-                   int(bits[3:] or 4))
+        if policy and policy not in MAIN_OPTION:
+            raise ConfigError(f"{text}: the policy is one of {', '.join(MAIN_OPTION)}")
+        if kv == "full":
+            config = ExitConfig(kv="full")
+        elif kv == "quantized":
+            config = ExitConfig(kv="river", policy="fixed", options={"layer": -1})
+        else:
+            config = ExitConfig(kv=kv, **_policy(policy or "similarity", value)) if value \
+                else ExitConfig(kv=kv, **({"policy": policy} if policy else {}))
+        return cls(text, config, int(bits[3:] or 4))
+
+    @property
+    def speculative(self) -> bool:
+        return self.exit_config.mode == "speculative"
 
     def model_key(self, backend: str) -> tuple[str, int]:
         return self.backend or backend, self.bits
 
-    def exit_config(self) -> ExitConfig:
-        if self.kv == "full":
-            return ExitConfig(kv="full")
-        if self.kv == "quantized":
-            return ExitConfig(kv="river", policy="fixed", options={"layer": -1})
-        value = int(self.value) if self.policy == "fixed" else self.value
-        return ExitConfig(kv=self.kv, policy=self.policy,
-                          options={MAIN_OPTION[self.policy]: value})
+
+def _policy(policy: str, value: str) -> dict:
+    """ExitConfig's policy and its main option at `value`."""
+    number = int(value) if policy == "fixed" else float(value)
+    return {"policy": policy, "options": {MAIN_OPTION[policy]: number}}
+
+
+def _speculative(text: str) -> ExitConfig:
+    _, policy_value, length = (text.split("/") + [""])[:3]
+    policy, _, value = policy_value.partition(":")
+    if policy not in MAIN_OPTION or not value or not length.rstrip("=").isdigit():
+        raise ConfigError(f"{text}: a speculative config is lossless/POLICY:VALUE/G[=], e.g. "
+                          f"lossless/fixed:-1/6")
+    return ExitConfig(mode="speculative", **_policy(policy, value),
+                      draft_tokens=int(length.rstrip("=")), adaptive=not length.endswith("="))
 
 
 class Run:
