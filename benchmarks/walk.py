@@ -21,8 +21,10 @@ from pathlib import Path
 
 
 PACKAGES = ("river_core", "river_models", "river_hf", "river_onnx", "river_policies")
-MODES = {"exit": {}, "lossless": {"mode": "speculative", "policy": "fixed",
-                                  "options": {"layer": -1}}}
+# spelled out, so that runs of code with other defaults compare the same settings
+MODES = {"exit": {"policy": "settled"},
+         "lossless": {"mode": "speculative", "policy": "fixed", "options": {"layer": -1},
+                      "draft_tokens": 2, "adaptive": False}}
 SPEED_CONFIGS = {"full depth": {"kv": "full"}, "exit": {}, **{"lossless": MODES["lossless"]}}
 
 

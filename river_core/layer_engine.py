@@ -218,3 +218,32 @@ class LayerEngine(StandInDefaults, abc.ABC):
     def read_kv(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         n = self.cache.offset
         return self.host(self.cache.k[i, :, :, :n]), self.host(self.cache.v[i, :, :, :n])
+
+
+class NumpyArrays:
+    """`LayerEngine`'s array members for an engine whose states are numpy arrays on the host
+    (ONNX Runtime's, the example backend's)."""
+
+    def make_index(self, rows: Sequence[int]) -> np.ndarray:
+        return np.asarray(rows)
+
+    def scatter(self, h, idx, rows_out):
+        full = h.copy()
+        full[idx] = rows_out
+        return full
+
+    def concat(self, arrays, axis: int):
+        return np.concatenate(arrays, axis=axis)
+
+    def cosines(self, pairs) -> np.ndarray:
+        return np.stack([cosine(a, b) for a, b in pairs], -1)
+
+    def host(self, array) -> np.ndarray:
+        return np.asarray(array)
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Cosine along the last axis, in float64."""
+    a, b = a.astype(np.float64), b.astype(np.float64)
+    num = (a * b).sum(-1)
+    return num / np.maximum(np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1), 1e-30)

@@ -22,7 +22,7 @@ import numpy as np
 from river_core.backend import Capabilities, Step
 from river_core.errors import CapabilityError
 from river_core.footprint import Footprint
-from river_core.layer_engine import LayerEngine
+from river_core.layer_engine import LayerEngine, NumpyArrays
 from river_core.layout import Layout
 from river_core.hookspecs import hookimpl
 from river_models import Checkpoint, StandIns, tiny
@@ -36,12 +36,7 @@ def silu(x):
     return x / (1 + np.exp(-x))
 
 
-def cosine(a, b):
-    return (a * b).sum(-1) / np.maximum(np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1),
-                                         1e-30)
-
-
-class NumpyBackend(LayerEngine):
+class NumpyBackend(NumpyArrays, LayerEngine):
     name = "example"
 
     def __init__(self, checkpoint: Checkpoint, quantized: StandIns) -> None:
@@ -83,26 +78,9 @@ class NumpyBackend(LayerEngine):
             mids.append(mid)
         return out
 
-    def make_index(self, rows):
-        return np.asarray(rows)
-
-    def scatter(self, h, idx, rows_out):
-        full = h.copy()
-        full[idx] = rows_out
-        return full
-
-    def concat(self, arrays, axis: int):
-        return np.concatenate(arrays, axis=axis)
-
-    def cosines(self, pairs) -> np.ndarray:
-        return np.stack([cosine(a, b) for a, b in pairs], -1)
-
     def head(self, x, stand_in: bool = False) -> np.ndarray:
         weight = self.stand_in_head if stand_in else self.w.head
         return rms_norm(x, self.w.final_norm, self.spec.norm_eps) @ weight.T
-
-    def host(self, array) -> np.ndarray:
-        return np.array(array)
 
     # -- the layer --------------------------------------------------------------------------
 

@@ -158,6 +158,7 @@ TINY = [   # each benchmark at a tiny size, in an order that gives later ones th
     ("quantizers", "--solutions", "1"),
     ("river_kv_error", "--trials", "1", "--seeds", "1"),
     ("walk", "--engines", "hf", "--tokens", "2", "--rounds", "1"),
+    ("paper_models",),
     pytest.param(("vllm", "--prompts", "1", "--max-tokens", "4", "--rounds", "1", "--samples",
                   "4", "--sampled-tokens", "4", "--backends", "hf", "--configs", "vllm plain",
                   "River lossless mode in vllm"),
@@ -167,7 +168,7 @@ TINY = [   # each benchmark at a tiny size, in an order that gives later ones th
                  marks=pytest.mark.skipif(not (has_vllm and has_lm_eval),
                                           reason="needs the vllm and eval extras")),
 ]
-NO_MODEL = {"river_kv_error"}
+NO_MODEL = {"river_kv_error", "paper_models"}
 
 
 def test_every_benchmark_runs_in_the_suite():

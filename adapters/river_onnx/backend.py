@@ -17,7 +17,7 @@ import onnxruntime as ort
 from river_core.backend import Step
 from river_core.errors import CapabilityError
 from river_core.footprint import Footprint
-from river_core.layer_engine import LayerEngine
+from river_core.layer_engine import LayerEngine, NumpyArrays
 from river_core.layout import Layout
 
 from .export import Manifest, weight_bytes
@@ -123,7 +123,7 @@ class _Step:
         return self._biases[key]
 
 
-class OnnxBackend(LayerEngine):
+class OnnxBackend(NumpyArrays, LayerEngine):
     """Runs exported per-layer graphs with ONNX Runtime: float32 activations, backbone weights
     float32 or int8 (the export's dtype)."""
 
@@ -170,27 +170,10 @@ class OnnxBackend(LayerEngine):
             mids.append(mid)
         return out
 
-    def make_index(self, rows) -> np.ndarray:
-        return np.asarray(rows)
-
-    def scatter(self, h, idx, rows_out):
-        full = h.copy()
-        full[idx] = rows_out
-        return full
-
-    def concat(self, arrays, axis: int):
-        return np.concatenate(arrays, axis=axis)
-
-    def cosines(self, pairs) -> np.ndarray:
-        return np.stack([_cosine(a, b) for a, b in pairs], -1)
-
     def head(self, x, stand_in: bool = False) -> np.ndarray:
         sess = self._stand_in_head if stand_in else self._head
         out = sess.run(None, {"h": np.ascontiguousarray(x.reshape(1, -1, x.shape[-1]))})[0]
         return out.reshape(*x.shape[:-1], out.shape[-1])
-
-    def host(self, array) -> np.ndarray:
-        return np.array(array)
 
     # -- what the ONNX engine does beyond the base ------------------------------------------
 
@@ -285,9 +268,3 @@ def _write_back(cache: np.ndarray, array: np.ndarray, idx, step: _Step) -> None:
         cache[rows] = array
     else:   # a windowed step wrote its one token in the copy's last slot
         cache[rows, :, step.end - 1] = array[:, :, -1]
-
-
-def _cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    a, b = a.astype(np.float64), b.astype(np.float64)
-    num = (a * b).sum(-1)
-    return num / np.maximum(np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1), 1e-30)

@@ -18,7 +18,8 @@ from river_core import QuantSpec, RiverModel
 
 @attrs.frozen
 class Shape:
-    """A Llama-family decoder's dimensions."""
+    """A Llama-family decoder's dimensions (as its config.json gives them), and the bytes
+    they make."""
 
     layers: int
     hidden: int
@@ -28,13 +29,40 @@ class Shape:
     head_dim: int
     vocab: int
     tied: bool
+    hub: str = ""   # the model it stands for
+
+    def projection_params(self) -> int:
+        attn = self.hidden * self.head_dim * (2 * self.heads + 2 * self.kv_heads)
+        return self.layers * (attn + 3 * self.hidden * self.intermediate)
+
+    def params(self) -> int:
+        norms = (2 * self.layers + 1) * self.hidden
+        embed = self.vocab * self.hidden * (1 if self.tied else 2)
+        return self.projection_params() + norms + embed
+
+    def stand_in_bytes(self, bits: int = 4, group: int = 64) -> int:
+        """Every layer's seven projections at `bits` with a bfloat16 scale and zero point a
+        group, and the LM head's 8-bit stand-in (a bfloat16 scale a row)."""
+        layers = self.projection_params() * (bits / 8 + 2 * 2 / group)
+        head = self.vocab * self.hidden + 2 * self.vocab
+        return int(layers + head)
+
+    def cache_bytes_per_position(self, element: int) -> int:
+        return 2 * self.layers * self.kv_heads * self.head_dim * element
 
 
+# the paper's models, from each one's config.json on the Hugging Face hub (transcribed:
+# nothing is downloaded; Ministral 3: its text_config)
 SHAPES = {
     "tiny": Shape(4, 64, 128, 4, 2, 16, 256, True),   # the suite's
-    "llama-1b": Shape(16, 2048, 8192, 32, 8, 64, 128256, True),      # Llama-3.2-1B
-    "llama-8b": Shape(32, 4096, 14336, 32, 8, 128, 128256, False),   # Llama-3.1-8B
+    "llama-1b": Shape(16, 2048, 8192, 32, 8, 64, 128256, True, "meta-llama/Llama-3.2-1B"),
+    "llama-8b": Shape(32, 4096, 14336, 32, 8, 128, 128256, False, "meta-llama/Llama-3.1-8B"),
+    "phi-4-mini": Shape(32, 3072, 8192, 24, 8, 128, 200064, True,
+                        "microsoft/Phi-4-mini-instruct"),
+    "ministral-3-8b": Shape(34, 4096, 14336, 32, 8, 128, 131072, False,
+                            "mistralai/Ministral-3-8B-Instruct-2512"),
 }
+PAPER = ("llama-1b", "llama-8b", "phi-4-mini", "ministral-3-8b")
 REAL = "default"   # the embedded model, or --model
 
 
