@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -114,6 +115,14 @@ def report_stats(stats: DecodeResult) -> str:
     return "\n".join(lines)
 
 
+def report_times(load_s: float, generate_s: float) -> str:
+    """Wall-clock of the call's parts: the model's load with its warm-up (an engine builds
+    there whatever a decode could need, so none of it lands inside the decode's timing), and
+    the generation (prefill, decode, the text)."""
+    return (f"wall-clock: load and warm-up {load_s:.2f} s, generate {generate_s:.2f} s, "
+            f"total {load_s + generate_s:.2f} s")
+
+
 def _exit_config(args, profile: Profile | None = None) -> ExitConfig:
     """The command's exit settings; a profile named on the command line fills in its policy
     (unless one is given) and its calibrated options (unless given)."""
@@ -157,7 +166,9 @@ def _generate(args) -> None:
     if not check_text(args.prompt).strip():
         raise RiverError("empty prompt")
     saved = not profile and not args.no_profile and exit_config.mode == "exit"
+    started = time.perf_counter()
     model, plan, found = _load(args, exit_config, gen.max_new_tokens, find_profile=saved)
+    loaded = time.perf_counter()
     backend = model.backend
     if profile:
         profile.check(backend, args.profile)
@@ -176,8 +187,10 @@ def _generate(args) -> None:
             "; an instruct model expects its chat template, which --no-chat leaves out"
             if args.no_chat else ""), file=sys.stderr)
     stopped = "\ninterrupted: what came before Ctrl-C" if stats.interrupted else ""
+    done = time.perf_counter()
     print(f"{stopped}\nbackend {backend.name} on {', '.join(backend.runs_on)}\n"
-          f"{report_stats(stats)}", file=sys.stderr)
+          f"{report_stats(stats)}\n{report_times(loaded - started, done - loaded)}",
+          file=sys.stderr)
     if stats.interrupted:
         raise KeyboardInterrupt
 
