@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -133,6 +134,14 @@ def stats_record(text: str, stats: DecodeResult) -> dict:
     return record
 
 
+def report_times(load_s: float, generate_s: float) -> str:
+    """Wall-clock of the call's parts: the model's load with its warm-up (an engine builds
+    there whatever a decode could need, so none of it lands inside the decode's timing), and
+    the generation (prefill, decode, the text)."""
+    return (f"wall-clock: load and warm-up {load_s:.2f} s, generate {generate_s:.2f} s, "
+            f"total {load_s + generate_s:.2f} s")
+
+
 def _exit_config(args, profile: Profile | None = None) -> ExitConfig:
     """The command's exit settings; a profile named on the command line fills in its policy
     (unless one is given) and its calibrated options (unless given)."""
@@ -177,7 +186,9 @@ def _generate(args) -> None:
     if not check_text(args.prompt).strip():
         raise RiverError("empty prompt")
     saved = not profile and not args.no_profile and exit_config.mode == "exit"
+    started = time.perf_counter()
     model, plan, found = _load(args, exit_config, gen.max_new_tokens, find_profile=saved)
+    loaded = time.perf_counter()
     backend = model.backend
     if profile:
         profile.check(backend, args.profile)
@@ -191,15 +202,18 @@ def _generate(args) -> None:
     else:
         out = model.generate(args.prompt, chat=not args.no_chat, exit_config=plan,
                              generation_config=gen)
-        print(json.dumps(stats_record(out.text, out.stats)) if args.json else out.text)
+        wall = {"load_s": loaded - started, "generate_s": time.perf_counter() - loaded}
+        print(json.dumps(stats_record(out.text, out.stats) | wall) if args.json else out.text)
         stats = out.stats
     if not model.text(stats.tokens[0], gen.stop).strip() and not stats.interrupted:
         print("river: the answer is empty: the model ended it at once" + (
             "; an instruct model expects its chat template, which --no-chat leaves out"
             if args.no_chat else ""), file=sys.stderr)
     stopped = "\ninterrupted: what came before Ctrl-C" if stats.interrupted else ""
+    done = time.perf_counter()
     print(f"{stopped}\nbackend {backend.name} on {', '.join(backend.runs_on)}\n"
-          f"{report_stats(stats)}", file=sys.stderr)
+          f"{report_stats(stats)}\n{report_times(loaded - started, done - loaded)}",
+          file=sys.stderr)
     if stats.interrupted:
         raise KeyboardInterrupt
 

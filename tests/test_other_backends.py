@@ -66,6 +66,34 @@ def test_onnx_int8_backbone_stays_close_and_lossless_mode_keeps_its_output(tmp_p
     assert int8.generate_ids(prompt, lossless, gen).tokens == full
 
 
+def test_onnx_creates_no_session_inside_a_decode(folder, cache, monkeypatch):
+    """Every session a plan can need (backbone layers, stand-ins, K/V projections, the tails,
+    every verification width and draft window) is built with the model: from the end of the
+    load to the end of generate, whatever the mode, no session is created (issue 36)."""
+    import onnxruntime as ort
+
+    from river_core import ExitConfig, GenerationConfig
+    from river_core.model import RiverModel
+
+    model = RiverModel.from_pretrained(folder, backend="onnx")
+    made, session = [], ort.InferenceSession
+    monkeypatch.setattr(ort, "InferenceSession",
+                        lambda path, *rest, **named: made.append(path) or session(path, *rest,
+                                                                                  **named))
+    prompt = [[1, 5, 9, 4, 7, 8, 3, 6, 2, 9, 11]]
+    speculative = dict(mode="speculative", draft_tokens=4, adaptive=True)
+    for config in [ExitConfig(kv="full"), ExitConfig(options={"min_layer": 1}),
+                   ExitConfig(kv="propagate", policy="fixed", options={"layer": 0}),
+                   ExitConfig(kv="recompute", policy="fixed", options={"layer": 1}),
+                   ExitConfig(**speculative),
+                   ExitConfig(**speculative, policy="fixed", options={"layer": -1}),
+                   ExitConfig(**speculative, policy="fixed", options={"layer": 0},
+                              draft_window=2)]:
+        rows = prompt * 2 if config.kv in ("full", "river") and config.mode == "exit" else prompt
+        model.generate_ids(rows, config, GenerationConfig(max_new_tokens=12))
+    assert made == []
+
+
 @pytest.mark.parametrize("args, message", [
     (["--dtype", "bfloat16"], "the onnx backend runs float32 or int8 backbones"),
     (["--device", "cuda"], "CUDAExecutionProvider"),

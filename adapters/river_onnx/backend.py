@@ -9,6 +9,8 @@ K/V where they stay and reads only the slots written so far.
 from __future__ import annotations
 
 import functools
+import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -63,25 +65,15 @@ def sessions_for(device: str):
     return make
 
 
-class _Sessions:
-    """A model's sessions of one kind (`pattern` formatted with the key), each made on first
-    use: what a run never reaches (backbone layers past every exit, exit rivers it never
-    starts) takes no memory, and loading a model is immediate."""
-
-    def __init__(self, make, folder: Path, pattern: str, keys) -> None:
-        self._make, self._made = make, {}
-        self._paths = {key: folder / pattern.format(key) for key in keys}
-        missing = [p.name for p in self._paths.values() if not p.is_file()]
-        if missing:
-            raise FileNotFoundError(f"{folder} lacks {', '.join(missing)}: a damaged export")
-
-    def __contains__(self, key) -> bool:
-        return key in self._paths
-
-    def __getitem__(self, key) -> ort.InferenceSession:
-        if key not in self._made:
-            self._made[key] = self._make(self._paths[key])
-        return self._made[key]
+def _built(make, folder: Path, names: list[str]) -> dict[str, ort.InferenceSession]:
+    """Every session in `names` (graph files of `folder`), built now, several at a time:
+    a session made on first use would be made inside a timed decode (issue 36)."""
+    paths = [folder / f"{name}.onnx" for name in names]
+    missing = [p.name for p in paths if not p.is_file()]
+    if missing:
+        raise FileNotFoundError(f"{folder} lacks {', '.join(missing)}: a damaged export")
+    with ThreadPoolExecutor(os.cpu_count()) as pool:
+        return dict(zip(names, pool.map(make, paths)))
 
 
 class _Step:
@@ -133,14 +125,14 @@ class OnnxBackend(NumpyArrays, LayerEngine):
         make = sessions_for(device)
         self.spec = spec = manifest.spec
         self._folder = folder
-        self._embed = make(folder / "embed.onnx")
-        self._head = make(folder / "head.onnx")
-        self._stand_in_head = make(folder / "stand_in_head.onnx")
         layers = range(spec.num_layers)
-        self._layers = _Sessions(make, folder, "layer_{}.onnx", layers)
-        self._stand_ins = _Sessions(make, folder, "stand_in_{}.onnx", layers)
-        self._kv_proj = _Sessions(make, folder, "kv_{}.onnx", layers)
-        self._tails = _Sessions(make, folder, "tail_{}.onnx", manifest.tails)
+        kinds = {"layer": layers, "stand_in": layers, "kv": layers, "tail": manifest.tails}
+        built = _built(make, folder, ["embed", "head", "stand_in_head"] + [
+            f"{kind}_{key}" for kind, keys in kinds.items() for key in keys])
+        self._embed, self._head, self._stand_in_head = (
+            built[name] for name in ("embed", "head", "stand_in_head"))
+        self._layers, self._stand_ins, self._kv_proj, self._tails = (
+            {key: built[f"{kind}_{key}"] for key in keys} for kind, keys in kinds.items())
         self.runs_on = tuple(self._head.get_providers())
         self.num_layers, self.max_positions = spec.num_layers, spec.max_positions
         self.stand_in_error = list(manifest.stand_in_error)

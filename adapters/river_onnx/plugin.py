@@ -49,7 +49,7 @@ def tiny_backend(family: str, seed: int, bits: int):
     folder = Path(tempfile.mkdtemp(prefix=f"river-onnx-{family}-"))
     manifest = export_model(checkpoint, tiny.stand_ins(checkpoint, bits), folder)
     backend = OnnxBackend(folder, manifest, checkpoint.tokenizer)
-    # sessions are made on first use, so the export lives as long as its backend
+    # its footprint reads the graphs' files: the export lives as long as its backend
     weakref.finalize(backend, shutil.rmtree, folder, ignore_errors=True)
     return backend
 
