@@ -128,7 +128,7 @@ def llamacpp_tools(given: str | None, model: str | None, threads: int) -> LlamaC
     from river_models import default_gguf
     from river_models.cache import cache_root
 
-    from .anchors import write_gguf
+    from .library.anchors import write_gguf
 
     q4 = default_gguf() if model is None else Path(model)
     if q4.suffix != ".gguf":
