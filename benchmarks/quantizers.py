@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> None:
         for p in problems:
             prompt = tok.encode("Question: " + p["question"] + "\nAnswer:")
             answer = tok.encode(" " + p["answer"])
-            total.append(model.teacher_force(prompt, answer, config).nll(answer))
+            total.append(model.teacher_force([prompt], [answer], config)[0].nll(answer))
         return float(np.mean(total))
 
     rows, full = [], None

@@ -133,7 +133,8 @@ class ExitConfig:
     adaptive: bool = True
     """Speculative mode: let the draft length follow the drafts' runs (one more after a round
     kept whole, one less after a rejection) and take plain steps where drafting does not pay.
-    On by default (docs/benchmarks.md, "The speculative defaults")."""
+    On by default (docs/benchmarks.md, "The speculative defaults"). Because it follows measured
+    time, a seeded sampled generation repeats only with it off."""
     step_aside_above: int | None = None
     """Rows decoding in one step above which River steps aside: exit mode runs that step at
     full depth, speculative mode drafts nothing for it (None: never). Where per-token exits

@@ -71,7 +71,8 @@ def test_task_configs_name_exit_and_speculative_modes():
     exact, adaptive = Config.parse("lossless/fixed:-1/4="), Config.parse("lossless/settled:0.97/6")
     assert exact.speculative and not Config.parse("river").speculative
     assert exact.exit_config == ExitConfig(mode="speculative", policy="fixed",
-                                           options={"layer": -1}, draft_tokens=4)
+                                           options={"layer": -1}, draft_tokens=4,
+                                           adaptive=False)
     assert (adaptive.exit_config.draft_tokens, adaptive.exit_config.adaptive) == (6, True)
     for bad in ("full:0.2", "river:0.2@int2", "river/teleport:1", "lossless/fixed:-1",
                 "lossless/teleport:1/4", "lossless/fixed:-1/x"):

@@ -154,9 +154,9 @@ def test_a_long_generation_stays_finite_within_the_bound_without_drift(embedded)
                    for p in gsm8k.load(str(GSM8K_TRAIN), limit=60))
     ids = b.tokenizer.encode(text)
     prompt, continuation = ids[:64], ids[64:64 + LONG_TOKENS]
-    river = embedded.teacher_force(prompt, continuation, ExitConfig())
+    [river] = embedded.teacher_force([prompt], [continuation], ExitConfig())
     got = [b.read_kv(i) for i in range(n)]
-    embedded.teacher_force(prompt, continuation, ExitConfig(kv="full"))
+    embedded.teacher_force([prompt], [continuation], ExitConfig(kv="full"))
     quarters = np.array_split(np.arange(len(prompt), len(prompt) + len(continuation)), 4)
     errors = [[max(relative_error(g[:, :, q], w[:, :, q]) for g, w in zip(got[i], b.read_kv(i)))
                for q in quarters] for i in range(n)]

@@ -436,8 +436,11 @@ def test_the_repairs_follow_vllms_contract_and_apply_only_where_a_fault_shows():
 def lossless_client(folder, tmp_path_factory):
     """River's lossless mode served: drafts leaving after layer 1, vLLM verifying."""
     log = tmp_path_factory.mktemp("serve-lossless") / "serve.log"
-    with _serve(folder, LOSSLESS_PORT, ["--mode", "speculative", "-o", "tau=-1", "-o",
-                                        "min_layer=1", "--step-aside-above", "64"], log):
+    # a fixed draft length: the adaptive one follows timing, and with it how many random draws
+    # a seeded request's verification takes, so seeded samples would not repeat
+    with _serve(folder, LOSSLESS_PORT, ["--mode", "speculative", "--policy", "settled", "-o",
+                                        "tau=-1", "-o", "min_layer=1", "--no-adaptive-draft",
+                                        "--step-aside-above", "64"], log):
         yield _client(LOSSLESS_PORT)
 
 
