@@ -14,7 +14,7 @@ from pathlib import Path
 from river_core.backend import ModelShape
 from river_core.errors import ModelError
 
-from . import families
+from . import families, gguf_rope
 from .cache import cache_root, cached, content_key
 from .gguf_header import check_gguf, read_header
 from .spec import Checkpoint
@@ -55,12 +55,19 @@ def _quiet_transformers(progress: bool):
 
 
 def _convert(gguf: Path, folder: Path) -> None:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     try:
         tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        rope = gguf_rope.rope_tensors(gguf)
     except Exception as e:   # gguf raises assorted errors on damaged files
+        raise ModelError(f"cannot read GGUF {gguf}: {e}") from None
+    gguf_rope.complete(config, read_header(gguf).metadata, rope)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
+                                                     config=config)
+    except Exception as e:
         raise ModelError(f"cannot read GGUF {gguf}: {e}") from None
     del model.config.quantization_config   # weights are already dequantized floats
     model.hf_quantizer = None

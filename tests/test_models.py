@@ -115,3 +115,33 @@ def test_phi3_fused_projections_split_into_river_projections():
     assert np.array_equal(fused, attn.qkv_proj.weight.detach().numpy())
     gate_up = np.concatenate([w.layers[0].projections[n] for n in ("gate", "up")])
     assert np.array_equal(gate_up, m.model.layers[0].mlp.gate_up_proj.weight.detach().numpy())
+
+
+@pytest.mark.parametrize("family", ["phi3", "llama3"])
+def test_a_gguf_reads_back_the_rotary_transformers_gguf_loader_drops(family):
+    """Phi-3's partial rotary and LongRoPE factors, Llama 3's rope frequency factors: written as
+    llama.cpp's converter writes them, dropped by transformers' GGUF config, read back by River,
+    so the converted model runs as the one it came from, past the LongRoPE switch."""
+    from transformers import AutoConfig
+
+    from river_llamacpp.tiny import gguf_file
+    from river_models.source import open_model
+
+    path = gguf_file(0, family)
+    dropped = AutoConfig.from_pretrained(path.parent, gguf_file=path.name).rope_parameters
+    assert dropped["rope_type"] == "default"   # what River would have run without its reader
+    converted, original = open_model(str(path)), tiny.checkpoint(family)
+    assert converted.spec.rotary == original.spec.rotary
+    assert converted.spec.windows == original.spec.windows
+    got = forced_logits(_backend("hf", family, converted), LONG_PROMPT, [], Full())[0]
+    assert relative_error(got.reshape(-1), _reference_logits(family, LONG_PROMPT)[-1]) \
+        <= FULL_DEPTH_RTOL
+
+
+def test_rope_frequency_factors_that_are_no_llama3_scaling_are_refused():
+    from river_core.errors import ModelError
+    from river_models.gguf_rope import _llama3
+
+    config = tiny.model("llama3").config
+    with pytest.raises(ModelError, match="match no llama3 rope scaling"):
+        _llama3(config, np.linspace(1.0, 3.0, 8), None)

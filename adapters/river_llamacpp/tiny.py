@@ -1,8 +1,11 @@
-"""A tiny random Qwen2 model written as a GGUF file, for running the conformance kit on llama.cpp.
+"""Tiny random models written as GGUF files the way llama.cpp's converter writes them.
 
-Qwen2 because llama.cpp rotates its heads like transformers (NeoX style), so the weights go in
-unpermuted; float32 so both backends compute on the very same numbers. The kit feeds token ids;
-the character vocabulary has no byte tokens, so llama.cpp cannot tokenize text with it.
+The Qwen2 one runs the conformance kit on llama.cpp: llama.cpp rotates its heads like
+transformers (NeoX style), so its weights go in unpermuted. The Phi-3 and Llama 3 ones check
+River's GGUF reader on the header fields and tensors transformers' GGUF loader drops (Phi-3's
+partial rotary and LongRoPE factors, Llama 3's rope frequency factors). Float32, so readers
+compute on the very same numbers. The kit feeds token ids; the character vocabulary has no byte
+tokens, so llama.cpp cannot tokenize text with it.
 """
 
 from __future__ import annotations
@@ -11,28 +14,76 @@ import functools
 import tempfile
 from pathlib import Path
 
-FAMILY = "qwen2"
+import numpy as np
+
+FAMILY = "qwen2"   # the conformance kit's
+SEPARATE = {"attn_q": "q", "attn_k": "k", "attn_v": "v", "attn_output": "o", "ffn_gate": "gate",
+            "ffn_up": "up", "ffn_down": "down"}
+
+
+def _permuted(w: np.ndarray, heads: int) -> np.ndarray:
+    """Llama's Q and K rows as llama.cpp stores them: each head's rotary halves interleaved
+    (its converter's permutation, which transformers' GGUF loader undoes)."""
+    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2) \
+        .reshape(w.shape)
+
+
+def _layer_tensors(family: str, spec, layer) -> dict[str, np.ndarray]:
+    p = layer.projections
+    if family == "phi3":   # q, k, v fused, gate and up fused, as Phi-3 stores them
+        tensors = {"attn_qkv": np.concatenate([p["q"], p["k"], p["v"]]), "attn_output": p["o"],
+                   "ffn_up": np.concatenate([p["gate"], p["up"]]), "ffn_down": p["down"]}
+    else:
+        tensors = {short: p[role] for short, role in SEPARATE.items()}
+    if family == "llama3":
+        tensors["attn_q"] = _permuted(p["q"], spec.heads)
+        tensors["attn_k"] = _permuted(p["k"], spec.kv_heads)
+    tensors.update({f"{short}.bias": layer.biases[SEPARATE[short]]
+                    for short in ("attn_q", "attn_k", "attn_v") if SEPARATE[short] in layer.biases})
+    return {**{k if k.endswith(".bias") else f"{k}.weight": v for k, v in tensors.items()},
+            "attn_norm.weight": layer.input_norm, "ffn_norm.weight": layer.pre_mlp_norm}
+
+
+def _rope(w, family: str, config, spec) -> None:
+    """The rotary fields llama.cpp's converter writes for `family`."""
+    rope = config.rope_parameters
+    w.add_rope_freq_base(float(rope["rope_theta"]))
+    if family == "phi3":
+        factor = rope.get("partial_rotary_factor", config.partial_rotary_factor)
+        w.add_rope_dimension_count(int(factor * spec.head_dim))
+        w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+        w.add_sliding_window(config.sliding_window or 0)
+        w.add_rope_scaling_attn_factors(spec.rotary[""].scaling)
+        w.add_tensor("rope_factors_long.weight", np.asarray(rope["long_factor"], np.float32))
+        w.add_tensor("rope_factors_short.weight", np.asarray(rope["short_factor"], np.float32))
+    elif family == "llama3":   # the factors each frequency is divided by, as one tensor
+        plain = 1.0 / rope["rope_theta"] ** (np.arange(0, spec.head_dim, 2) / spec.head_dim)
+        scaled = np.asarray(spec.rotary[""].inv_freq)
+        w.add_rope_dimension_count(spec.head_dim)
+        w.add_tensor("rope_freqs.weight", (plain / scaled).astype(np.float32))
 
 
 @functools.cache
-def gguf_file(seed: int = 0) -> Path:
+def gguf_file(seed: int = 0, family: str = FAMILY) -> Path:
     import gguf
 
     from river_models import tiny
 
-    ckpt = tiny.checkpoint(FAMILY, seed)
+    ckpt = tiny.checkpoint(family, seed)
     spec, weights = ckpt.spec, ckpt.weights
-    path = Path(tempfile.mkdtemp(prefix="river-llamacpp-")) / f"tiny-{FAMILY}-{seed}.gguf"
-    w = gguf.GGUFWriter(path, "qwen2")
+    config = tiny.model(family, seed).config
+    arch = {"llama3": "llama"}.get(family, family)
+    path = Path(tempfile.mkdtemp(prefix="river-llamacpp-")) / f"tiny-{family}-{seed}.gguf"
+    w = gguf.GGUFWriter(path, arch)
     w.add_context_length(spec.max_positions)
     w.add_embedding_length(spec.hidden)
     w.add_block_count(spec.num_layers)
     w.add_feed_forward_length(spec.intermediate)
     w.add_head_count(spec.heads)
     w.add_head_count_kv(spec.kv_heads)
-    w.add_rope_freq_base(float(tiny.model(FAMILY, seed).config.rope_parameters["rope_theta"]))
     w.add_layer_norm_rms_eps(spec.norm_eps)
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    _rope(w, family, config, spec)
     vocab = tiny.tokenizer().convert_ids_to_tokens(list(range(tiny.VOCAB)))
     w.add_tokenizer_model("llama")
     w.add_token_list([t.encode() for t in vocab])
@@ -42,16 +93,11 @@ def gguf_file(seed: int = 0) -> Path:
     w.add_eos_token_id(spec.eos_ids[0])
     w.add_tensor("token_embd.weight", weights.embed)
     w.add_tensor("output_norm.weight", weights.final_norm)
-    w.add_tensor("output.weight", weights.head)
-    names = {"attn_q": "q", "attn_k": "k", "attn_v": "v", "attn_output": "o", "ffn_gate": "gate",
-             "ffn_up": "up", "ffn_down": "down"}
+    if weights.head is not weights.embed:   # tied: llama.cpp's converter writes no output
+        w.add_tensor("output.weight", weights.head)
     for i, layer in enumerate(weights.layers):
-        for short, role in names.items():
-            w.add_tensor(f"blk.{i}.{short}.weight", layer.projections[role])
-        for short in ("attn_q", "attn_k", "attn_v"):
-            w.add_tensor(f"blk.{i}.{short}.bias", layer.biases[names[short]])
-        w.add_tensor(f"blk.{i}.attn_norm.weight", layer.input_norm)
-        w.add_tensor(f"blk.{i}.ffn_norm.weight", layer.pre_mlp_norm)
+        for name, tensor in _layer_tensors(family, spec, layer).items():
+            w.add_tensor(f"blk.{i}.{name}", tensor)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
