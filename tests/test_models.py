@@ -145,3 +145,25 @@ def test_rope_frequency_factors_that_are_no_llama3_scaling_are_refused():
     config = tiny.model("llama3").config
     with pytest.raises(ModelError, match="match no llama3 rope scaling"):
         _llama3(config, np.linspace(1.0, 3.0, 8), None)
+
+
+@pytest.mark.parametrize("method", ["hqq", "rtn"])
+@pytest.mark.parametrize("bits", [4, 8])
+def test_phi3_stand_ins_are_its_fused_matrices_quantized_whole(bits, method):
+    """The stand-ins quantize q, k, v (and gate, up) as parts and stack them; that is the
+    checkpoint's fused qkv_proj (gate_up_proj) quantized as stored, code for code: scales, zero
+    points and HQQ's steps are per group of a row's inputs, and HQQ's early stop (the one
+    whole-matrix reading) stops at the same step."""
+    from river_core.config import QuantSpec
+    from river_models import FUSED, QuantWeight
+    from river_models.quant import build_stand_ins, quantize
+
+    checkpoint = tiny.checkpoint("phi3")
+    spec = QuantSpec(bits=bits, group_size=32, method=method)
+    stand_ins = build_stand_ins(checkpoint, spec)
+    for layer, quantized in zip(checkpoint.weights.layers, stand_ins.layers):
+        for names in (FUSED["qkv"], FUSED["gate_up"]):
+            whole = quantize(np.concatenate([layer.projections[n] for n in names]), spec)
+            stacked = QuantWeight.stack([quantized[n] for n in names])
+            for field in ("codes", "scale", "zero"):
+                assert np.array_equal(getattr(stacked, field), getattr(whole, field))
