@@ -279,9 +279,10 @@ def _plugins() -> None:
             print(f"  {e.name:<12} {e.provider:<20} {e.summary}")
             for name, value, doc in e.options:
                 print(f"  {'':<12} -o {name}={json.dumps(value)}: {doc}")
-    from river_models.families import SUPPORTED
+    from river_models.families import SUPPORTED, WRAPPERS
 
-    print(f"architectures (model_type, docs/models.md): {', '.join(SUPPORTED)}")
+    wrapped = ", ".join(f"{w} (its {t})" for w, t in WRAPPERS.items())
+    print(f"architectures (model_type, docs/models.md): {', '.join(SUPPORTED)}; {wrapped}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,13 +16,42 @@ from .spec import ACTIVATIONS, LayerWeights, ModelSpec, QueryScale, Rotary, Weig
 SUPPORTED = {"llama": False, "mistral": False, "qwen2": False, "qwen3": False,
              "gemma3_text": True, "phi3": False, "ministral3": False}
 WINDOWED = ("mistral", "phi3", "ministral3")   # config.sliding_window applies to every layer
+# model_type of a text-and-vision checkpoint -> its text model's, which River runs alone
+# (Ministral-3-8B's hub checkpoint is a "mistral3": its language model is a ministral3)
+WRAPPERS = {"mistral3": "ministral3"}
 STATIC_ROPE = ("default", "linear", "llama3", "yarn")   # inv_freq fixed after construction
 
 
+def text_config(config):
+    """The config of the model River runs: a wrapper's text model's, else `config`."""
+    if config.model_type not in WRAPPERS:
+        return config
+    text = config.text_config
+    if text.model_type != WRAPPERS[config.model_type]:
+        raise ModelError(f"a {config.model_type!r} checkpoint whose text model is "
+                         f"{text.model_type!r}; River reads its {WRAPPERS[config.model_type]!r}")
+    return text
+
+
+def text_model(wrapper):
+    """A wrapper's (transformers *ForConditionalGeneration) language model and head as the
+    *ForCausalLM `describe` reads, sharing their weights; the vision tower is left out."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):   # every module is replaced below: nothing to allocate
+        causal = AutoModelForCausalLM.from_config(wrapper.config.text_config)
+    causal.model, causal.lm_head = wrapper.model.language_model, wrapper.lm_head
+    causal.generation_config = wrapper.generation_config
+    return causal.eval()
+
+
 def check_architecture(config) -> None:
+    config = text_config(config)
     if config.model_type not in SUPPORTED:
         raise ModelError(f"unsupported architecture {config.model_type!r}; River "
-                         f"supports {', '.join(SUPPORTED)}")
+                         f"supports {', '.join(SUPPORTED)} (and {', '.join(WRAPPERS)}: "
+                         f"their text model)")
     if getattr(config, "attn_logit_softcapping", None) is not None:
         raise ModelError("attention logit soft-capping is not supported")
     activation = getattr(config, "hidden_activation", None) or config.hidden_act

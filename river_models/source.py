@@ -151,6 +151,7 @@ def model_shape(model: str | None) -> ModelShape | None:
         folder = path if path.is_dir() else _converted(path)[0]
         if (folder / "config.json").is_file():
             config = json.loads((folder / "config.json").read_text())
+            config = config.get("text_config", config)   # text and vision: the text model's
             return ModelShape(int(config["num_hidden_layers"]),
                               int(config["max_position_embeddings"]))
         meta = read_header(path).metadata   # not converted yet: its header (0.1 s)
@@ -172,8 +173,14 @@ def hf_model(folder: Path, progress: bool = False):
         families.check_architecture(config)
         say(progress, f"loading {folder} ...")
         try:
-            hf = AutoModelForCausalLM.from_pretrained(folder, dtype="float32",
-                                                      local_files_only=True)
+            if families.text_config(config) is config:
+                hf = AutoModelForCausalLM.from_pretrained(folder, dtype="float32",
+                                                          local_files_only=True)
+            else:   # text and vision: River runs the text model
+                from transformers import AutoModelForImageTextToText
+
+                hf = families.text_model(AutoModelForImageTextToText.from_pretrained(
+                    folder, dtype="float32", local_files_only=True))
             tok = AutoTokenizer.from_pretrained(folder, local_files_only=True)
         except Exception as e:
             raise ModelError(f"cannot load the model in {folder}: {e}") from None

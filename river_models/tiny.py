@@ -117,6 +117,26 @@ def save(folder, family: str = "llama", serving: bool = True, positions: int | N
     return str(folder)
 
 
+def save_mistral3(folder) -> str:
+    """The tiny Ministral 3 as Ministral-3-8B's hub checkpoint holds it: a "mistral3" text and
+    vision model (a one-layer Pixtral tower) whose language model is `model("ministral3")`."""
+    import transformers as t
+
+    text = model("ministral3")
+    vision = t.PixtralVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                   num_attention_heads=2, head_dim=16, image_size=32,
+                                   patch_size=16)
+    wrapper = t.Mistral3ForConditionalGeneration(t.Mistral3Config(
+        text_config=text.config.to_dict(), vision_config=vision.to_dict(), image_token_index=3,
+        tie_word_embeddings=False)).eval()
+    wrapper.model.language_model.load_state_dict(text.model.state_dict())
+    wrapper.lm_head.load_state_dict(text.lm_head.state_dict())
+    wrapper.generation_config = text.generation_config
+    wrapper.save_pretrained(folder)
+    tokenizer().save_pretrained(folder)
+    return str(folder)
+
+
 def stand_ins(checkpoint, bits: int):
     """The stand-ins every backend's conformance factory uses for a tiny model: one setting
     for all, so their cross-engine comparison compares the same weights (groups of 32: the

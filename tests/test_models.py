@@ -167,3 +167,25 @@ def test_phi3_stand_ins_are_its_fused_matrices_quantized_whole(bits, method):
             stacked = QuantWeight.stack([quantized[n] for n in names])
             for field in ("codes", "scale", "zero"):
                 assert np.array_equal(getattr(stacked, field), getattr(whole, field))
+
+
+def test_a_mistral3_checkpoint_runs_its_ministral3_text_model(tmp_path):
+    """Ministral-3-8B's hub checkpoint ("mistral3": text and vision) is read as its language
+    model: the same spec and weights as the ministral3 model alone, full depth equal to the
+    checkpoint's own transformers model on text."""
+    from transformers import AutoModelForImageTextToText
+
+    from river_models.source import model_shape, open_model
+
+    folder = tiny.save_mistral3(tmp_path / "mistral3")
+    checkpoint, alone = open_model(folder), tiny.checkpoint("ministral3")
+    assert checkpoint.spec == alone.spec
+    assert all(np.array_equal(a.projections[n], b.projections[n])
+               for a, b in zip(checkpoint.weights.layers, alone.weights.layers)
+               for n in a.projections)
+    assert model_shape(folder).num_layers == tiny.LAYERS
+    wrapper = AutoModelForImageTextToText.from_pretrained(folder)
+    with torch.no_grad():
+        want = wrapper(input_ids=torch.tensor([LONG_PROMPT])).logits[0, -1].numpy()
+    got = forced_logits(_backend("hf", "ministral3", checkpoint), LONG_PROMPT, [], Full())[0]
+    assert relative_error(got.reshape(-1), want) <= FULL_DEPTH_RTOL
