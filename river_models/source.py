@@ -15,7 +15,7 @@ from river_core.backend import ModelShape
 from river_core.errors import ModelError
 
 from . import families, gguf_rope
-from .cache import cache_root, cached, content_key
+from .cache import cache_root, cached, content_key, digest
 from .gguf_header import check_gguf, read_header
 from .spec import Checkpoint
 from .tokenizer import Tokenizer
@@ -75,9 +75,13 @@ def _convert(gguf: Path, folder: Path) -> None:
     tok.save_pretrained(folder)
 
 
+# bump when the conversion changes (2: the rotary fields of gguf_rope.py): old ones are ignored
+CONVERSION = 2
+
+
 def _converted(gguf: Path) -> tuple[Path, str]:
     """Where a GGUF file's conversion lives in the cache, and its inputs' digest."""
-    key = content_key(gguf)
+    key = digest(content_key(gguf), CONVERSION)
     return cache_root() / "converted" / f"{gguf.stem}-{key}", key
 
 
