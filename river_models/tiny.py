@@ -35,6 +35,17 @@ MINISTRAL3_ROPE = dict(rope_type="yarn", rope_theta=1000000.0, factor=16.0,
 
 # serving engines' attention kernels take wider heads (vLLM's CPU attention: 32 and up)
 SERVING = dict(num_attention_heads=2, num_key_value_heads=1)
+SERVING_HEAD = 32
+
+
+def _wider(rope: dict) -> dict:
+    """LongRoPE's factors (one per rotary pair of a 16-wide head) for heads of SERVING_HEAD."""
+    repeat = SERVING_HEAD // 16
+    return {**rope, **{k: [f for f in rope[k] for _ in range(repeat)]
+                       for k in ("short_factor", "long_factor")}}
+
+
+PHI3_SERVING_ROPE = _wider(PHI3_ROPE)
 
 
 def _config(family: str, serving: bool = False):
@@ -42,8 +53,11 @@ def _config(family: str, serving: bool = False):
 
     if serving:
         return {"llama": t.LlamaConfig, "qwen2": t.Qwen2Config,
-                "qwen3": lambda **c: t.Qwen3Config(**c, head_dim=32)}[family](
-            **{**COMMON, **SERVING})
+                "qwen3": lambda **c: t.Qwen3Config(**c, head_dim=SERVING_HEAD),
+                "phi3": lambda **c: _phi3(c, PHI3_SERVING_ROPE),
+                "ministral3": lambda **c: t.Ministral3Config(**c, head_dim=SERVING_HEAD,
+                                                             rope_parameters=MINISTRAL3_ROPE)}[
+            family](**{**COMMON, **SERVING})
     return {
         "llama": lambda: t.LlamaConfig(**COMMON),
         "mistral": lambda: t.MistralConfig(**COMMON, sliding_window=8),
@@ -54,13 +68,18 @@ def _config(family: str, serving: bool = False):
             layer_types=["sliding_attention", "full_attention"] * 3),
         "llama3": lambda: t.LlamaConfig(**{**COMMON, "tie_word_embeddings": True},
                                         rope_parameters=LLAMA3_ROPE),
-        "phi3": lambda: t.Phi3Config(**{**COMMON, "tie_word_embeddings": True},
-                                     original_max_position_embeddings=PHI3_SWITCH,
-                                     partial_rotary_factor=0.75, rope_parameters=PHI3_ROPE,
-                                     sliding_window=262144),
+        "phi3": lambda: _phi3(COMMON, PHI3_ROPE),
         "ministral3": lambda: t.Ministral3Config(**COMMON, head_dim=16,
                                                  rope_parameters=MINISTRAL3_ROPE),
     }[family]()
+
+
+def _phi3(common: dict, rope: dict):
+    import transformers as t
+
+    return t.Phi3Config(**{**common, "tie_word_embeddings": True},
+                        original_max_position_embeddings=PHI3_SWITCH, partial_rotary_factor=0.75,
+                        rope_parameters=rope, sliding_window=262144)
 
 
 @functools.cache
@@ -80,8 +99,8 @@ def tokenizer():
 @functools.cache
 def model(family: str, seed: int = 0, dtype: str = "float32", serving: bool = False,
           positions: int | None = None):
-    """`serving`: two heads of width 32 (llama, qwen2, qwen3), for serving engines' kernels;
-    `positions`: a longer context than the tests' 256 (benchmarks' prompts)."""
+    """`serving`: two heads of width 32 (llama, qwen2, qwen3, phi3, ministral3), for serving
+    engines' kernels; `positions`: a longer context than the tests' 256 (benchmarks' prompts)."""
     import torch
     from transformers import AutoModelForCausalLM
 

@@ -1,5 +1,6 @@
 """River inside vLLM (extra `vllm`): a real vLLM engine, and a real `vllm serve` on loopback
-queried by the openai client, on a tiny random Llama whose heads vLLM's CPU kernels take."""
+queried by the openai client, on tiny random models whose heads vLLM's CPU kernels take (a
+Llama, and one of each family River's vLLM classes run)."""
 
 import contextlib
 import json
@@ -16,10 +17,19 @@ import pytest  # noqa: E402
 pytest.importorskip("vllm.entrypoints", reason="River inside vLLM needs the vllm extra (README)")
 
 from river_core import ExitConfig, GenerationConfig, RiverModel  # noqa: E402
+from river_models import tiny  # noqa: E402
 
 PROMPTS = [[1, 20, 21, 22], [1, 30, 31], [1, 40, 41, 42, 43, 44]]
 NEW = 12
 EXITING = {"policy": "settled", "options": {"tau": -1.0, "min_layer": 1}}   # all leave after 1
+FULL_DEPTH = {"policy": "settled", "options": {"tau": 1.0}}   # River's walk, nobody leaving
+# past the tiny models' switches: Phi-3's LongRoPE (48) and Ministral 3's query scaling (16)
+PAST_SWITCH = [[1, *range(20, 60)]]
+CONTEXT = 256
+# vLLM's Phi-3 rotary takes LongRoPE's long table at every position once max_model_len exceeds
+# the original context (transformers and River's own engines: once a sequence passes it), so
+# a comparison with River's own engine keeps a Phi-3 context within the original one
+OWN_ENGINES_CONTEXT = {"phi3": tiny.PHI3_SWITCH}
 
 
 @pytest.fixture(scope="module")
@@ -46,34 +56,52 @@ def folder(folders):
     return folders("llama")
 
 
-def _vllm_greedy(folder, river=None):
+def _model_config(folder) -> dict:
+    return json.loads(Path(folder, "config.json").read_text())
+
+
+def _own_engines_context(folder) -> int:
+    return OWN_ENGINES_CONTEXT.get(_model_config(folder)["model_type"], CONTEXT)
+
+
+def _vllm_tokens(folder, overrides, prompts=PROMPTS, context=None) -> list[list[int]]:
+    """Greedy tokens of `prompts` from a vLLM engine given `overrides` (hf_overrides) and
+    max_model_len `context` (default: one within which River's own engines agree)."""
     from vllm import LLM, SamplingParams
 
-    from river_vllm import ARCHITECTURES
-
-    family = json.loads(Path(folder, "config.json").read_text())["architectures"][0]
-    overrides = None if river is None else {"architectures": [ARCHITECTURES[family]],
-                                            "river": river}
-    llm = LLM(model=folder, dtype="float32", enforce_eager=True, max_model_len=256,
-              hf_overrides=overrides)
+    llm = LLM(model=folder, dtype="float32", enforce_eager=True, hf_overrides=overrides or None,
+              max_model_len=context or _own_engines_context(folder))
     try:
-        out = llm.generate([{"prompt_token_ids": p} for p in PROMPTS],
+        out = llm.generate([{"prompt_token_ids": p} for p in prompts],
                            SamplingParams(max_tokens=NEW, temperature=0.0))
         return [list(o.outputs[0].token_ids) for o in out]
     finally:
         llm.llm_engine.engine_core.shutdown()
 
 
-def _river_greedy(folder, config):
+def _vllm_greedy(folder, river=None, prompts=PROMPTS, context=None):
+    """vLLM plain (`river` None) or River inside vLLM with the settings `river`, each given
+    the model as its config defines it (Ministral 3's query scaling spelled out for vLLM)."""
+    from river_vllm import model_overrides, query_scaling
+
+    config = _model_config(folder)
+    overrides = query_scaling(config) if river is None else \
+        {**model_overrides(config), "river": river}
+    return _vllm_tokens(folder, overrides, prompts, context)
+
+
+def _river_greedy(folder, config, prompts=PROMPTS):
     model = RiverModel.from_pretrained(folder)
-    return model.generate_ids(PROMPTS, config, GenerationConfig(max_new_tokens=NEW)).tokens
+    return model.generate_ids(prompts, config, GenerationConfig(max_new_tokens=NEW)).tokens
 
 
-def test_vllm_plain_and_river_full_depth_agree(folder):
+@pytest.mark.parametrize("family", ["llama", "phi3", "ministral3"])
+def test_vllm_plain_and_river_full_depth_agree(folders, family):
+    folder = folders(family)
     assert _vllm_greedy(folder) == _river_greedy(folder, ExitConfig(kv="full"))
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "phi3", "ministral3"])
 def test_river_inside_vllm_exits_as_rivers_own_engine_does(folders, family):
     """Every decoding token leaves after layer 1 and runs the stand-ins, whose K/V go into
     vLLM's paged cache: the same tokens as River's hf engine with the same stand-ins."""
@@ -81,6 +109,31 @@ def test_river_inside_vllm_exits_as_rivers_own_engine_does(folders, family):
     inside = _vllm_greedy(folder, EXITING)
     assert inside == _river_greedy(folder, ExitConfig(**EXITING))
     assert inside != _river_greedy(folder, ExitConfig(kv="full"))   # the exits changed it
+
+
+def test_past_phi3s_switch_river_inside_vllm_follows_vllms_longrope_rule(folders):
+    """With a context longer than the original one, vLLM's Phi-3 rotary takes the long table
+    at every position, short prompts included, where transformers and River's own engines
+    take the short one until a sequence passes the original context: River's walk inside vLLM
+    takes vLLM's rotary, so its full depth is vLLM plain's, not River's own engine's."""
+    folder = folders("phi3")
+    prompts = PROMPTS + PAST_SWITCH
+    plain = _vllm_greedy(folder, prompts=prompts, context=CONTEXT)
+    assert _vllm_greedy(folder, FULL_DEPTH, prompts, CONTEXT) == plain
+    assert plain != _river_greedy(folder, ExitConfig(kv="full"), prompts)
+
+
+def test_past_ministral3s_original_context_river_inside_vllm_scales_queries(folders):
+    """Ministral 3's query scaling grows from the original context on. vLLM ignores it in a
+    Hugging Face config (so vLLM plain given the folder as it is differs from transformers
+    there); River's overrides spell it out, and River's exits inside vLLM then give River's own
+    engine's tokens past it, as vLLM plain then gives full depth's."""
+    folder = folders("ministral3")
+    full = _river_greedy(folder, ExitConfig(kv="full"), PAST_SWITCH)
+    assert _vllm_tokens(folder, None, PAST_SWITCH) != full
+    assert _vllm_greedy(folder, prompts=PAST_SWITCH) == full
+    assert _vllm_greedy(folder, EXITING, PAST_SWITCH) == \
+        _river_greedy(folder, ExitConfig(**EXITING), PAST_SWITCH)
 
 
 HONOURED = {"fixed after layer 2": {"policy": "fixed", "options": {"layer": 2}},
@@ -211,6 +264,29 @@ def test_river_serve_refuses_a_bad_option_before_starting(folder):
     assert out.returncode == 2 and "unknown option 'treshold'" in out.stderr
 
 
+def test_river_serve_runs_each_family_with_its_river_class(folders, tmp_path):
+    """`river serve`'s overrides name the family's River class (spelling out Ministral 3's
+    query scaling, which vLLM reads only from a Mistral-format config); a family without one
+    is refused in one line."""
+    from river_core import ConfigError, QuantSpec
+
+    from river_vllm.serve import overrides
+
+    served = {f: overrides(folders(f), ExitConfig(), QuantSpec())
+              for f in ("llama", "qwen2", "qwen3", "phi3", "ministral3")}
+    assert {f: o["architectures"] for f, o in served.items()} == {
+        "llama": ["RiverLlamaForCausalLM"], "qwen2": ["RiverQwen2ForCausalLM"],
+        "qwen3": ["RiverQwen3ForCausalLM"], "phi3": ["RiverPhi3ForCausalLM"],
+        "ministral3": ["RiverMinistral3ForCausalLM"]}
+    assert served["ministral3"]["llama_4_scaling"] == {
+        "beta": tiny.MINISTRAL3_ROPE["llama_4_scaling_beta"],
+        "original_max_position_embeddings": tiny.MINISTRAL3_PERIOD}
+    assert not any("llama_4_scaling" in served[f] for f in ("llama", "phi3"))
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["MistralForCausalLM"]}))
+    with pytest.raises(ConfigError, match="this model is MistralForCausalLM"):
+        overrides(str(tmp_path), ExitConfig(), QuantSpec())
+
+
 def _paged(layer, block: int, length: int):
     """Positions [0, length) of one block of one layer of vLLM's paged cache, as numpy (K, V)
     [kv_heads, length, head_dim], read as the drafter reads them."""
@@ -273,11 +349,12 @@ from vllm import LLM, SamplingParams
 from river_vllm import draft_config
 
 folder, prompts, new = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
+model, context = json.loads(sys.argv[5]), int(sys.argv[6])
 out = {}
 for name, river in json.loads(sys.argv[4]).items():
-    llm = LLM(model=folder, dtype="float32", enforce_eager=True, max_model_len=256,
+    llm = LLM(model=folder, dtype="float32", enforce_eager=True, max_model_len=context,
               disable_log_stats=False, speculative_config=draft_config(4),
-              hf_overrides={"architectures": ["RiverLlamaForCausalLM"], "river": river})
+              hf_overrides={**model, "river": river})
     done = llm.generate([{"prompt_token_ids": p} for p in prompts],
                         SamplingParams(max_tokens=new, temperature=0.0))
     counts = {m.name.split(":")[-1]: getattr(m, "value", None) for m in llm.get_metrics()}
@@ -289,7 +366,9 @@ print("RESULT " + json.dumps(out))
 """
 
 
-def test_lossless_inside_vllm_is_vllm_plains_output_and_drafts_from_the_targets_pages(folder):
+@pytest.mark.parametrize("family", ["llama", "phi3", "ministral3"])
+def test_lossless_inside_vllm_is_vllm_plains_output_and_drafts_from_the_targets_pages(
+        folders, family):
     """River's drafter under vLLM's speculative decoding: the output is the backbone's, the
     drafts read the context's K/V from vLLM's paged cache (drafting at full depth, nearly every
     draft is kept: only the head's stand-in may pick otherwise), and drafts that leave after
@@ -298,11 +377,15 @@ def test_lossless_inside_vllm_is_vllm_plains_output_and_drafts_from_the_targets_
     import subprocess
     import sys
 
+    from river_vllm import model_overrides
+
+    folder = folders(family)
     settings = {"exits": {**EXITING, "step_aside_above": None},
-                "full depth": {"policy": "settled", "options": {"tau": 1.0},
-                               "step_aside_above": None}}
+                "full depth": {**FULL_DEPTH, "step_aside_above": None}}
     done = subprocess.run([sys.executable, "-c", LOSSLESS_JOB, folder, json.dumps(PROMPTS),
-                           str(3 * NEW), json.dumps(settings)], capture_output=True, text=True,
+                           str(3 * NEW), json.dumps(settings),
+                           json.dumps(model_overrides(_model_config(folder))),
+                           str(_own_engines_context(folder))], capture_output=True, text=True,
                           timeout=600)
     line = [l for l in done.stdout.splitlines() if l.startswith("RESULT ")]
     assert line, done.stderr[-3000:]

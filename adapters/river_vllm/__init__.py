@@ -61,7 +61,33 @@ ARCHITECTURES = {
     "LlamaForCausalLM": "RiverLlamaForCausalLM",
     "Qwen2ForCausalLM": "RiverQwen2ForCausalLM",
     "Qwen3ForCausalLM": "RiverQwen3ForCausalLM",
+    "Phi3ForCausalLM": "RiverPhi3ForCausalLM",
+    "Ministral3ForCausalLM": "RiverMinistral3ForCausalLM",
 }
+
+
+def model_overrides(config: Mapping[str, Any]) -> dict:
+    """The `--hf-overrides` that run a model (its config.json) with River's class for its
+    family, River's settings aside: the River architecture and `query_scaling`'s field."""
+    family = (config.get("architectures") or ["?"])[0]
+    if family not in ARCHITECTURES:
+        raise ConfigError(f"River inside vLLM runs {', '.join(ARCHITECTURES)}; this model is "
+                          f"{family}")
+    return {"architectures": [ARCHITECTURES[family]], **query_scaling(config)}
+
+
+def query_scaling(config: Mapping[str, Any]) -> dict:
+    """Ministral 3's position-dependent query scaling where vLLM 0.32 reads it: only from a
+    Mistral-format config (`llama_4_scaling`). A Hugging Face config holds it in
+    rope_parameters (`llama_4_scaling_beta`), which vLLM ignores, running every position from
+    the original context on without it (docs/models.md); spelled out, vLLM's attention (and so
+    River's walk) applies it as transformers and River's own engines do."""
+    rope = config.get("rope_parameters") or {}
+    if "llama_4_scaling" in config or rope.get("llama_4_scaling_beta") is None:
+        return {}
+    return {"llama_4_scaling": {
+        "beta": rope["llama_4_scaling_beta"],
+        "original_max_position_embeddings": rope["original_max_position_embeddings"]}}
 
 
 def draft_config(draft_tokens: int = ExitConfig().draft_tokens) -> dict:

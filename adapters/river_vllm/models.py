@@ -40,6 +40,8 @@ from vllm.distributed import (get_tensor_model_parallel_rank,
 from vllm.forward_context import get_forward_context
 from vllm.logger import init_logger
 from vllm.model_executor.models.llama import LlamaForCausalLM
+from vllm.model_executor.models.mistral import MistralForCausalLM
+from vllm.model_executor.models.phi3 import Phi3ForCausalLM
 from vllm.model_executor.models.qwen2 import Qwen2ForCausalLM
 from vllm.model_executor.models.qwen3 import Qwen3ForCausalLM
 from vllm.platforms import current_platform
@@ -221,7 +223,9 @@ class ForwardLayers(StandInDefaults):
         if hasattr(attn, "q_norm"):   # Qwen3: per-head norms, kept by the stand-ins
             q = attn.q_norm(q.reshape(*q.shape[:-1], -1, attn.head_dim)).reshape(q.shape)
             k = attn.k_norm(k.reshape(*k.shape[:-1], -1, attn.head_dim)).reshape(k.shape)
-        q, k = attn.rotary_emb(self.positions, q, k)
+        q, k = attn.rotary_emb(self.positions, q, k)   # vLLM's rules (Phi-3: its LongRoPE table)
+        if getattr(attn, "do_llama_4_scaling", False):   # Ministral 3, where vLLM applies it
+            q = (q * attn._get_llama_4_attn_scale(self.positions)).to(q.dtype)
         a = self.attention(i)(q, k, v)
         mid = x + by_row(lambda h: attn.o_proj(h)[0],
                          stand_in and (lambda h: stand_in.proj["o"](_all_heads(h))), a)
@@ -304,3 +308,11 @@ class RiverQwen2ForCausalLM(RiverExits, Qwen2ForCausalLM):
 
 class RiverQwen3ForCausalLM(RiverExits, Qwen3ForCausalLM):
     """Qwen3 with River's exits."""
+
+
+class RiverPhi3ForCausalLM(RiverExits, Phi3ForCausalLM):
+    """Phi-3 (Phi-4-mini) with River's exits: vLLM's Llama layers over the fused checkpoint."""
+
+
+class RiverMinistral3ForCausalLM(RiverExits, MistralForCausalLM):
+    """Ministral 3's text model with River's exits (vLLM runs it as Mistral)."""

@@ -24,19 +24,16 @@ import attrs
 from river_core import (ConfigError, ExitConfig, ModelShape, QuantSpec, arguments,
                         default_registry, hookimpl, resolve)
 
-from . import ARCHITECTURES, CAPABILITIES, STEP_ASIDE_ABOVE, draft_config, river_entry
+from . import CAPABILITIES, STEP_ASIDE_ABOVE, draft_config, model_overrides, river_entry
 
 
 def overrides(folder: str, exit_config: ExitConfig, quant: QuantSpec) -> dict:
     """The `--hf-overrides` that serve `folder` with River, its settings checked first."""
     config = json.loads((Path(folder) / "config.json").read_text())
-    family = (config.get("architectures") or ["?"])[0]
-    if family not in ARCHITECTURES:
-        raise ConfigError(f"River inside vLLM runs {', '.join(ARCHITECTURES)}; this model is "
-                          f"{family}")
+    model = model_overrides(config)
     shape = ModelShape(config["num_hidden_layers"], config["max_position_embeddings"])
     resolve(exit_config, default_registry(), CAPABILITIES, shape, "vllm")
-    return {"architectures": [ARCHITECTURES[family]], "river": river_entry(exit_config, quant)}
+    return {**model, "river": river_entry(exit_config, quant)}
 
 
 SERVER = "vllm.entrypoints.openai.api_server"
