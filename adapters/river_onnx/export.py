@@ -29,8 +29,9 @@ from river_models.quant import FORMAT as QUANT_FORMAT
 from river_models.source import locate, open_model
 
 from . import graphs
+from .half import to_float16
 
-FORMAT = 11   # bump when the graphs change: old exports are then ignored
+FORMAT = 12   # bump when the graphs change: old exports are then ignored
 
 
 def tail_starts(num_layers: int) -> tuple[int, ...]:
@@ -44,16 +45,18 @@ class Manifest:
     spec: ModelSpec
     stand_in_error: tuple[float, ...]
     tails: tuple[int, ...]
+    floats: str   # the graphs' float type: float32, or float16 (half.py)
 
     def save(self, folder: Path) -> None:
         (folder / "manifest.json").write_text(json.dumps(
             {"spec": self.spec.to_json(), "stand_in_error": list(self.stand_in_error),
-             "tails": list(self.tails)}))
+             "tails": list(self.tails), "floats": self.floats}))
 
     @classmethod
     def read(cls, folder: Path) -> "Manifest":
         d = json.loads((folder / "manifest.json").read_text())
-        return cls(ModelSpec.from_json(d["spec"]), tuple(d["stand_in_error"]), tuple(d["tails"]))
+        return cls(ModelSpec.from_json(d["spec"]), tuple(d["stand_in_error"]), tuple(d["tails"]),
+                   d["floats"])
 
 
 class SharedWeights:
@@ -62,11 +65,13 @@ class SharedWeights:
     NAME = "weights.data"
     INLINE = 1024   # smaller tensors stay inside their graph
 
-    def __init__(self, folder: Path) -> None:
-        self.folder, self._offsets = folder, {}
+    def __init__(self, folder: Path, floats: str) -> None:
+        self.folder, self._offsets, self._floats = folder, {}, floats
         self._data = (folder / self.NAME).open("wb")
 
     def save(self, model: onnx.ModelProto, name: str) -> None:
+        if self._floats == "float16":
+            model = to_float16(model)
         for tensor in model.graph.initializer:
             raw = tensor.raw_data
             if len(raw) < self.INLINE:
@@ -84,16 +89,19 @@ class SharedWeights:
         self._data.close()
 
 
-DTYPES = ("float32", "int8")
+# float16: every float tensor in float16 (half.py), what ONNX Runtime's CUDA provider runs;
+# int8: the backbone's layers in 8 bits, float32 activations
+DTYPES = ("float32", "float16", "int8")
 
 
 def export_model(checkpoint: Checkpoint, stand_ins: StandIns, folder: Path,
-                 progress: bool = False, backbone: StandIns | None = None) -> Manifest:
+                 progress: bool = False, backbone: StandIns | None = None,
+                 floats: str = "float32") -> Manifest:
     """Write every graph of `checkpoint` into `folder`. `backbone`: quantized weights the
     backbone's layers run instead of the float ones (the int8 backbone); the embedding and the
-    head stay float."""
+    head stay float. `floats`: the graphs' float type, float32 or float16."""
     spec, w = checkpoint.spec, checkpoint.weights
-    weights = SharedWeights(folder)
+    weights = SharedWeights(folder, floats)
     layers = tqdm(list(enumerate(w.layers)), desc="exporting layers to ONNX",
                   disable=not progress, unit="layer")
     quantized = []
@@ -115,7 +123,7 @@ def export_model(checkpoint: Checkpoint, stand_ins: StandIns, folder: Path,
     weights.close()
     if hasattr(checkpoint.tokenizer, "hf"):   # a model for speed only may have no text
         checkpoint.tokenizer.hf.save_pretrained(folder / "tokenizer")
-    manifest = Manifest(spec, stand_ins.errors, tails)
+    manifest = Manifest(spec, stand_ins.errors, tails, floats)
     manifest.save(folder)
     return manifest
 
@@ -132,8 +140,8 @@ def weight_bytes(path: Path) -> int:
 
 def exported(model: str | None, quant: QuantSpec, progress: bool,
              dtype: str = "float32") -> Path:
-    """The cached export folder for `model`, exporting it on first use. dtype "int8": the
-    backbone's layers in 8 bits (symmetric, a scale per output row: the int8 stand-ins'
+    """The cached export folder for `model`, exporting it on first use. dtype "float16":
+    every graph in float16; "int8": the backbone's layers in 8 bits (symmetric, a scale per output row: the int8 stand-ins'
     quantizer), which MatMulNBits runs on int8 activations."""
     source = locate(model, progress)
     key = digest(content_key(source), FORMAT, QUANT_FORMAT, quant.bits, quant.group_size,
@@ -145,5 +153,5 @@ def exported(model: str | None, quant: QuantSpec, progress: bool,
         backbone = stand_ins(checkpoint, QuantSpec(bits=8), progress) if dtype == "int8" \
             else None
         export_model(checkpoint, stand_ins(checkpoint, quant, progress), folder, progress,
-                     backbone)
+                     backbone, "float16" if dtype == "float16" else "float32")
     return cached(target, build, key, source=source)

@@ -33,7 +33,7 @@ def load(model: str | None = None, *, device: str = "cpu", dtype: str = "float32
 
 
 
-def tiny_backend(family: str, seed: int, bits: int):
+def tiny_backend(family: str, seed: int, bits: int, floats: str = "float32"):
     """The onnx backend over a tiny random model, exported on the fly."""
     import shutil
     import tempfile
@@ -47,7 +47,8 @@ def tiny_backend(family: str, seed: int, bits: int):
 
     checkpoint = tiny.checkpoint(family, seed)
     folder = Path(tempfile.mkdtemp(prefix=f"river-onnx-{family}-"))
-    manifest = export_model(checkpoint, tiny.stand_ins(checkpoint, bits), folder)
+    manifest = export_model(checkpoint, tiny.stand_ins(checkpoint, bits), folder,
+                            floats=floats)
     backend = OnnxBackend(folder, manifest, checkpoint.tokenizer)
     # its footprint reads the graphs' files: the export lives as long as its backend
     weakref.finalize(backend, shutil.rmtree, folder, ignore_errors=True)
