@@ -141,8 +141,8 @@ def weight_bytes(path: Path) -> int:
 def exported(model: str | None, quant: QuantSpec, progress: bool,
              dtype: str = "float32") -> Path:
     """The cached export folder for `model`, exporting it on first use. dtype "float16":
-    every graph in float16; "int8": the backbone's layers in 8 bits (symmetric, a scale per output row: the int8 stand-ins'
-    quantizer), which MatMulNBits runs on int8 activations."""
+    every graph in float16; "int8": the backbone's layers in 8 bits (symmetric, a scale per
+    output row: the int8 stand-ins' quantizer), which MatMulNBits runs on int8 activations."""
     source = locate(model, progress)
     key = digest(content_key(source), FORMAT, QUANT_FORMAT, quant.bits, quant.group_size,
                  quant.method, dtype)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 from river_core.config import QuantSpec
 from river_core.errors import ConfigError
 from river_core.hookspecs import BackendPlugin, hookimpl
@@ -62,4 +64,5 @@ def river_backends():
 
 @hookimpl
 def river_conformance_backends():
-    return {"onnx": tiny_backend}
+    return {"onnx": tiny_backend, "onnx-float16": functools.partial(tiny_backend,
+                                                                     floats="float16")}
