@@ -48,7 +48,8 @@ def session_options(device: str) -> ort.SessionOptions:
     # each session's CPU arena keeps the largest buffers it ever served, so after one long
     # prefill the ~150 sessions of a model together held gigabytes (docs/benchmarks.md)
     options.enable_cpu_mem_arena = False
-    if device == "cpu" and _shared_threads():
+    # any device: once the process has the shared pool, ORT refuses a session with its own
+    if _shared_threads():
         options.use_per_session_threads = False
     else:
         options.intra_op_num_threads = 1

@@ -94,6 +94,12 @@ class SharedWeights:
 DTYPES = ("float32", "float16", "int8")
 
 
+def default_dtype(device: str) -> str:
+    """float32 on the CPU; float16 on CUDA, whose provider registers GroupQueryAttention,
+    MatMulNBits and RotaryEmbedding for float16 and not float32 (tests/test_onnx_cuda.py)."""
+    return "float32" if device == "cpu" else "float16"
+
+
 def export_model(checkpoint: Checkpoint, stand_ins: StandIns, folder: Path,
                  progress: bool = False, backbone: StandIns | None = None,
                  floats: str = "float32") -> Manifest:
@@ -102,12 +108,13 @@ def export_model(checkpoint: Checkpoint, stand_ins: StandIns, folder: Path,
     head stay float. `floats`: the graphs' float type, float32 or float16."""
     spec, w = checkpoint.spec, checkpoint.weights
     weights = SharedWeights(folder, floats)
+    cuda = floats == "float16"   # the export CUDA runs: MatMulNBits in blocks it takes
     layers = tqdm(list(enumerate(w.layers)), desc="exporting layers to ONNX",
                   disable=not progress, unit="layer")
     quantized = []
     for i, layer in layers:
         full = graphs.BlockWeights.of(layer, spec, None if backbone is None else backbone.layers[i])
-        quantized.append(graphs.BlockWeights.of(layer, spec, stand_ins.layers[i]))
+        quantized.append(graphs.BlockWeights.of(layer, spec, stand_ins.layers[i], cuda))
         weights.save(graphs.block(full), f"layer_{i}")
         weights.save(graphs.block(quantized[i]), f"stand_in_{i}")
         weights.save(graphs.kv_projection(full), f"kv_{i}")
@@ -118,7 +125,7 @@ def export_model(checkpoint: Checkpoint, stand_ins: StandIns, folder: Path,
     weights.save(graphs.embedding(w.embed, spec.embed_scale), "embed")
     norm = graphs.Norm.of(w.final_norm, spec)
     weights.save(graphs.head(norm, w.head, spec.final_softcap), "head")
-    weights.save(graphs.head(norm, graphs.nbits(stand_ins.head), spec.final_softcap),
+    weights.save(graphs.head(norm, graphs.nbits(stand_ins.head, cuda), spec.final_softcap),
                  "stand_in_head")
     weights.close()
     if hasattr(checkpoint.tokenizer, "hf"):   # a model for speed only may have no text
@@ -138,8 +145,7 @@ def weight_bytes(path: Path) -> int:
     return total
 
 
-def exported(model: str | None, quant: QuantSpec, progress: bool,
-             dtype: str = "float32") -> Path:
+def exported(model: str | None, quant: QuantSpec, progress: bool, dtype: str) -> Path:
     """The cached export folder for `model`, exporting it on first use. dtype "float16":
     every graph in float16; "int8": the backbone's layers in 8 bits (symmetric, a scale per
     output row: the int8 stand-ins' quantizer), which MatMulNBits runs on int8 activations."""

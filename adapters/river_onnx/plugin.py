@@ -13,20 +13,25 @@ from . import CAPABILITIES
 
 
 
-def load(model: str | None = None, *, device: str = "cpu", dtype: str = "float32",
+def load(model: str | None = None, *, device: str = "cpu", dtype: str | None = None,
          quant: QuantSpec = QuantSpec(), progress: bool = False):
-    """ONNX Runtime (CPU; CUDA with the onnx-gpu extra): exported per-layer graphs."""
+    """ONNX Runtime (CPU; CUDA with the onnx-gpu extra): exported per-layer graphs. `dtype`
+    None: float32 on the CPU, float16 on CUDA (`river_onnx.export.default_dtype`)."""
     from transformers import AutoTokenizer
 
     from river_models.tokenizer import Tokenizer
 
     from .backend import PROVIDERS, OnnxBackend, sessions_for
-    from .export import DTYPES, Manifest, exported
+    from .export import DTYPES, Manifest, default_dtype, exported
 
+    dtype = default_dtype(device) if dtype is None else dtype
     if dtype not in DTYPES:
         raise ConfigError(f"the onnx backend runs {' or '.join(DTYPES)} backbones, not {dtype}")
     if device not in PROVIDERS:
         raise ConfigError(f"unknown device {device!r} for the onnx backend; use cpu or cuda")
+    if device == "cuda" and dtype != "float16":
+        raise ConfigError(f"the onnx backend runs float16 on cuda, not {dtype}: onnxruntime's "
+                          f"CUDA provider has no float32 GroupQueryAttention")
     sessions_for(device)   # fail before a long export when the provider is missing
     folder = exported(model, quant, progress, dtype)
     manifest = Manifest.read(folder)
