@@ -1,8 +1,9 @@
 """A graph of graphs.py in float16: the export ONNX Runtime's CUDA provider runs.
 
-Float16, not bfloat16: the CPU provider here builds and runs the float16 graphs (checked on
-the tiny models), so the export CUDA would run is the one tested on the CPU; which halves each
-CUDA kernel registers is not checked here. Every float tensor becomes float16: weights,
+Float16, not bfloat16: the CPU provider runs the float16 graphs, so the export CUDA would run
+is the one the conformance kit checks here (subject onnx-float16), and every node of it has a
+CUDA kernel (tests/test_onnx_cuda.py, which also shows CUDA's ReduceMean takes no bfloat16).
+Every float tensor becomes float16: weights,
 scales of the quantized ones, hidden states, rotary tables, attention biases, the K/V cache;
 logits go back to the host as float32 (one Cast), since the engine's sampling and exit rules
 read them there.
