@@ -138,3 +138,14 @@ def test_a_node_the_device_cannot_run_is_a_one_line_error_naming_its_graph(tmp_p
     message = str(refused.value)
     assert path.name in message and "AzureExecutionProvider" in message
     assert "\n" not in message
+
+
+def test_no_tail_session_is_built_off_the_cpu():
+    """Each tail session would hold its own copy of the stand-ins on the GPU: on CUDA an exit
+    river runs stand-in by stand-in instead (the same math: the kit's tail test)."""
+    from river_onnx.backend import tail_sessions
+    from river_onnx.export import Manifest
+
+    manifest = Manifest(tiny.checkpoint("llama", 0).spec, (0.1,) * tiny.LAYERS, (0, 1), "float16")
+    assert tail_sessions(manifest, "cpu") == (0, 1)
+    assert tail_sessions(manifest, "cuda") == ()

@@ -85,6 +85,17 @@ def sessions_for(device: str):
     return make
 
 
+def tail_sessions(manifest: Manifest, device: str) -> tuple[int, ...]:
+    """The tails to build a session for: none off the CPU. Each tail session holds its own
+    copy of the stand-ins' weights: ORT shares initializers between sessions only as OrtValues
+    given to SessionOptions.add_initializer, and then still prepacks MatMulNBits' weights per
+    session (the embedded model's stand-in and tail sessions on the CPU: 590 MB each with its
+    own copy, 728 MB sharing, 244 MB sharing with prepacking off; docs/backends.md); on a GPU
+    that would be about 7 copies of the stand-ins for 32 layers. Without its tail a token's exit
+    river runs stand-in by stand-in: the same weights and math (the kit checks it)."""
+    return manifest.tails if device == "cpu" else ()
+
+
 def _built(make, folder: Path, names: list[str]) -> dict[str, ort.InferenceSession]:
     """Every session in `names` (graph files of `folder`), built now, several at a time:
     a session made on first use would be made inside a timed decode (issue 36)."""
@@ -148,7 +159,8 @@ class OnnxBackend(NumpyArrays, LayerEngine):
         self.floats = np.dtype(manifest.floats)   # of hidden states, the cache, the tables
         self._folder = folder
         layers = range(spec.num_layers)
-        kinds = {"layer": layers, "stand_in": layers, "kv": layers, "tail": manifest.tails}
+        kinds = {"layer": layers, "stand_in": layers, "kv": layers,
+                 "tail": tail_sessions(manifest, device)}
         built = _built(make, folder, ["embed", "head", "stand_in_head"] + [
             f"{kind}_{key}" for kind, keys in kinds.items() for key in keys])
         self._embed, self._head, self._stand_in_head = (
