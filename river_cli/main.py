@@ -33,7 +33,7 @@ def _model_arguments(p: argparse.ArgumentParser, *, speculative: bool) -> None:
     p.add_argument("--backend", default="hf", help="hf, onnx, llamacpp (river plugins)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", help="the weights' and activations' type (default: the "
-                   "backend's: float32 on the CPU, bfloat16 for hf on CUDA)")
+                   "backend's: float32 on the CPU; on CUDA bfloat16 for hf, float16 for onnx)")
     arguments.add_exit_arguments(p, speculative=speculative, prefill=speculative)
     arguments.add_quant_arguments(p)
     p.add_argument("--no-chat", action="store_true", help="do not apply the chat template")

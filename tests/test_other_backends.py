@@ -95,8 +95,9 @@ def test_onnx_creates_no_session_inside_a_decode(folder, cache, monkeypatch):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--dtype", "bfloat16"], "the onnx backend runs float32 or int8 backbones"),
+    (["--dtype", "bfloat16"], "the onnx backend runs float32 or float16 or int8 backbones"),
     (["--device", "cuda"], "CUDAExecutionProvider"),
+    (["--device", "cuda", "--dtype", "int8"], "runs float16 on cuda, not int8"),
 ])
 def test_onnx_refuses_what_it_cannot_do(folder, cache, capsys, args, message):
     assert main(["generate", "abc", "--model", folder, "--backend", "onnx", *args]) == 2

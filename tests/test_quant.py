@@ -134,3 +134,28 @@ def test_bad_settings_are_refused():
         QuantSpec(method="gptq")
     with pytest.raises(ConfigError, match="4 or 8 bits"):
         QuantSpec(bits=3)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_a_cuda_export_splits_groups_into_blocks_cudas_matmulnbits_takes(bits, tmp_path,
+                                                                          monkeypatch):
+    """onnxruntime's CUDA MatMulNBits throws for a 4-bit block of 256 in a one-row product;
+    the CUDA export runs such a group as two blocks of 128, scale and zero point repeated: the
+    same weights (checked on the CPU provider, float activations)."""
+    import onnx
+
+    from river_onnx import graphs
+    from river_onnx.backend import sessions_for
+    from river_onnx.quant import CUDA_LARGEST_BLOCK, nbits
+
+    q = quantize(heavy_tailed((32, 512), 3), QuantSpec(bits=bits, group_size=256))
+    assert nbits(q).block == 256
+    assert nbits(q, cuda=True).block == CUDA_LARGEST_BLOCK[bits] == {4: 128, 8: 256}[bits]
+    monkeypatch.setattr(graphs, "ACCURACY_LEVEL", 0)   # float activations: weights alone
+    x = heavy_tailed((1, 1, 512), 4) * 50
+    want = x @ q.dequantize().T
+    g = graphs.Graph()
+    g.output(g.linear(g.input("x", [1, 1, 512]), graphs.Linear(nbits(q, cuda=True))), "y")
+    onnx.save_model(g.model(), tmp_path / "linear.onnx")
+    y = sessions_for("cpu")(tmp_path / "linear.onnx").run(None, {"x": x})[0]
+    assert np.abs(y - want).max() <= 1e-5 * np.abs(want).max()

@@ -39,6 +39,25 @@ def _shared_threads() -> bool:
         return False
 
 
+def session_options(device: str) -> ort.SessionOptions:
+    """Options of every session on `device`. On CUDA a node with no CUDA kernel is an error,
+    not a silent run on the CPU (ONNX Runtime's default: GroupQueryAttention in float32, say,
+    which its CUDA provider does not register, would copy every layer's cache to the host)."""
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    # each session's CPU arena keeps the largest buffers it ever served, so after one long
+    # prefill the ~150 sessions of a model together held gigabytes (docs/benchmarks.md)
+    options.enable_cpu_mem_arena = False
+    # any device: once the process has the shared pool, ORT refuses a session with its own
+    if _shared_threads():
+        options.use_per_session_threads = False
+    else:
+        options.intra_op_num_threads = 1
+    if device != "cpu":
+        options.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
+    return options
+
+
 def sessions_for(device: str):
     """A session factory for `device` that refuses to run anywhere else."""
     provider = PROVIDERS[device]
@@ -46,23 +65,35 @@ def sessions_for(device: str):
         raise CapabilityError(f"onnxruntime here has no {provider} (installed providers: "
                               f"{', '.join(ort.get_available_providers())}); CUDA needs the "
                               f"onnx-gpu extra instead of onnx")
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    # each session's CPU arena keeps the largest buffers it ever served, so after one long
-    # prefill the ~150 sessions of a model together held gigabytes (docs/benchmarks.md)
-    options.enable_cpu_mem_arena = False
-    if device == "cpu" and _shared_threads():
-        options.use_per_session_threads = False
-    else:
-        options.intra_op_num_threads = 1
+    options = session_options(device)
 
     def make(path: Path) -> ort.InferenceSession:
-        sess = ort.InferenceSession(str(path), options, providers=[provider])
-        if sess.get_providers()[0] != provider:
-            raise CapabilityError(f"onnxruntime fell back to {sess.get_providers()[0]} for "
-                                  f"{path.name}; refusing to report it as {device}")
+        try:
+            sess = ort.InferenceSession(str(path), options, providers=[provider])
+        except Exception as e:
+            if "fallback to CPU EP has been explicitly disabled" not in str(e):
+                raise
+            raise CapabilityError(
+                f"{path.name} has a node {provider} cannot run, and River refuses to run it "
+                f"on the CPU behind the device's back (ONNX Runtime's verbose log, "
+                f"log_severity_level 0, lists the nodes placed on the CPU)") from None
+        if provider not in sess.get_providers():
+            raise CapabilityError(f"onnxruntime runs {path.name} on "
+                                  f"{', '.join(sess.get_providers())}, not {provider}; "
+                                  f"refusing to report it as {device}")
         return sess
     return make
+
+
+def tail_sessions(manifest: Manifest, device: str) -> tuple[int, ...]:
+    """The tails to build a session for: none off the CPU. Each tail session holds its own
+    copy of the stand-ins' weights: ORT shares initializers between sessions only as OrtValues
+    given to SessionOptions.add_initializer, and then still prepacks MatMulNBits' weights per
+    session (the embedded model's stand-in and tail sessions on the CPU: 590 MB each with its
+    own copy, 728 MB sharing, 244 MB sharing with prepacking off; docs/backends.md); on a GPU
+    that would be about 7 copies of the stand-ins for 32 layers. Without its tail a token's exit
+    river runs stand-in by stand-in: the same weights and math (the kit checks it)."""
+    return manifest.tails if device == "cpu" else ()
 
 
 def _built(make, folder: Path, names: list[str]) -> dict[str, ort.InferenceSession]:
@@ -88,10 +119,11 @@ class _Step:
         for key, rotary in backend.spec.rotary.items():
             cos, sin = rotary.angles(positions)
             half = cos.shape[-1] // 2
-            self.rope[key] = tuple(np.ascontiguousarray(t[..., :half].reshape(-1, half))
-                                   for t in (cos, sin))
+            self.rope[key] = tuple(np.ascontiguousarray(t[..., :half].reshape(-1, half),
+                                                        backend.floats) for t in (cos, sin))
         qs = backend.spec.query_scale   # Ministral 3: the graphs' qscale input
-        self.query_scale = {} if qs is None else {"qscale": qs.factors(positions)[..., None]}
+        self.query_scale = {} if qs is None else {
+            "qscale": qs.factors(positions)[..., None].astype(backend.floats)}
         self.positions = np.arange(positions.size, dtype=np.int64).reshape(positions.shape)
         # the slots every layer's graph reads: 0..end-1, or the ones a draft window leaves a
         # single-token step, which the graphs then read from a copy (`_bound`)
@@ -111,22 +143,24 @@ class _Step:
         key = layout.mask_key(window, layer)
         if key not in self._biases:
             attend = layout.mask(self.start, self.end, window, layer, self._read)
-            self._biases[key] = np.where(attend, 0, -np.inf).astype(np.float32)[:, None]
+            self._biases[key] = np.where(attend, 0, -np.inf).astype(self._b.floats)[:, None]
         return self._biases[key]
 
 
 class OnnxBackend(NumpyArrays, LayerEngine):
-    """Runs exported per-layer graphs with ONNX Runtime: float32 activations, backbone weights
-    float32 or int8 (the export's dtype)."""
+    """Runs exported per-layer graphs with ONNX Runtime: float32 activations with backbone
+    weights float32 or int8, or everything float16 (the export's dtype)."""
 
     name = "onnx"
 
     def __init__(self, folder: Path, manifest: Manifest, tokenizer, device: str = "cpu") -> None:
         make = sessions_for(device)
         self.spec = spec = manifest.spec
+        self.floats = np.dtype(manifest.floats)   # of hidden states, the cache, the tables
         self._folder = folder
         layers = range(spec.num_layers)
-        kinds = {"layer": layers, "stand_in": layers, "kv": layers, "tail": manifest.tails}
+        kinds = {"layer": layers, "stand_in": layers, "kv": layers,
+                 "tail": tail_sessions(manifest, device)}
         built = _built(make, folder, ["embed", "head", "stand_in_head"] + [
             f"{kind}_{key}" for kind, keys in kinds.items() for key in keys])
         self._embed, self._head, self._stand_in_head = (
@@ -146,7 +180,7 @@ class OnnxBackend(NumpyArrays, LayerEngine):
         """Unwritten slots hold 0, not NaN: attention reads every slot before the step's end
         under an additive bias (a padded row's empty slots too), and NaN * 0 would poison the
         row."""
-        return np.zeros(shape, np.float32), np.zeros(shape, np.float32)
+        return np.zeros(shape, self.floats), np.zeros(shape, self.floats)
 
     def context(self, layout: Layout, step: Step) -> _Step:
         return _Step(self, layout, step)
@@ -245,7 +279,8 @@ class OnnxBackend(NumpyArrays, LayerEngine):
         return Footprint(tuple(size(f"layer_{i}") for i in layers),
                          tuple(size(f"stand_in_{i}") for i in layers),
                          tuple(size(f"kv_{i}") for i in layers), size("head"),
-                         2 * self.spec.kv_heads * self.spec.head_dim * 4, size("stand_in_head"))
+                         2 * self.spec.kv_heads * self.spec.head_dim * self.floats.itemsize,
+                         size("stand_in_head"))
 
 
 def _bound(cache: np.ndarray, idx, slots: np.ndarray | None) -> np.ndarray:

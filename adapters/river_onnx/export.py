@@ -29,8 +29,9 @@ from river_models.quant import FORMAT as QUANT_FORMAT
 from river_models.source import locate, open_model
 
 from . import graphs
+from .half import to_float16
 
-FORMAT = 11   # bump when the graphs change: old exports are then ignored
+FORMAT = 12   # bump when the graphs change: old exports are then ignored
 
 
 def tail_starts(num_layers: int) -> tuple[int, ...]:
@@ -44,16 +45,18 @@ class Manifest:
     spec: ModelSpec
     stand_in_error: tuple[float, ...]
     tails: tuple[int, ...]
+    floats: str   # the graphs' float type: float32, or float16 (half.py)
 
     def save(self, folder: Path) -> None:
         (folder / "manifest.json").write_text(json.dumps(
             {"spec": self.spec.to_json(), "stand_in_error": list(self.stand_in_error),
-             "tails": list(self.tails)}))
+             "tails": list(self.tails), "floats": self.floats}))
 
     @classmethod
     def read(cls, folder: Path) -> "Manifest":
         d = json.loads((folder / "manifest.json").read_text())
-        return cls(ModelSpec.from_json(d["spec"]), tuple(d["stand_in_error"]), tuple(d["tails"]))
+        return cls(ModelSpec.from_json(d["spec"]), tuple(d["stand_in_error"]), tuple(d["tails"]),
+                   d["floats"])
 
 
 class SharedWeights:
@@ -62,11 +65,13 @@ class SharedWeights:
     NAME = "weights.data"
     INLINE = 1024   # smaller tensors stay inside their graph
 
-    def __init__(self, folder: Path) -> None:
-        self.folder, self._offsets = folder, {}
+    def __init__(self, folder: Path, floats: str) -> None:
+        self.folder, self._offsets, self._floats = folder, {}, floats
         self._data = (folder / self.NAME).open("wb")
 
     def save(self, model: onnx.ModelProto, name: str) -> None:
+        if self._floats == "float16":
+            model = to_float16(model)
         for tensor in model.graph.initializer:
             raw = tensor.raw_data
             if len(raw) < self.INLINE:
@@ -84,22 +89,32 @@ class SharedWeights:
         self._data.close()
 
 
-DTYPES = ("float32", "int8")
+# float16: every float tensor in float16 (half.py), what ONNX Runtime's CUDA provider runs;
+# int8: the backbone's layers in 8 bits, float32 activations
+DTYPES = ("float32", "float16", "int8")
+
+
+def default_dtype(device: str) -> str:
+    """float32 on the CPU; float16 on CUDA, whose provider registers GroupQueryAttention,
+    MatMulNBits and RotaryEmbedding for float16 and not float32 (tests/test_onnx_cuda.py)."""
+    return "float32" if device == "cpu" else "float16"
 
 
 def export_model(checkpoint: Checkpoint, stand_ins: StandIns, folder: Path,
-                 progress: bool = False, backbone: StandIns | None = None) -> Manifest:
+                 progress: bool = False, backbone: StandIns | None = None,
+                 floats: str = "float32") -> Manifest:
     """Write every graph of `checkpoint` into `folder`. `backbone`: quantized weights the
     backbone's layers run instead of the float ones (the int8 backbone); the embedding and the
-    head stay float."""
+    head stay float. `floats`: the graphs' float type, float32 or float16."""
     spec, w = checkpoint.spec, checkpoint.weights
-    weights = SharedWeights(folder)
+    weights = SharedWeights(folder, floats)
+    cuda = floats == "float16"   # the export CUDA runs: MatMulNBits in blocks it takes
     layers = tqdm(list(enumerate(w.layers)), desc="exporting layers to ONNX",
                   disable=not progress, unit="layer")
     quantized = []
     for i, layer in layers:
         full = graphs.BlockWeights.of(layer, spec, None if backbone is None else backbone.layers[i])
-        quantized.append(graphs.BlockWeights.of(layer, spec, stand_ins.layers[i]))
+        quantized.append(graphs.BlockWeights.of(layer, spec, stand_ins.layers[i], cuda))
         weights.save(graphs.block(full), f"layer_{i}")
         weights.save(graphs.block(quantized[i]), f"stand_in_{i}")
         weights.save(graphs.kv_projection(full), f"kv_{i}")
@@ -110,12 +125,12 @@ def export_model(checkpoint: Checkpoint, stand_ins: StandIns, folder: Path,
     weights.save(graphs.embedding(w.embed, spec.embed_scale), "embed")
     norm = graphs.Norm.of(w.final_norm, spec)
     weights.save(graphs.head(norm, w.head, spec.final_softcap), "head")
-    weights.save(graphs.head(norm, graphs.nbits(stand_ins.head), spec.final_softcap),
+    weights.save(graphs.head(norm, graphs.nbits(stand_ins.head, cuda), spec.final_softcap),
                  "stand_in_head")
     weights.close()
     if hasattr(checkpoint.tokenizer, "hf"):   # a model for speed only may have no text
         checkpoint.tokenizer.hf.save_pretrained(folder / "tokenizer")
-    manifest = Manifest(spec, stand_ins.errors, tails)
+    manifest = Manifest(spec, stand_ins.errors, tails, floats)
     manifest.save(folder)
     return manifest
 
@@ -130,11 +145,10 @@ def weight_bytes(path: Path) -> int:
     return total
 
 
-def exported(model: str | None, quant: QuantSpec, progress: bool,
-             dtype: str = "float32") -> Path:
-    """The cached export folder for `model`, exporting it on first use. dtype "int8": the
-    backbone's layers in 8 bits (symmetric, a scale per output row: the int8 stand-ins'
-    quantizer), which MatMulNBits runs on int8 activations."""
+def exported(model: str | None, quant: QuantSpec, progress: bool, dtype: str) -> Path:
+    """The cached export folder for `model`, exporting it on first use. dtype "float16":
+    every graph in float16; "int8": the backbone's layers in 8 bits (symmetric, a scale per
+    output row: the int8 stand-ins' quantizer), which MatMulNBits runs on int8 activations."""
     source = locate(model, progress)
     key = digest(content_key(source), FORMAT, QUANT_FORMAT, quant.bits, quant.group_size,
                  quant.method, dtype)
@@ -145,5 +159,5 @@ def exported(model: str | None, quant: QuantSpec, progress: bool,
         backbone = stand_ins(checkpoint, QuantSpec(bits=8), progress) if dtype == "int8" \
             else None
         export_model(checkpoint, stand_ins(checkpoint, quant, progress), folder, progress,
-                     backbone)
+                     backbone, "float16" if dtype == "float16" else "float32")
     return cached(target, build, key, source=source)

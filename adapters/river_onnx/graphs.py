@@ -65,14 +65,16 @@ class BlockWeights:
 
     @classmethod
     def of(cls, layer: LayerWeights, spec: ModelSpec,
-           quantized: dict[str, QuantWeight] | None = None) -> "BlockWeights":
-        """A backbone block, or its stand-in when `quantized` projections are given."""
+           quantized: dict[str, QuantWeight] | None = None,
+           cuda: bool = False) -> "BlockWeights":
+        """A backbone block, or its stand-in when `quantized` projections are given (in blocks
+        CUDA's MatMulNBits takes, for `cuda`: quant.nbits)."""
         norm = lambda w: Norm.of(w, spec)
         proj = {}
         for fused, names in FUSED.items():
             weight, bias = layer.fused(names)
             if quantized is not None:
-                weight = nbits(QuantWeight.stack([quantized[n] for n in names]))
+                weight = nbits(QuantWeight.stack([quantized[n] for n in names]), cuda)
             proj[fused] = Linear(weight, bias)
         return cls(norm(layer.input_norm), norm(layer.pre_mlp_norm), norm(layer.post_attn_norm),
                    norm(layer.post_mlp_norm), norm(layer.q_norm), norm(layer.k_norm), proj,

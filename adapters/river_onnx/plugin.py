@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 from river_core.config import QuantSpec
 from river_core.errors import ConfigError
 from river_core.hookspecs import BackendPlugin, hookimpl
@@ -11,20 +13,25 @@ from . import CAPABILITIES
 
 
 
-def load(model: str | None = None, *, device: str = "cpu", dtype: str = "float32",
+def load(model: str | None = None, *, device: str = "cpu", dtype: str | None = None,
          quant: QuantSpec = QuantSpec(), progress: bool = False):
-    """ONNX Runtime (CPU; CUDA with the onnx-gpu extra): exported per-layer graphs."""
+    """ONNX Runtime (CPU; CUDA with the onnx-gpu extra): exported per-layer graphs. `dtype`
+    None: float32 on the CPU, float16 on CUDA (`river_onnx.export.default_dtype`)."""
     from transformers import AutoTokenizer
 
     from river_models.tokenizer import Tokenizer
 
     from .backend import PROVIDERS, OnnxBackend, sessions_for
-    from .export import DTYPES, Manifest, exported
+    from .export import DTYPES, Manifest, default_dtype, exported
 
+    dtype = default_dtype(device) if dtype is None else dtype
     if dtype not in DTYPES:
         raise ConfigError(f"the onnx backend runs {' or '.join(DTYPES)} backbones, not {dtype}")
     if device not in PROVIDERS:
         raise ConfigError(f"unknown device {device!r} for the onnx backend; use cpu or cuda")
+    if device == "cuda" and dtype != "float16":
+        raise ConfigError(f"the onnx backend runs float16 on cuda, not {dtype}: onnxruntime's "
+                          f"CUDA provider has no float32 GroupQueryAttention")
     sessions_for(device)   # fail before a long export when the provider is missing
     folder = exported(model, quant, progress, dtype)
     manifest = Manifest.read(folder)
@@ -33,7 +40,7 @@ def load(model: str | None = None, *, device: str = "cpu", dtype: str = "float32
 
 
 
-def tiny_backend(family: str, seed: int, bits: int):
+def tiny_backend(family: str, seed: int, bits: int, floats: str = "float32"):
     """The onnx backend over a tiny random model, exported on the fly."""
     import shutil
     import tempfile
@@ -47,7 +54,8 @@ def tiny_backend(family: str, seed: int, bits: int):
 
     checkpoint = tiny.checkpoint(family, seed)
     folder = Path(tempfile.mkdtemp(prefix=f"river-onnx-{family}-"))
-    manifest = export_model(checkpoint, tiny.stand_ins(checkpoint, bits), folder)
+    manifest = export_model(checkpoint, tiny.stand_ins(checkpoint, bits), folder,
+                            floats=floats)
     backend = OnnxBackend(folder, manifest, checkpoint.tokenizer)
     # its footprint reads the graphs' files: the export lives as long as its backend
     weakref.finalize(backend, shutil.rmtree, folder, ignore_errors=True)
@@ -61,4 +69,5 @@ def river_backends():
 
 @hookimpl
 def river_conformance_backends():
-    return {"onnx": tiny_backend}
+    return {"onnx": tiny_backend, "onnx-float16": functools.partial(tiny_backend,
+                                                                     floats="float16")}

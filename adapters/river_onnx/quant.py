@@ -18,6 +18,12 @@ import numpy as np
 from river_models import QuantWeight
 
 BLOCKS = (256, 128, 64, 32, 16)   # MatMulNBits takes powers of two from 16
+# The largest block ONNX Runtime's CUDA MatMulNBits takes, by bits: its one-row product (every
+# decode step) runs in TryMatMul4BitsM1 at 4 bits, which has kernels for blocks of 16-128 and
+# throws for any other (onnxruntime/contrib_ops/cuda/quantization/matmul_4bits_m1_impl.cuh;
+# the onnxruntime-gpu 1.31.1 wheel's CUDA provider holds exactly those four instances, and
+# 16-256 for the 8-bit one-row kernel). A CUDA export splits a larger group into blocks.
+CUDA_LARGEST_BLOCK = {4: 128, 8: 256}
 
 
 @attrs.frozen
@@ -42,9 +48,12 @@ def _pack_nibbles(q: np.ndarray) -> np.ndarray:
     return (q[..., 0::2] | (q[..., 1::2] << 4)).astype(np.uint8)
 
 
-def nbits(q: QuantWeight) -> NBits:
+def nbits(q: QuantWeight, cuda: bool = False) -> NBits:
+    """`q` in MatMulNBits' layout; for `cuda`, in blocks no larger than CUDA_LARGEST_BLOCK, a
+    larger group's scale and zero point repeated over its blocks: the same weights."""
     rows, columns = q.shape
-    block = q.group if q.group in BLOCKS else next(b for b in BLOCKS if columns % b == 0)
+    sizes = [b for b in BLOCKS if not cuda or b <= CUDA_LARGEST_BLOCK[q.bits]]
+    block = next(b for b in sizes if q.group % b == 0 and columns % b == 0)
     per_group = q.group // block   # blocks per stored scale (1, or a row's worth at 8 bits)
     blocks = columns // block
     top = 2 ** q.bits - 1

@@ -1,0 +1,151 @@
+"""The onnx backend's CUDA path, proven on the CPU as far as it can be without a GPU: every node
+of the float16 export has a CUDA kernel in onnxruntime 1.31.1 (the float32 export has not:
+GroupQueryAttention), CUDA sessions refuse to run a node on the CPU, and that refusal reaches
+the user as one line naming the graph. Nothing here has run on a GPU (docs/backends.md)."""
+
+import onnx
+import onnx.defs
+import pytest
+from onnx import TensorProto
+
+from river_core import CapabilityError
+from river_models import tiny
+
+FLOATS = {"float", "float16", "bfloat16", "double"}
+ANY = FLOATS | {"int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "bool"}
+
+# ONNX Runtime's CUDA kernels for the ops River's graphs use: (domain, op) -> rows of (first
+# opset, last opset or None, {input index: the types that input may have}). The rows covering
+# opset 21 (River's graphs') of docs/OperatorKernels.md, "Operators implemented by
+# CUDAExecutionProvider", at microsoft/onnxruntime commit 001d12d2 (generated from the
+# registered kernels; it registers opset-23 ops, so 1.23 or later). The com.microsoft rows'
+# float types checked against the kernel classes compiled into libonnxruntime_providers_cuda.so
+# of the onnxruntime-gpu 1.31.1 wheel (type names GroupQueryAttention<MLFloat16|BFloat16, ...>,
+# MatMulNBits<float|MLFloat16|BFloat16>, RotaryEmbedding<float|MLFloat16|BFloat16>).
+CUDA_KERNELS = {
+    ("", "Add"): [(14, None, {0: ANY - {"bool"}})],
+    ("", "Cast"): [(21, 22, {0: ANY})],
+    ("", "Div"): [(14, None, {0: ANY - {"bool"}})],
+    ("", "Gather"): [(13, None, {0: ANY, 1: {"int32", "int64"}})],
+    ("", "Gelu"): [(20, None, {0: FLOATS})],
+    ("", "Identity"): [(19, None, {0: ANY})],
+    ("", "MatMul"): [(13, None, {0: FLOATS})],
+    ("", "Mul"): [(14, None, {0: ANY - {"bool"}})],
+    ("", "Pow"): [(15, None, {0: FLOATS | {"int32", "int64"}})],
+    ("", "ReduceMean"): [(18, None, {0: {"double", "float", "float16", "int32"}})],
+    ("", "ReduceSum"): [(13, None, {0: FLOATS | {"int32", "int64"}})],
+    ("", "Reshape"): [(21, 22, {0: ANY})],
+    ("", "Sigmoid"): [(13, None, {0: FLOATS})],
+    ("", "Slice"): [(13, None, {0: ANY})],
+    ("", "Split"): [(18, None, {0: ANY})],
+    ("", "Sqrt"): [(13, None, {0: FLOATS})],
+    ("", "Sub"): [(14, None, {0: ANY - {"bool"}})],
+    ("", "Transpose"): [(21, 22, {0: ANY})],
+    ("com.microsoft", "GroupQueryAttention"): [
+        (1, None, {0: {"float16", "bfloat16"}, 3: {"float16", "bfloat16", "int8"},
+                   5: {"int32"}})],
+    ("com.microsoft", "MatMulNBits"): [
+        (1, None, {0: {"float", "float16", "bfloat16"}, 1: {"uint8"},
+                   3: {"float", "float16", "bfloat16", "uint8"}})],
+    ("com.microsoft", "RotaryEmbedding"): [
+        (1, None, {0: {"float", "float16", "bfloat16"}, 1: {"int64"}})],
+}
+
+
+def _type(elem: int) -> str:
+    return TensorProto.DataType.Name(elem).lower()   # float, float16, int64, ...
+
+
+def _no_cuda_kernel(path) -> list[str]:
+    """'graph: op(input types)' for each node of the graph at `path` no CUDA kernel takes.
+    Types are carried from the graph's inputs and weights through the nodes: every op River
+    uses gives its outputs its first input's type, but Cast."""
+    model = onnx.load(str(path), load_external_data=False)
+    opsets = {o.domain: o.version for o in model.opset_import}
+    g = model.graph
+    types = {v.name: _type(v.type.tensor_type.elem_type) for v in g.input}
+    types.update({t.name: _type(t.data_type) for t in g.initializer})
+    missing = []
+    for node in g.node:
+        seen = {i: types[name] for i, name in enumerate(node.input) if name}
+        since = onnx.defs.get_schema(node.op_type, opsets[""]).since_version \
+            if node.domain == "" else 1
+        rows = CUDA_KERNELS.get((node.domain, node.op_type), [])
+        if not any(lo <= since and (hi is None or since <= hi)
+                   and all(seen.get(i) in allowed for i, allowed in inputs.items())
+                   for lo, hi, inputs in rows):
+            missing.append(f"{path.stem}: {node.op_type}({', '.join(seen.values())})")
+        out = _type(next(a.i for a in node.attribute if a.name == "to")) \
+            if node.op_type == "Cast" else seen[0]
+        types.update({name: out for name in node.output if name})
+    return missing
+
+
+def _export(tmp_path, family: str, floats: str):
+    from river_onnx.export import export_model
+
+    checkpoint = tiny.checkpoint(family, 0)
+    folder = tmp_path / f"{family}-{floats}"
+    folder.mkdir()
+    export_model(checkpoint, tiny.stand_ins(checkpoint, 4), folder, floats=floats)
+    return sorted(folder.glob("*.onnx"))
+
+
+@pytest.mark.parametrize("family", tiny.FAMILIES)
+def test_every_node_of_the_float16_export_has_a_cuda_kernel(tmp_path, family):
+    paths = _export(tmp_path, family, "float16")
+    assert [m for path in paths for m in _no_cuda_kernel(path)] == []
+
+
+def test_the_float32_export_would_run_its_attention_on_the_cpu(tmp_path):
+    """The bug of issue 34: ONNX Runtime's CUDA provider has no float32 GroupQueryAttention,
+    so every attention node of a float32 export would fall back to the CPU."""
+    missing = [m for path in _export(tmp_path, "llama", "float32")
+               for m in _no_cuda_kernel(path)]
+    assert missing and all("GroupQueryAttention(float" in m for m in missing)
+    assert {m.split(":")[0] for m in missing} >= {"layer_0", "stand_in_0", "tail_0"}
+
+
+def test_onnx_defaults_to_float32_on_the_cpu_and_float16_on_cuda():
+    from river_onnx.export import default_dtype
+
+    assert default_dtype("cpu") == "float32" and default_dtype("cuda") == "float16"
+
+
+def test_cuda_sessions_refuse_a_silent_cpu_fallback():
+    from river_onnx.backend import session_options
+
+    key = "session.disable_cpu_ep_fallback"
+    assert session_options("cuda").get_session_config_entry(key) == "1"
+    with pytest.raises(RuntimeError, match="does not have configuration"):
+        session_options("cpu").get_session_config_entry(key)   # unset: the CPU is the CPU
+
+
+def test_a_node_the_device_cannot_run_is_a_one_line_error_naming_its_graph(tmp_path,
+                                                                          monkeypatch):
+    """ONNX Runtime's own refusal, provoked on the CPU: its Azure provider runs no node, so
+    a session on it alone with CPU fallback disabled fails as a CUDA one would."""
+    import onnxruntime as ort
+
+    from river_onnx import backend
+
+    if "AzureExecutionProvider" not in ort.get_available_providers():
+        pytest.skip("this onnxruntime has no AzureExecutionProvider to stand in for CUDA")
+    path = _export(tmp_path, "llama", "float16")[0]
+    monkeypatch.setitem(backend.PROVIDERS, "cuda", "AzureExecutionProvider")
+    with pytest.raises(CapabilityError) as refused:
+        backend.sessions_for("cuda")(path)
+    message = str(refused.value)
+    assert path.name in message and "AzureExecutionProvider" in message
+    assert "\n" not in message
+
+
+def test_no_tail_session_is_built_off_the_cpu():
+    """Each tail session would hold its own copy of the stand-ins on the GPU: on CUDA an exit
+    river runs stand-in by stand-in instead (the same math: the kit's tail test)."""
+    from river_onnx.backend import tail_sessions
+    from river_onnx.export import Manifest
+
+    manifest = Manifest(tiny.checkpoint("llama", 0).spec, (0.1,) * tiny.LAYERS, (0, 1), "float16")
+    assert tail_sessions(manifest, "cpu") == (0, 1)
+    assert tail_sessions(manifest, "cuda") == ()
