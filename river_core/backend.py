@@ -51,6 +51,7 @@ class Step:
     start: int
     tokens: int = 1
     draft_window: int | None = None
+    draft: bool = False   # a draft's: what it writes stands only once verification rewrites it
 
     @property
     def end(self) -> int:

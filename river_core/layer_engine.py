@@ -58,6 +58,10 @@ class LayerEngine(StandInDefaults, abc.ABC):
     head_dim: int
     cache: KVCache | None = None
     ctx: Any = None   # the current step's context (`context`)
+    # A sequence length past which the model's positional encoding changes for positions
+    # already cached (Phi-3's LongRoPE switch): a step that takes a row across it recomputes
+    # the cache first (`_rerun_across_the_switch`). None: never.
+    rerun_at: int | None = None
 
     # -- what a subclass supplies ---------------------------------------------------------------
 
@@ -120,16 +124,41 @@ class LayerEngine(StandInDefaults, abc.ABC):
         return 0 if self.cache is None else self.cache.offset
 
     def _begin(self, ids: np.ndarray, step: Step):
+        self._ids[:, step.start:step.end] = ids
+        if self.rerun_at is not None and not step.draft:
+            self._rerun_across_the_switch(step)
+        return self._embedded(ids, step)
+
+    def _embedded(self, ids: np.ndarray, step: Step):
         self.cache.begin(step)
         self.ctx = self.context(self.cache.layout, step)
         self._indices: dict[tuple[int, ...], Any] = {}
         return self.embed_ids(ids)
+
+    def _rerun_across_the_switch(self, step: Step) -> None:
+        """A sequence longer than `rerun_at` has every position on the long rotary table, so
+        where a step takes a row's sequence across it (up, or back down after a rejected
+        verification), every row's slots up to the step's end are recomputed at full depth
+        first, in one pass: the model's own result for the whole sequence, which transformers'
+        Phi-3 means by dropping its cache there. Rows that do not cross keep their table (it
+        is chosen per row). A draft's step skips it: verification rewrites what drafts wrote."""
+        past = self.cache.layout.positions(step.start, step.end).max(-1) + 1 > self.rerun_at
+        if (past == self._past_switch).all():
+            return
+        self._past_switch = past
+        whole = Step(0, step.end)
+        h = self._embedded(self._ids[:, :step.end], whole)
+        for i in range(self.num_layers):
+            h = self.run_block(i, h, None, False, None)
 
     def prefill(self, prompts: Sequence[Sequence[int]], capacity: int,
                 prefill_exit: int | None = None) -> Prefill:
         layout = Layout([len(p) for p in prompts], capacity, self.num_layers)
         self.cache = KVCache(*self.allocate((self.num_layers, layout.batch, self.kv_heads,
                                              capacity, self.head_dim)), layout)
+        self._ids = np.zeros((layout.batch, capacity), np.int64)   # for a rerun
+        self._past_switch = np.zeros(layout.batch, bool) if self.rerun_at is None else \
+            layout.positions(0, layout.width).max(-1) + 1 > self.rerun_at
         h = self._begin(layout.ids(prompts), Step(0, layout.width))
         cosines = []
         for i in range(self.num_layers):
@@ -155,6 +184,15 @@ class LayerEngine(StandInDefaults, abc.ABC):
         if self.cache.layout.batch != 1:
             raise CapabilityError(f"extend runs one sequence; this cache holds "
                                   f"{self.cache.layout.batch}")
+        if self.rerun_at is not None and start < self.rerun_at < start + len(tokens):
+            # one pass decides a single table, but the tokens before the switch must see the
+            # short one, as they do decoded one by one: two passes, split at the switch
+            cut = self.rerun_at - start
+            return np.concatenate([self._extend(tokens[:cut], start),
+                                   self._extend(tokens[cut:], self.rerun_at)])
+        return self._extend(tokens, start)
+
+    def _extend(self, tokens: Sequence[int], start: int) -> np.ndarray:
         h = self._begin(np.asarray([list(tokens)], dtype=np.int64), Step(start, len(tokens)))
         for i in range(self.num_layers):
             h = self.run_block(i, h, None, False, None)

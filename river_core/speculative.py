@@ -129,7 +129,7 @@ def rounds(backend: Backend, prompt: Sequence[int], gen: GenerationConfig, run: 
         drafts, draft_probs, exits = [], [], []
         for n in range(gamma):
             logits, layers = decode_step(backend, [token], run, rows, step + n,
-                                         Step(p + n, draft_window=run.draft_window),
+                                         Step(p + n, draft_window=run.draft_window, draft=True),
                                          draft=True)
             exits.append(layers[0])
             q = distribution(logits[0]) if sampled else None

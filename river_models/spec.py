@@ -96,6 +96,13 @@ class ModelSpec:
         """Query heads per K/V head."""
         return self.heads // self.kv_heads
 
+    @property
+    def rerun_at(self) -> int | None:
+        """LongRoPE's switch (Phi-3): a sequence longer than this rotates every position on
+        the long table, those already in its cache too (`LayerEngine.rerun_at`)."""
+        switches = [r.switch for r in self.rotary.values() if r.long_inv_freq]
+        return min(switches) if switches else None
+
     def to_json(self) -> dict:
         d = attrs.asdict(self, recurse=False)
         d["rotary"] = {k: attrs.asdict(r) for k, r in self.rotary.items()}

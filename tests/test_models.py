@@ -189,3 +189,39 @@ def test_a_mistral3_checkpoint_runs_its_ministral3_text_model(tmp_path):
         want = wrapper(input_ids=torch.tensor([LONG_PROMPT])).logits[0, -1].numpy()
     got = forced_logits(_backend("hf", "ministral3", checkpoint), LONG_PROMPT, [], Full())[0]
     assert relative_error(got.reshape(-1), want) <= FULL_DEPTH_RTOL
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_decoding_across_the_longrope_switch_recomputes_the_sequence_on_the_long_table(engine):
+    """A prompt just short of Phi-3's switch, decoded past it: every step's logits are those of
+    transformers' model run on the whole sequence so far (past the switch, every position on
+    the long table), because River recomputes its cache where the sequence first passes the
+    switch. (transformers' own generate means to do the same, but at that step feeds only the
+    newest token with no cache at all (5.19), so it is not the reference here.)"""
+    prompt, n = LONG_PROMPT[:tiny.PHI3_SWITCH - 3], 8
+    b = _backend(engine, "phi3")
+    tokens = generate_ids(b, [prompt], GenerationConfig(max_new_tokens=n),
+                          scripted_run(Full(), [])).tokens[0]
+    got = forced_logits(b, prompt, tokens[:-1], Full())
+    assert len(prompt) + len(tokens) > tiny.PHI3_SWITCH + 1   # several steps past the switch
+    for step, g in enumerate(got):
+        want = _reference_logits("phi3", prompt + tokens[:step])[-1]
+        assert relative_error(g.reshape(-1), want) <= FULL_DEPTH_RTOL
+        assert int(np.argmax(want)) == tokens[step]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_lossless_mode_across_the_longrope_switch_gives_full_depths_tokens(engine):
+    """Drafts and verification that carry the sequence past Phi-3's switch: full depth's tokens
+    (the recompute runs wherever the step that first passes it is a draft or a verification)."""
+    from river_core.kv import River
+    from river_core.speculative import DraftLength, speculative_ids
+
+    prompt, n = LONG_PROMPT[:tiny.PHI3_SWITCH - 4], 8
+    b = _backend(engine, "phi3")
+    want = generate_ids(b, [prompt], GenerationConfig(max_new_tokens=n),
+                        scripted_run(Full(), [])).tokens
+    for gamma in (2, 3):
+        got = speculative_ids(b, [prompt], GenerationConfig(max_new_tokens=n),
+                              scripted_run(River(), [1] * 40), DraftLength(gamma))
+        assert got.tokens == want

@@ -61,7 +61,7 @@ class HFBackend(LayerEngine):
         self._norm = Norm.of(w.final_norm, spec, dtype, dev)
         self._rotaries = Rotaries(spec, dev)
         self.num_layers = spec.num_layers
-        self.max_positions = spec.max_positions
+        self.max_positions, self.rerun_at = spec.max_positions, spec.rerun_at
         self.kv_heads, self.head_dim = spec.kv_heads, spec.head_dim
         self.capabilities = CAPABILITIES
         self.runs_on = (str(self.device),)
