@@ -19,9 +19,10 @@ from .layout import Layout
 
 class KVCache:
     """Every layer's K and V as two [layers, batch, kv_heads, capacity, head_dim] arrays of the
-    engine's kind (numpy, torch), written by index assignment. Entries a skipped layer leaves
-    out on purpose (`mask`, the layout's holes) hold ABSENT: finite, since masked weights are
-    0 and 0 * NaN would still poison the output."""
+    engine's kind (numpy, torch, or what indexes like them: per-layer device buffers), written
+    by index assignment. Entries a skipped layer leaves out on purpose (`mask`, the layout's
+    holes) hold ABSENT: finite, since masked weights are 0 and 0 * NaN would still poison the
+    output."""
 
     ABSENT = 0.0
 

@@ -1,9 +1,11 @@
-"""The ONNX Runtime backend: per-layer sessions over a numpy KV cache owned by the backend.
+"""The ONNX Runtime backend: per-layer sessions over a KV cache on the sessions' device, owned
+by the backend.
 
-Hidden states are numpy arrays [batch, tokens, hidden]. Each step builds its rotary tables and
-attention biases once; every layer call binds its layer's cache arrays as both the graph's past
-and present K/V (IOBinding, no copy), so the graph's GroupQueryAttention writes the new tokens'
-K/V where they stay and reads only the slots written so far.
+Hidden states are numpy arrays [batch, tokens, hidden] on the host. Each step builds its rotary
+tables and attention biases once; every layer call binds its layer's cache OrtValues
+(`device_kv.OrtLayers`) as both the graph's past and present K/V (IOBinding, no copy), so the
+graph's GroupQueryAttention writes the new tokens' K/V where they stay and reads only the slots
+written so far.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from river_core.footprint import Footprint
 from river_core.layer_engine import LayerEngine, NumpyArrays
 from river_core.layout import Layout
 
+from .device_kv import OrtLayers
 from .export import Manifest, weight_bytes
 from . import CAPABILITIES
 
@@ -158,6 +161,7 @@ class OnnxBackend(NumpyArrays, LayerEngine):
         self.spec = spec = manifest.spec
         self.floats = np.dtype(manifest.floats)   # of hidden states, the cache, the tables
         self._folder = folder
+        self._device = device
         layers = range(spec.num_layers)
         kinds = {"layer": layers, "stand_in": layers, "kv": layers,
                  "tail": tail_sessions(manifest, device)}
@@ -181,7 +185,8 @@ class OnnxBackend(NumpyArrays, LayerEngine):
         """Unwritten slots hold 0, not NaN: attention reads every slot before the step's end
         under an additive bias (a padded row's empty slots too), and NaN * 0 would poison the
         row."""
-        return np.zeros(shape, self.floats), np.zeros(shape, self.floats)
+        return (OrtLayers(shape, self.floats, self._device),
+                OrtLayers(shape, self.floats, self._device))
 
     def context(self, layout: Layout, step: Step) -> _Step:
         return _Step(self, layout, step)
@@ -222,8 +227,10 @@ class OnnxBackend(NumpyArrays, LayerEngine):
     def _run_in_place(self, sess, feeds: dict, layers: dict[str, int], idx,
                       outputs: list[str], step: _Step) -> list[np.ndarray]:
         """Runs `sess` with each layer's cache (by the suffix of its inputs) bound as both past
-        and present K/V, so the graph writes the new tokens' K/V into the cache itself. Rows
-        `idx`, or a draft window's slots, run on a copy, whose new slots are written back."""
+        and present K/V, so the graph writes the new tokens' K/V into the cache itself, on its
+        device. Rows `idx`, or a draft window's slots, run on a copy made through the host,
+        whose new slots go back through the host. The feeds and outputs (hidden states, the
+        step's tables) are host arrays: ONNX Runtime copies them to and from the device."""
         binding = sess.io_binding()
         for name, value in feeds.items():
             binding.bind_cpu_input(name, np.ascontiguousarray(value))
@@ -231,16 +238,17 @@ class OnnxBackend(NumpyArrays, LayerEngine):
             binding.bind_output(name)
         copies = []
         for suffix, i in layers.items():
-            for kv, cache in (("k", self.cache.k[i]), ("v", self.cache.v[i])):
-                array = _bound(cache, idx, step.slots)
-                value = ort.OrtValue.ortvalue_from_numpy(array)
+            for kv, cache in (("k", self.cache.k), ("v", self.cache.v)):
+                if idx is None and step.slots is None:
+                    value = cache.values[i]
+                else:
+                    value = cache.scratch(_bound(cache[i], idx, step.slots))
+                    copies.append((cache, i, value))
                 binding.bind_ortvalue_input(f"past_{kv}{suffix}", value)
                 binding.bind_ortvalue_output(f"present_{kv}{suffix}", value)
-                if array is not cache:
-                    copies.append((cache, array))
         sess.run_with_iobinding(binding)
-        for cache, array in copies:
-            _write_back(cache, array, idx, step)
+        for cache, i, value in copies:
+            _write_back(cache, i, value.numpy(), idx, step)
         return [value.numpy() for value in binding.get_outputs()[:len(outputs)]]
 
     def stand_in_tail(self, start: int, h, rows):
@@ -284,15 +292,17 @@ class OnnxBackend(NumpyArrays, LayerEngine):
                          size("stand_in_head"))
 
 
-def _bound(cache: np.ndarray, idx, slots: np.ndarray | None) -> np.ndarray:
-    """What a graph reads and writes of one layer's cache [B, heads, capacity, dim]."""
-    rows = cache if idx is None else cache[idx]
-    return rows if slots is None else np.ascontiguousarray(rows[:, :, slots])
+def _bound(layer: np.ndarray, idx, slots: np.ndarray | None) -> np.ndarray:
+    """What a graph reads and writes of one layer's cache [B, heads, capacity, dim] (read on
+    the host) when it runs on rows `idx` or a draft window's `slots`."""
+    rows = layer if idx is None else layer[idx]
+    return np.ascontiguousarray(rows if slots is None else rows[:, :, slots])
 
 
-def _write_back(cache: np.ndarray, array: np.ndarray, idx, step: _Step) -> None:
+def _write_back(cache: OrtLayers, i: int, array: np.ndarray, idx, step: _Step) -> None:
+    """Layer i's slots a graph wrote in `array`, the copy `_bound` made, back into `cache`."""
     rows = slice(None) if idx is None else idx
     if step.slots is None:
-        cache[rows] = array
+        cache[i, rows] = array
     else:   # a windowed step wrote its one token in the copy's last slot
-        cache[rows, :, step.end - 1] = array[:, :, -1]
+        cache[i, rows, :, step.end - 1] = array[:, :, -1]
