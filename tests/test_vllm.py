@@ -264,6 +264,18 @@ def test_river_serve_refuses_a_bad_option_before_starting(folder):
     assert out.returncode == 2 and "unknown option 'treshold'" in out.stderr
 
 
+def test_river_serve_refuses_a_text_and_vision_checkpoint_in_one_line(tmp_path):
+    """A "mistral3" (Ministral-3-8B's hub form) is multimodal to vLLM: refused by name, with
+    what to serve instead, before vLLM starts."""
+    from river_core import ConfigError, ExitConfig, QuantSpec
+    from river_models import tiny
+    from river_vllm.serve import overrides
+
+    folder = tiny.save_mistral3(tmp_path / "mistral3")
+    with pytest.raises(ConfigError, match="serve a folder of its text model alone"):
+        overrides(folder, ExitConfig(), QuantSpec())
+
+
 def test_river_serve_runs_each_family_with_its_river_class(folders, tmp_path):
     """`river serve`'s overrides name the family's River class (spelling out Ministral 3's
     query scaling, which vLLM reads only from a Mistral-format config); a family without one

@@ -70,6 +70,9 @@ def model_overrides(config: Mapping[str, Any]) -> dict:
     """The `--hf-overrides` that run a model (its config.json) with River's class for its
     family, River's settings aside: the River architecture and `query_scaling`'s field."""
     family = (config.get("architectures") or ["?"])[0]
+    if "text_config" in config:   # text and vision (a "mistral3"): vLLM runs it multimodal
+        raise ConfigError(f"River inside vLLM runs text models; this is {family} (text and "
+                          f"vision): serve a folder of its text model alone (docs/models.md)")
     if family not in ARCHITECTURES:
         raise ConfigError(f"River inside vLLM runs {', '.join(ARCHITECTURES)}; this model is "
                           f"{family}")

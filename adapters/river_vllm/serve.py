@@ -30,7 +30,7 @@ from . import CAPABILITIES, STEP_ASIDE_ABOVE, draft_config, model_overrides, riv
 def overrides(folder: str, exit_config: ExitConfig, quant: QuantSpec) -> dict:
     """The `--hf-overrides` that serve `folder` with River, its settings checked first."""
     config = json.loads((Path(folder) / "config.json").read_text())
-    model = model_overrides(config)
+    model = model_overrides(config)   # first: it refuses what River cannot serve
     shape = ModelShape(config["num_hidden_layers"], config["max_position_embeddings"])
     resolve(exit_config, default_registry(), CAPABILITIES, shape, "vllm")
     return {**model, "river": river_entry(exit_config, quant)}
