@@ -124,9 +124,10 @@ class LayerEngine(StandInDefaults, abc.ABC):
         return 0 if self.cache is None else self.cache.offset
 
     def _begin(self, ids: np.ndarray, step: Step):
-        self._ids[:, step.start:step.end] = ids
-        if self.rerun_at is not None and not step.draft:
-            self._rerun_across_the_switch(step)
+        if self.rerun_at is not None:
+            self._ids[:, step.start:step.end] = ids
+            if not step.draft:
+                self._rerun_across_the_switch(step)
         return self._embedded(ids, step)
 
     def _embedded(self, ids: np.ndarray, step: Step):
@@ -156,9 +157,9 @@ class LayerEngine(StandInDefaults, abc.ABC):
         layout = Layout([len(p) for p in prompts], capacity, self.num_layers)
         self.cache = KVCache(*self.allocate((self.num_layers, layout.batch, self.kv_heads,
                                              capacity, self.head_dim)), layout)
-        self._ids = np.zeros((layout.batch, capacity), np.int64)   # for a rerun
-        self._past_switch = np.zeros(layout.batch, bool) if self.rerun_at is None else \
-            layout.positions(0, layout.width).max(-1) + 1 > self.rerun_at
+        if self.rerun_at is not None:   # what a rerun reads: every slot's id, each row's table
+            self._ids = np.zeros((layout.batch, capacity), np.int64)
+            self._past_switch = layout.positions(0, layout.width).max(-1) + 1 > self.rerun_at
         h = self._begin(layout.ids(prompts), Step(0, layout.width))
         cosines = []
         for i in range(self.num_layers):

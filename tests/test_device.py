@@ -142,3 +142,22 @@ def test_the_int4_packing_is_the_kernels_order_and_convention():
 def test_shapes_the_cuda_int4_kernel_cannot_take_are_refused(rows, columns, group):
     with pytest.raises(CapabilityError, match="CUDA int4 kernel"):
         _int4_tinygemm(_quantized(rows, columns, group), torch.device("meta"))
+
+
+def test_a_rerun_across_the_longrope_switch_stays_on_the_device():
+    """Phi-3's recompute where decoding crosses its LongRoPE switch runs on the device and reads
+    the host nowhere beyond the step's own reads (here: the logits)."""
+    checkpoint = tiny.checkpoint("phi3", 0)
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        backend = HFBackend(checkpoint, tiny.stand_ins(checkpoint, 4), device="meta")
+        device = Device(backend)
+        whole = []   # passes over every slot from 0: the prefill's and the recompute's
+        embedded = backend._embedded
+        backend._embedded = lambda ids, step: (
+            whole.append(step.end) if step.start == 0 else None, embedded(ids, step))[1]
+        prompt = [1] + [20] * (tiny.PHI3_SWITCH - 2)
+        out = RiverModel(backend).generate_ids([prompt], ExitConfig(
+            policy="fixed", options={"layer": 1}), GenerationConfig(max_new_tokens=4))
+    assert out.tokens == [[TOKEN] * 4]
+    assert device.of("embed") == [[(1, device.vocab)]] * 3
+    assert whole == [len(prompt), tiny.PHI3_SWITCH + 1]   # one recompute, at the crossing
