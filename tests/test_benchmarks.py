@@ -206,8 +206,8 @@ def grid_rows_cover_the_grid(out: Path) -> None:
 
 
 def gpu_parts_are_each_recorded(out: Path) -> None:
-    """On the CPU every part runs or says why not: peak GPU memory needs CUDA, vLLM its
-    package; the tests part ran the tests it was given."""
+    """On the CPU every part runs, each in a process of its own, or says why not: GPU memory
+    needs CUDA, vLLM its package; the tests part ran the tests it was given."""
     import json
 
     parts = json.loads((out / "gpu.json").read_text())["parts"]
@@ -223,6 +223,53 @@ def gpu_parts_are_each_recorded(out: Path) -> None:
 
 
 CHECKS = {"grid": grid_rows_cover_the_grid, "gpu": gpu_parts_are_each_recorded}
+
+def test_gpu_dry_run_shows_each_parts_processes_dtype_memory_and_time(capsys):
+    """What a lent GPU's call would run, without a GPU: each part a process with its time
+    limit; the memory part one per shape and one without backbone weights; onnx at a dtype
+    CUDA takes; vLLM sized from the free memory."""
+    from river_bench import gpu
+
+    gpu.main(["--dry-run", "--device", "cuda", "--shapes", "default", "llama-8b"])
+    out = capsys.readouterr().out
+    for number, part in gpu.PARTS.items():
+        assert f"part {number} {part.name}: at most {part.limit_s} s" in out
+    assert out.count("--child 4") == 4 and out.count("--memory-modes whole-4bit") == 2
+    assert "engines: onnx:float16, hf:bfloat16" in out or \
+        "engines: onnx:bfloat16, hf:bfloat16" in out
+    assert "gpu_memory_utilization = (free - 1 GiB) / total" in out
+    assert "shape llama-8b: 19,562 MB weights" in out
+
+
+def test_a_gpu_part_that_overruns_fails_alone_and_keeps_the_other_parts_rows(tmp_path,
+                                                                            monkeypatch):
+    import json
+
+    from river_bench import gpu
+
+    info = {"cpu": "x", "cores": 1, "device": "cuda", "memory_bandwidth_gb_s": 1, "torch": "t"}
+    earlier = {"part": 2, "date": "then", "command": "c", "status": "ran", "seconds": 1,
+               "machine": info, "result": {"rows": []}}
+    (tmp_path / "gpu.json").write_text(json.dumps({"parts": {"speed": earlier}}))
+    monkeypatch.setitem(gpu.PARTS, 1, gpu.Part("tests", 1))   # less than a process's start
+    gpu.main(["--out", str(tmp_path), "--parts", "1", "--device", "cpu"])
+    parts = json.loads((tmp_path / "gpu.json").read_text())["parts"]
+    assert parts["speed"] == earlier
+    assert parts["tests"]["status"] == "failed" and "timed out" in parts["tests"]["error"]
+    assert "| 1 tests | failed: timed out" in (tmp_path / "gpu.md").read_text()
+
+
+def test_a_gpu_rerun_replaces_only_the_rows_it_measured():
+    from river_bench.gpu import merged
+
+    row = lambda shape, ms: {"shape": shape, "engine": "hf", "config": "exit",
+                             "positions": 512, "ms_per_token": ms}
+    old = {"rows": [row("llama-1b", 1.0), row("llama-8b", 2.0)]}
+    assert merged(old, {"rows": [row("llama-8b", 3.0)]})["rows"] == \
+        [row("llama-1b", 1.0), row("llama-8b", 3.0)]
+    assert merged({"llama-1b": {"weights_mb": 1}}, {"llama-1b": {"exit mode": 2},
+                                                    "tiny": {"weights_mb": 3}}) == \
+        {"llama-1b": {"weights_mb": 1, "exit mode": 2}, "tiny": {"weights_mb": 3}}
 
 
 @pytest.mark.parametrize("args", TINY, ids=lambda a: a[0])
