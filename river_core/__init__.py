@@ -14,7 +14,7 @@ from .cache import KVCache
 from .config import ExitConfig, GenerationConfig, QuantSpec
 from .decode import DecodeResult, Forced, Run, Token, Walk
 from .layer_engine import LayerEngine
-from .errors import CapabilityError, ConfigError, ModelError, RiverError
+from .errors import CapabilityError, ConfigError, ModelError, NonFiniteError, RiverError
 from .footprint import Footprint
 from .hookspecs import (BackendPlugin, KVStrategyPlugin, PolicyPlugin, PredictorPlugin,
                         hookimpl)
@@ -26,10 +26,11 @@ from .policy import ExitPolicy, Needs, Policy, RowView
 from .predictor import SimilarityPredictor
 
 __all__ = ["Backend", "BackendPlugin", "CapabilityError", "Capabilities", "Completion",
-           "ConfigError", "DecodeResult", "ExitConfig", "ExitPolicy", "Footprint",
-           "Forced", "GenerationConfig", "KVCache", "KVStrategy", "KVStrategyPlugin",
-           "LayerEngine", "Layered", "MasksEntries", "Measured", "ModelError", "ModelShape",
-           "Needs", "Plan", "PolicyPlugin", "Policy", "PredictorPlugin", "Prefill", "ProjectsKV",
-           "QuantSpec", "RecomputesSpans", "Registry", "RiverError", "RiverModel", "RowView",
-           "Run", "SimilarityPredictor", "StandIns", "Step", "Token", "TokenStream", "Tokenizer",
-           "Verifies", "Walk", "default_registry", "hookimpl", "resolve"]
+           "ConfigError", "DecodeResult", "ExitConfig", "ExitPolicy", "Footprint", "Forced",
+           "GenerationConfig", "KVCache", "KVStrategy", "KVStrategyPlugin", "LayerEngine",
+           "Layered", "MasksEntries", "Measured", "ModelError", "ModelShape", "Needs",
+           "NonFiniteError", "Plan", "PolicyPlugin", "Policy", "PredictorPlugin", "Prefill",
+           "ProjectsKV", "QuantSpec", "RecomputesSpans", "Registry", "RiverError",
+           "RiverModel", "RowView", "Run", "SimilarityPredictor", "StandIns", "Step", "Token",
+           "TokenStream", "Tokenizer", "Verifies", "Walk", "default_registry", "hookimpl",
+           "resolve"]

@@ -16,6 +16,7 @@ import numpy as np
 from .backend import Backend, Step
 from .config import GenerationConfig
 from .errors import ConfigError
+from .finite import checked
 from .kv import KVStrategy, subset
 from .policy import ExitPolicy, RowView
 from .predictor import SimilarityPredictor
@@ -361,7 +362,8 @@ def stream_ids(backend: Backend, prompts: Sequence[Sequence[int]], gen: Generati
     logits = pre.logits
     try:
         for step in range(gen.max_new_tokens):
-            for r, t in enumerate(sample(logits)):
+            so_far = lambda r: [*prompts[r], *tokens[r]]   # read only after a failure
+            for r, t in enumerate(sample(checked(logits, backend, so_far, step))):
                 if done[r]:
                     continue
                 tokens[r].append(t)

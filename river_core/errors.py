@@ -20,3 +20,7 @@ class CapabilityError(RiverError):
 def unknown(kind: str, name: str, known) -> ConfigError:
     """The error for a name that is not registered, listing what is."""
     return ConfigError(f"unknown {kind} {name!r}; available: {', '.join(sorted(known)) or 'none'}")
+
+
+class NonFiniteError(RiverError):
+    """A model's logits went NaN or infinite: its activations overflowed."""

@@ -27,6 +27,7 @@ from .config import GenerationConfig
 from .decode import (DecodeResult, Run, Stream, Token, check_capacity, decode_step, drain,
                      stand_in_error, start_rows, stopped)
 from .errors import ConfigError
+from .finite import checked
 from .sampling import draw, probabilities, verify_draft
 
 
@@ -143,7 +144,7 @@ def rounds(backend: Backend, prompt: Sequence[int], gen: GenerationConfig, run: 
     start = time.perf_counter()
     pre = backend.prefill([prompt], len(prompt) + gen.max_new_tokens)
     rows = start_rows(stand_in_error(backend), run, pre.similarity)
-    tokens, done = stand([choose(pre.logits[0])])
+    tokens, done = stand([choose(checked(pre.logits, backend, lambda r: list(prompt), 0)[0])])
     yield Round(tokens, 0, 0, [], time.perf_counter() - start, 0.0)
     x, step, p = tokens[-1], 0, len(prompt)   # x goes to slot p
     while not done:
@@ -153,7 +154,8 @@ def rounds(backend: Backend, prompt: Sequence[int], gen: GenerationConfig, run: 
         drafts, draft_probs, exits = draft(x, gamma, step, p)
         step += len(drafts)
         middle = time.perf_counter()
-        target = backend.extend([x] + drafts, p)
+        target = checked(backend.extend([x] + drafts, p), backend,
+                         lambda t: [*prompt, *out, *drafts[:t]], len(out))
         accepted, correction = 0, None
         for logits, d, q in zip(target, drafts, draft_probs):
             correction = verify_draft(distribution(logits), q, d, rng) if sampled else \

@@ -3,6 +3,7 @@ of the float16 export has a CUDA kernel in onnxruntime 1.31.1 (the float32 expor
 GroupQueryAttention), CUDA sessions refuse to run a node on the CPU, and that refusal reaches
 the user as one line naming the graph. Nothing here has run on a GPU (docs/backends.md)."""
 
+import numpy as np
 import onnx
 import onnx.defs
 import pytest
@@ -149,3 +150,35 @@ def test_no_tail_session_is_built_off_the_cpu():
     manifest = Manifest(tiny.checkpoint("llama", 0).spec, (0.1,) * tiny.LAYERS, (0, 1), "float16")
     assert tail_sessions(manifest, "cpu") == (0, 1)
     assert tail_sessions(manifest, "cuda") == ()
+
+
+def test_no_session_falls_back_to_the_cpu_when_its_provider_fails_at_run_time(monkeypatch):
+    """ONNX Runtime's Python `run` answers a provider's failure (EPFail) by moving the session
+    to the CPU and retrying, printing only to stdout; every session River makes fails
+    instead. Provoked on the CPU: a session whose first run fails as a provider would."""
+    from onnxruntime.capi.onnxruntime_pybind11_state import EPFail
+
+    from river_onnx.plugin import tiny_backend
+
+    b = tiny_backend("llama", 0, 4)
+    sessions = [b._embed, b._head, b._stand_in_head, *b._layers.values(),
+                *b._stand_ins.values(), *b._kv_proj.values(), *b._tails.values()]
+    assert not any(s._enable_fallback for s in sessions)
+
+    class FailsOnce:
+        def __init__(self, inner):
+            self.inner, self.failed = inner, False
+
+        def run(self, *args):
+            if not self.failed:
+                self.failed = True
+                raise EPFail("the provider failed")
+            return self.inner.run(*args)
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+    monkeypatch.setattr(b._head, "_sess", FailsOnce(b._head._sess))
+    monkeypatch.setattr(b._head, "set_providers", lambda *a, **k: None)   # the CPU already
+    with pytest.raises(EPFail):
+        b.head(np.zeros((1, 1, b.spec.hidden), np.float32))

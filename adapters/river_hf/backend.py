@@ -47,6 +47,7 @@ class HFBackend(LayerEngine):
                  dtype: torch.dtype | None = None, device: str = "cpu") -> None:
         spec, w = checkpoint.spec, checkpoint.weights
         self.spec = spec
+        self.model_name = checkpoint.name
         self.device = dev = torch.device(device)
         self.dtype = dtype = default_dtype(device) if dtype is None else dtype
         self.blocks = [Block.build(i, layer, spec, dtype, dev) for i, layer in enumerate(w.layers)]

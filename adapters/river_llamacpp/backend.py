@@ -10,6 +10,7 @@ integration would need llama.cpp to expose per-layer graph execution over a shar
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
@@ -51,6 +52,7 @@ class LlamaCppBackend:
 
     def __init__(self, llm, num_layers: int, path) -> None:
         self._llm, self._path = llm, path
+        self.model_name = Path(path).name
         self.num_layers = num_layers
         self.max_positions = llm.n_ctx()
         self.capabilities = CAPABILITIES

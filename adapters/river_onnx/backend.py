@@ -72,7 +72,11 @@ def sessions_for(device: str):
 
     def make(path: Path) -> ort.InferenceSession:
         try:
-            sess = ort.InferenceSession(str(path), options, providers=[provider])
+            # enable_fallback=0: ONNX Runtime's Python wrapper would otherwise answer a
+            # provider's failure at run time by moving the session to the CPU for good,
+            # saying so only on stdout
+            sess = ort.InferenceSession(str(path), options, providers=[provider],
+                                        enable_fallback=0)
         except Exception as e:
             if "fallback to CPU EP has been explicitly disabled" not in str(e):
                 raise
@@ -161,6 +165,7 @@ class OnnxBackend(NumpyArrays, LayerEngine):
         self.spec = spec = manifest.spec
         self.floats = np.dtype(manifest.floats)   # of hidden states, the cache, the tables
         self._folder = folder
+        self.model_name = folder.name   # the export, named after the model
         self._device = device
         layers = range(spec.num_layers)
         kinds = {"layer": layers, "stand_in": layers, "kv": layers,
