@@ -299,6 +299,45 @@ def test_river_serve_runs_each_family_with_its_river_class(folders, tmp_path):
         overrides(str(tmp_path), ExitConfig(), QuantSpec())
 
 
+def test_nan_logits_inside_vllm_end_that_request_as_an_error_and_the_engine_serves_on(
+        tmp_path, monkeypatch):
+    """A token whose embedding is infinite makes its request's logits NaN: River's scheduler
+    (what `river serve` runs) ends that request as a request error, while the requests beside
+    it and after it are answered as before. Plain vLLM 0.32 returns token 0 at each step."""
+    import torch
+    import vllm.envs
+    from vllm import LLM, SamplingParams
+
+    from river_vllm import model_overrides
+    from river_vllm.nonfinite import ENV
+    from river_core import QuantSpec
+    from river_vllm.serve import SCHEDULER, command
+
+    m = tiny.model("llama", serving=True)
+    with torch.no_grad():
+        m.model.embed_tokens.weight[50] = float("inf")
+    m.save_pretrained(tmp_path)
+    tiny.tokenizer().save_pretrained(tmp_path)
+    for name, value in ENV.items():
+        monkeypatch.setenv(name, value)
+    if hasattr(vllm.envs.__getattr__, "cache_clear"):   # an earlier engine cached them
+        vllm.envs.__getattr__.cache_clear()
+    llm = LLM(model=str(tmp_path), dtype="float32", enforce_eager=True, max_model_len=256,
+              hf_overrides={**model_overrides(_model_config(tmp_path)), "river": FULL_DEPTH},
+              scheduler_cls=SCHEDULER)
+    greedy = SamplingParams(max_tokens=4, temperature=0.0)
+    try:
+        out = llm.generate([{"prompt_token_ids": p} for p in ([1, 20, 21], [1, 50, 51],
+                                                              [1, 30, 31])], greedy)
+        after = llm.generate([{"prompt_token_ids": [1, 20, 21]}], greedy)
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+    assert [o.outputs[0].finish_reason for o in out] == ["length", "error", "length"]
+    assert list(after[0].outputs[0].token_ids) == list(out[0].outputs[0].token_ids)
+    served = command(str(tmp_path), ExitConfig(), QuantSpec(), [])
+    assert served[served.index("--scheduler-cls") + 1] == SCHEDULER
+
+
 def _paged(layer, block: int, length: int):
     """Positions [0, length) of one block of one layer of vLLM's paged cache, as numpy (K, V)
     [kv_heads, length, head_dim], read as the drafter reads them."""

