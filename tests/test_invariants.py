@@ -18,20 +18,27 @@ from river_conformance.scripted import forced_logits, scripted_run
 prompts = st.lists(st.integers(3, tiny.VOCAB - 1), min_size=1, max_size=24).map(lambda p: [1] + p)
 
 
+def reference(family: str, dtype: str, prompt: list[int], n: int, device: str):
+    """transformers' greedy generate() on the device River's engine runs on (tiny_backend's:
+    RIVER_TEST_DEVICE): CUDA's kernels and the CPU's may part at a bfloat16 near tie."""
+    model = tiny.model(family, dtype=dtype).to(device)
+    return model.generate(torch.tensor([prompt], device=device), do_sample=False,
+                          max_new_tokens=n).cpu()
+
+
 @pytest.mark.parametrize("family", tiny.FAMILIES)
 @given(prompt=prompts, n=st.integers(1, 12))
-def test_full_depth_matches_transformers_generate(family, prompt, n):
-    ref = tiny.model(family).generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=n)
+def test_full_depth_matches_transformers_generate(family, prompt, n, test_device):
+    ref = reference(family, "float32", prompt, n, test_device)
     ours = generate_ids(tiny_backend(family, 0, 8), [prompt], GenerationConfig(max_new_tokens=n),
                         scripted_run(Full(), []))
     assert ours.tokens[0] == ref[0, len(prompt):].tolist()
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma3"])
-def test_bfloat16_full_depth_matches_generate_and_river_runs(family):
+def test_bfloat16_full_depth_matches_generate_and_river_runs(family, test_device):
     prompt, n = [1, 20, 21, 22, 23], 8
-    ref = tiny.model(family, dtype="bfloat16").generate(torch.tensor([prompt]),
-                                                            do_sample=False, max_new_tokens=n)
+    ref = reference(family, "bfloat16", prompt, n, test_device)
     b = tiny_backend(family, 0, 8, dtype="bfloat16")
     gen = GenerationConfig(max_new_tokens=n)
     full = generate_ids(b, [prompt], gen, scripted_run(Full(), []))

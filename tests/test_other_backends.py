@@ -94,9 +94,17 @@ def test_onnx_creates_no_session_inside_a_decode(folder, cache, monkeypatch):
     assert made == []
 
 
+def ort_has_cuda() -> bool:
+    """onnxruntime-gpu is installed here (its CUDA provider is offered)."""
+    import onnxruntime as ort
+
+    return "CUDAExecutionProvider" in ort.get_available_providers()
+
+
 @pytest.mark.parametrize("args, message", [
     (["--dtype", "bfloat16"], "the onnx backend runs float32 or float16 or int8 backbones"),
-    (["--device", "cuda"], "CUDAExecutionProvider"),
+    pytest.param(["--device", "cuda"], "CUDAExecutionProvider", marks=pytest.mark.skipif(
+        ort_has_cuda(), reason="onnxruntime here has CUDA: nothing to refuse")),
     (["--device", "cuda", "--dtype", "int8"], "runs float16 on cuda, not int8"),
 ])
 def test_onnx_refuses_what_it_cannot_do(folder, cache, capsys, args, message):

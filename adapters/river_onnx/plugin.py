@@ -40,8 +40,16 @@ def load(model: str | None = None, *, device: str = "cpu", dtype: str | None = N
 
 
 
+# the conformance kit's device (river_hf.plugin.TEST_DEVICE; the onnx engine does not import
+# torch's adapter)
+TEST_DEVICE = "RIVER_TEST_DEVICE"
+
+
 def tiny_backend(family: str, seed: int, bits: int, floats: str = "float32"):
-    """The onnx backend over a tiny random model, exported on the fly."""
+    """The onnx backend over a tiny random model, exported on the fly; the half-precision
+    exports on $RIVER_TEST_DEVICE's kind (cpu, or cuda: `river bench gpu`'s kit run), the
+    float32 one on the CPU (CUDA has no float32 GroupQueryAttention)."""
+    import os
     import shutil
     import tempfile
     import weakref
@@ -56,7 +64,9 @@ def tiny_backend(family: str, seed: int, bits: int, floats: str = "float32"):
     folder = Path(tempfile.mkdtemp(prefix=f"river-onnx-{family}-"))
     manifest = export_model(checkpoint, tiny.stand_ins(checkpoint, bits), folder,
                             floats=floats)
-    backend = OnnxBackend(folder, manifest, checkpoint.tokenizer)
+    device = "cpu" if floats == "float32" else \
+        os.environ.get(TEST_DEVICE, "cpu").partition(":")[0]
+    backend = OnnxBackend(folder, manifest, checkpoint.tokenizer, device)
     # its footprint reads the graphs' files: the export lives as long as its backend
     weakref.finalize(backend, shutil.rmtree, folder, ignore_errors=True)
     return backend
