@@ -360,9 +360,24 @@ def test_river_serve_quantizes_the_stand_ins_before_vllm_starts_and_takes_bfloat
     assert stand_ins(open_model(folder), QuantSpec(bits=8)).spec.bits == 8   # a cache hit
     assert argv[argv.index("--dtype") + 1] == "float32"
     assert env["VLLM_COMPUTE_NANS_IN_LOGITS"] == "1"
+    assert "VLLM_USE_V2_MODEL_RUNNER" not in env   # exit mode: vLLM's choice (V2 on CUDA)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     served = command(folder, ExitConfig(), QuantSpec(), [])
     assert served[served.index("--dtype") + 1] == "bfloat16"
+
+
+def test_river_serve_pins_lossless_mode_to_vllms_v1_runner_with_a_notice(folder, monkeypatch,
+                                                                         capsys):
+    """vLLM 0.32's Model Runner V2 takes no custom_class speculator (River's drafter)."""
+    from river_cli.main import main
+
+    started = []
+    monkeypatch.setattr(os, "execve", lambda path, argv, env: started.append(env))
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
+    main(["serve", folder, "--mode", "speculative"])
+    assert started[0]["VLLM_USE_V2_MODEL_RUNNER"] == "0"
+    notice = [l for l in capsys.readouterr().err.splitlines() if "V1 model runner" in l]
+    assert len(notice) == 1
 
 
 def _paged(layer, block: int, length: int):

@@ -62,6 +62,21 @@ def prepare_stand_ins(folder: str, quant: QuantSpec) -> None:
     stand_ins(open_model(folder, progress=True), quant, progress=True)
 
 
+# Lossless mode's drafter is a `custom_class` speculator, which vLLM 0.32's Model Runner V2
+# does not take (its speculators are a fixed list, with no hook for another): pinned to V1.
+V1 = ("VLLM_USE_V2_MODEL_RUNNER", "0")
+V1_NOTICE = ("river: lossless mode runs on vLLM's V1 model runner (V2 has no hook for River's "
+             "drafter in vLLM 0.32; docs/scaling.md)")
+
+
+def environment(exit_config: ExitConfig) -> dict[str, str]:
+    """What the server's environment gets: vLLM's NaN count (nonfinite.py), and in lossless
+    mode the V1 model runner."""
+    from .nonfinite import ENV
+
+    return {**ENV, **(dict([V1]) if exit_config.mode != "exit" else {})}
+
+
 def command(folder: str, exit_config: ExitConfig, quant: QuantSpec,
             vllm_args: list[str]) -> list[str]:
     """vLLM's server with River: exit mode, or lossless mode (River's drafter, vLLM's
@@ -98,9 +113,10 @@ def add(parser: argparse.ArgumentParser):
         argv = command(folder, exit_config, quant, shlex.split(args.vllm))
         prepare_stand_ins(folder, quant)
         print("river: " + " ".join(argv), file=sys.stderr, flush=True)
-        from .nonfinite import ENV
-
-        os.execve(argv[0], argv, {**os.environ, **ENV})
+        env = environment(exit_config)
+        if V1 in env.items():
+            print(V1_NOTICE, file=sys.stderr, flush=True)
+        os.execve(argv[0], argv, {**os.environ, **env})
     return run
 
 
