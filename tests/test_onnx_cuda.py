@@ -42,6 +42,10 @@ CUDA_KERNELS = {
     ("", "Sqrt"): [(13, None, {0: FLOATS})],
     ("", "Sub"): [(14, None, {0: ANY - {"bool"}})],
     ("", "Transpose"): [(21, 22, {0: ANY})],
+    # a contrib op in the ONNX domain (version 1): onnxruntime/contrib_ops/cuda/layer_norm.cc
+    # registers it for T = float, double, MLFloat16 and BFloat16 (core/providers/cuda/nn/
+    # layer_norm.cc instantiates LayerNorm<BFloat16, float, BFloat16, simplified=true>)
+    ("", "SimplifiedLayerNormalization"): [(1, None, {0: FLOATS, 1: FLOATS})],
     ("com.microsoft", "GroupQueryAttention"): [
         (1, None, {0: {"float16", "bfloat16"}, 3: {"float16", "bfloat16", "int8"},
                    5: {"int32"}})],
@@ -70,7 +74,7 @@ def _no_cuda_kernel(path) -> list[str]:
     for node in g.node:
         seen = {i: types[name] for i, name in enumerate(node.input) if name}
         since = onnx.defs.get_schema(node.op_type, opsets[""]).since_version \
-            if node.domain == "" else 1
+            if node.domain == "" and onnx.defs.has(node.op_type) else 1   # else a contrib op
         rows = CUDA_KERNELS.get((node.domain, node.op_type), [])
         if not any(lo <= since and (hi is None or since <= hi)
                    and all(seen.get(i) in allowed for i, allowed in inputs.items())
@@ -92,10 +96,29 @@ def _export(tmp_path, family: str, floats: str):
     return sorted(folder.glob("*.onnx"))
 
 
+@pytest.mark.parametrize("floats", ["float16", "bfloat16"])
 @pytest.mark.parametrize("family", tiny.FAMILIES)
-def test_every_node_of_the_float16_export_has_a_cuda_kernel(tmp_path, family):
-    paths = _export(tmp_path, family, "float16")
+def test_every_node_of_the_half_exports_has_a_cuda_kernel(tmp_path, family, floats):
+    paths = _export(tmp_path, family, floats)
     assert [m for path in paths for m in _no_cuda_kernel(path)] == []
+
+
+def test_the_bfloat16_export_norms_in_one_node_each_and_holds_no_float16(tmp_path):
+    """CUDA's ReduceMean takes no bfloat16: each RMS norm (input, pre-MLP, the final one) is
+    one SimplifiedLayerNormalization with the norm's epsilon, and no tensor is float16."""
+    paths = {p.stem: p for p in _export(tmp_path, "llama", "bfloat16")}
+    layer = onnx.load(str(paths["layer_0"]), load_external_data=False)
+    ops = [n.op_type for n in layer.graph.node]
+    assert "ReduceMean" not in ops and ops.count("SimplifiedLayerNormalization") == 2
+    eps = {a.f for n in layer.graph.node if n.op_type == "SimplifiedLayerNormalization"
+           for a in n.attribute if a.name == "epsilon"}
+    assert len(eps) == 1
+    assert eps.pop() == pytest.approx(tiny.checkpoint("llama", 0).spec.norm_eps)
+    types = {v.type.tensor_type.elem_type for v in (*layer.graph.input, *layer.graph.output)}
+    types |= {t.data_type for t in layer.graph.initializer}
+    assert TensorProto.BFLOAT16 in types and TensorProto.FLOAT16 not in types
+    head = onnx.load(str(paths["head"]), load_external_data=False)
+    assert [n.op_type for n in head.graph.node].count("SimplifiedLayerNormalization") == 1
 
 
 def test_the_float32_export_would_run_its_attention_on_the_cpu(tmp_path):

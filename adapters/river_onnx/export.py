@@ -29,7 +29,7 @@ from river_models.quant import FORMAT as QUANT_FORMAT
 from river_models.source import locate, open_model
 
 from . import graphs
-from .half import to_float16
+from .half import HALVES, to_half
 
 FORMAT = 12   # bump when the graphs change: old exports are then ignored
 
@@ -45,7 +45,7 @@ class Manifest:
     spec: ModelSpec
     stand_in_error: tuple[float, ...]
     tails: tuple[int, ...]
-    floats: str   # the graphs' float type: float32, or float16 (half.py)
+    floats: str   # the graphs' float type: float32, float16 or bfloat16 (half.py)
 
     def save(self, folder: Path) -> None:
         (folder / "manifest.json").write_text(json.dumps(
@@ -70,8 +70,8 @@ class SharedWeights:
         self._data = (folder / self.NAME).open("wb")
 
     def save(self, model: onnx.ModelProto, name: str) -> None:
-        if self._floats == "float16":
-            model = to_float16(model)
+        if self._floats in HALVES:
+            model = to_half(model, self._floats)
         for tensor in model.graph.initializer:
             raw = tensor.raw_data
             if len(raw) < self.INLINE:
@@ -89,8 +89,11 @@ class SharedWeights:
         self._data.close()
 
 
-# float16: every float tensor in float16 (half.py), what ONNX Runtime's CUDA provider runs;
-# int8: the backbone's layers in 8 bits, float32 activations
+# what the engine runs. float16: every float tensor in half precision (half.py), what ONNX
+# Runtime's CUDA provider runs; int8: the backbone's layers in 8 bits, float32 activations.
+# export_model writes bfloat16 too (every node has a CUDA kernel), which the engine cannot
+# bind yet: ONNX Runtime's Python takes no bfloat16 numpy array (only raw 16-bit words through
+# OrtValue.ortvalue_from_numpy_with_onnx_type), and every host array the engine binds is one
 DTYPES = ("float32", "float16", "int8")
 
 
@@ -105,10 +108,10 @@ def export_model(checkpoint: Checkpoint, stand_ins: StandIns, folder: Path,
                  floats: str = "float32") -> Manifest:
     """Write every graph of `checkpoint` into `folder`. `backbone`: quantized weights the
     backbone's layers run instead of the float ones (the int8 backbone); the embedding and the
-    head stay float. `floats`: the graphs' float type, float32 or float16."""
+    head stay float. `floats`: the graphs' float type, float32, float16 or bfloat16."""
     spec, w = checkpoint.spec, checkpoint.weights
     weights = SharedWeights(folder, floats)
-    cuda = floats == "float16"   # the export CUDA runs: MatMulNBits in blocks it takes
+    cuda = floats in HALVES   # the exports CUDA runs: MatMulNBits in blocks it takes
     layers = tqdm(list(enumerate(w.layers)), desc="exporting layers to ONNX",
                   disable=not progress, unit="layer")
     quantized = []
@@ -146,9 +149,10 @@ def weight_bytes(path: Path) -> int:
 
 
 def exported(model: str | None, quant: QuantSpec, progress: bool, dtype: str) -> Path:
-    """The cached export folder for `model`, exporting it on first use. dtype "float16":
-    every graph in float16; "int8": the backbone's layers in 8 bits (symmetric, a scale per
-    output row: the int8 stand-ins' quantizer), which MatMulNBits runs on int8 activations."""
+    """The cached export folder for `model`, exporting it on first use. dtype "float16" or
+    "bfloat16": every graph in that half precision; "int8": the backbone's layers in 8 bits
+    (symmetric, a scale per output row: the int8 stand-ins' quantizer), which MatMulNBits runs
+    on int8 activations."""
     source = locate(model, progress)
     key = digest(content_key(source), FORMAT, QUANT_FORMAT, quant.bits, quant.group_size,
                  quant.method, dtype)
@@ -159,5 +163,5 @@ def exported(model: str | None, quant: QuantSpec, progress: bool, dtype: str) ->
         backbone = stand_ins(checkpoint, QuantSpec(bits=8), progress) if dtype == "int8" \
             else None
         export_model(checkpoint, stand_ins(checkpoint, quant, progress), folder, progress,
-                     backbone, "float16" if dtype == "float16" else "float32")
+                     backbone, dtype if dtype in HALVES else "float32")
     return cached(target, build, key, source=source)
