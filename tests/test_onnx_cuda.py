@@ -205,3 +205,26 @@ def test_no_session_falls_back_to_the_cpu_when_its_provider_fails_at_run_time(mo
     monkeypatch.setattr(b._head, "set_providers", lambda *a, **k: None)   # the CPU already
     with pytest.raises(EPFail):
         b.head(np.zeros((1, 1, b.spec.hidden), np.float32))
+
+
+def test_cuda_sessions_share_one_device_allocator_that_grows_by_what_is_asked(monkeypatch):
+    """3L+3 sessions, one arena: the sessions take the environment's allocator, registered
+    once for the process, growing by the size requested (not powers of two)."""
+    import onnxruntime as ort
+
+    from river_onnx import allocator
+    from river_onnx.backend import session_options
+
+    assert session_options("cuda").get_session_config_entry("session.use_env_allocators") == "1"
+    with pytest.raises(RuntimeError, match="does not have configuration"):
+        session_options("cpu").get_session_config_entry("session.use_env_allocators")
+    registered = []
+    monkeypatch.setattr(ort, "create_and_register_allocator_v2",
+                        lambda *args: registered.append(args))
+    allocator.shared_device_allocator.cache_clear()
+    allocator.shared_device_allocator()
+    allocator.shared_device_allocator()
+    (provider, _, options, arena), = registered
+    assert provider == "CUDAExecutionProvider" and options == {"device_id": "0"}
+    assert arena.arena_extend_strategy == 1
+    allocator.shared_device_allocator.cache_clear()

@@ -24,6 +24,7 @@ from river_core.footprint import Footprint
 from river_core.layer_engine import LayerEngine, NumpyArrays
 from river_core.layout import Layout
 
+from . import allocator
 from .device_kv import OrtLayers
 from .export import Manifest, weight_bytes
 from . import CAPABILITIES
@@ -58,6 +59,8 @@ def session_options(device: str) -> ort.SessionOptions:
         options.intra_op_num_threads = 1
     if device != "cpu":
         options.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
+        # the process's one device allocator (allocator.py), not an arena per session
+        options.add_session_config_entry("session.use_env_allocators", "1")
     return options
 
 
@@ -69,6 +72,8 @@ def sessions_for(device: str):
                               f"{', '.join(ort.get_available_providers())}); CUDA needs the "
                               f"onnx-gpu extra instead of onnx")
     options = session_options(device)
+    if provider == allocator.PROVIDER:
+        allocator.shared_device_allocator()
 
     def make(path: Path) -> ort.InferenceSession:
         try:
