@@ -38,6 +38,7 @@ import argparse
 import datetime
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -282,17 +283,22 @@ def run_unit(number: int, args, unit: list[str], timeout: float) -> dict:
     """One child process of part `number`: its entry, or its failure."""
     with tempfile.TemporaryDirectory(prefix="river-gpu-part-") as tmp:
         result = Path(tmp) / "entry.json"
+        # a session of its own: on a timeout the whole group goes (pytest, vLLM's engine
+        # process), so nothing of it keeps the device's memory from the next part
+        child = subprocess.Popen(child_command(number, args, unit, str(result)),
+                                 stdout=sys.stderr, stderr=subprocess.PIPE, text=True,
+                                 start_new_session=True)
         try:
-            done = subprocess.run(child_command(number, args, unit, str(result)),
-                                  stdout=sys.stderr, stderr=subprocess.PIPE, text=True,
-                                  timeout=timeout)
+            _, err = child.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.communicate()
             return {"status": "failed", "error": f"timed out after {timeout:.0f} s"}
         if result.is_file():
             return json.loads(result.read_text())
-        sys.stderr.write(done.stderr)
-        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        return {"status": "failed", "error": f"exit status {done.returncode}: {last}"[:500]}
+        sys.stderr.write(err)
+        last = (err.strip().splitlines() or ["no output"])[-1]
+        return {"status": "failed", "error": f"exit status {child.returncode}: {last}"[:500]}
 
 
 def merged(old, new):
