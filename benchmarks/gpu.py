@@ -391,10 +391,12 @@ def dry_run(args) -> str:
 
 def report(record: dict) -> str:
     parts = sorted(record["parts"].values(), key=lambda e: e["part"])
-    info = next((e["machine"] for e in reversed(parts) if "machine" in e), None)
+    machines = [e["machine"] for e in parts if "machine" in e]
+    # vLLM's part probes no device (it leaves the device to vLLM): the last that did
+    info = next((m for m in reversed(machines) if "gpu" in m), machines[-1] if machines else None)
     lines = ["# River on a GPU", ""]
     if info:
-        lines += [f"Machine (the last part's): {info.get('gpu', 'no GPU')} ({info['device']}, "
+        lines += [f"Machine (the last part's that probed the device): {info.get('gpu', 'no GPU')} ({info['device']}, "
                   f"copy bandwidth {info['memory_bandwidth_gb_s']} GB/s), host {info['cpu']}, "
                   f"{info['cores']} cores, torch {info['torch']}.", ""]
     lines += ["| part | status | date | seconds | command |", "|---|---|---|---|---|"]
