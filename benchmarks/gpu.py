@@ -333,7 +333,8 @@ def run_part(number: int, args, old: dict | None, budget_left) -> dict:
         outcomes.append(outcome)
         if outcome["status"] == "ran":
             result = merged(result, outcome["result"])
-        entry["machine"] = outcome.get("machine", entry.get("machine"))
+        if "machine" in outcome:
+            entry["machine"] = outcome["machine"]
     worst = next((o for s in ("failed", "skipped") for o in outcomes if o["status"] == s),
                  outcomes[0])
     entry |= {k: v for k, v in worst.items() if k in ("status", "reason", "error")}
@@ -381,9 +382,10 @@ def dry_run(args) -> str:
             lines.append(f"  engines: {', '.join(engines)}; configurations: "
                          f"{', '.join(MODES.values())}")
         if part.name == "vllm":
+            sizing = "bfloat16, gpu_memory_utilization = (free - 1 GiB) / total at each " \
+                "start" if cuda(args) else "float32"
             lines.append("  engines: vllm plain, River exit mode, River lossless mode; "
-                         f"{'bfloat16, gpu_memory_utilization = (free - 1 GiB) / total at each start' if cuda(args) else 'float32'}; "
-                         f"concurrency {', '.join(map(str, args.concurrency))}")
+                         f"{sizing}; concurrency {', '.join(map(str, args.concurrency))}")
         for shape in shape_list:
             lines.append(f"  shape {shape}: {expected_mb(shape, args, element)}")
     return "\n".join(lines)
@@ -391,13 +393,15 @@ def dry_run(args) -> str:
 
 def report(record: dict) -> str:
     parts = sorted(record["parts"].values(), key=lambda e: e["part"])
-    machines = [e["machine"] for e in parts if "machine" in e]
+    machines = [e["machine"] for e in parts if e.get("machine")]
     # vLLM's part probes no device (it leaves the device to vLLM): the last that did
-    info = next((m for m in reversed(machines) if "gpu" in m), machines[-1] if machines else None)
+    info = next((m for m in reversed(machines) if "gpu" in m),
+                machines[-1] if machines else None)
     lines = ["# River on a GPU", ""]
     if info:
-        lines += [f"Machine (the last part's that probed the device): {info.get('gpu', 'no GPU')} ({info['device']}, "
-                  f"copy bandwidth {info['memory_bandwidth_gb_s']} GB/s), host {info['cpu']}, "
+        lines += [f"Machine (of the last part that probed the device): "
+                  f"{info.get('gpu', 'no GPU')} ({info['device']}, copy bandwidth "
+                  f"{info['memory_bandwidth_gb_s']} GB/s), host {info['cpu']}, "
                   f"{info['cores']} cores, torch {info['torch']}.", ""]
     lines += ["| part | status | date | seconds | command |", "|---|---|---|---|---|"]
     for e in parts:

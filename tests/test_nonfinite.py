@@ -43,7 +43,8 @@ def onnx(tmp_path):
 
 @pytest.mark.parametrize("engine", ["hf", "onnx"])
 @pytest.mark.parametrize("mode", [ExitConfig(kv="full"), ExitConfig(),
-                                  ExitConfig(mode="speculative")], ids=["full", "exit", "lossless"])
+                                  ExitConfig(mode="speculative")],
+                         ids=["full", "exit", "lossless"])
 def test_overflowing_activations_fail_naming_the_model_engine_and_layer(engine, mode, tmp_path):
     backend = hf() if engine == "hf" else onnx(tmp_path)
     with pytest.raises(NonFiniteError) as failed:
