@@ -139,9 +139,9 @@ def locate(model: str | None = None, progress: bool = False) -> Path:
         def convert(tmp: Path) -> None:
             check_gguf(path)   # a cut-short file is named as such, not by a struct error
             say(progress, f"converting {path.name} once into {target} ...")
-            _convert(path, tmp)
-        with _quiet_transformers(progress):
-            return cached(target, convert, key, source=path)
+            with _quiet_transformers(progress):   # imported only to convert (3-4 s)
+                _convert(path, tmp)
+        return cached(target, convert, key, source=path)
     if not (path / "config.json").is_file():
         raise ModelError(f"{path} has no config.json: not a Hugging Face model folder")
     return path
