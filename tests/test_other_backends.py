@@ -61,6 +61,22 @@ def test_onnx_keeps_its_optimized_graphs_and_rebuilds_a_damaged_one(folder, cach
     assert main(args) == 0 and "optimized graphs" not in capsys.readouterr().err
 
 
+def test_onnx_loads_where_the_cache_cannot_take_its_optimized_graphs(folder, cache,
+                                                                     monkeypatch):
+    """A read-only cache holding the export but not the optimized graphs: the sessions are
+    optimized in memory, as before issue 42, instead of the load failing."""
+    from river_core import ExitConfig, GenerationConfig
+    from river_core.model import RiverModel
+    from river_onnx import sessions
+
+    def read_only(target, *args, **named):
+        raise ModelError(f"cache at {cache} is read-only and has no {target.name}")
+    monkeypatch.setattr(sessions, "cached", read_only)
+    model = RiverModel.from_pretrained(folder, backend="onnx")
+    out = model.generate_ids([[1, 5, 9]], ExitConfig(kv="full"), GenerationConfig(max_new_tokens=3))
+    assert len(out.tokens[0]) == 3 and not (cache / "onnx-optimized").exists()
+
+
 def test_onnx_int8_backbone_stays_close_and_lossless_mode_keeps_its_output(tmp_path):
     """dtype int8: the backbone's layers in 8 bits, near the float model; lossless mode's
     drafts are then checked by that int8 backbone, so its output is exactly the int8 one."""

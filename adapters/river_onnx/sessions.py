@@ -26,6 +26,7 @@ from typing import Callable
 
 import onnxruntime as ort
 
+from river_core.errors import ModelError
 from river_core.machine import cpu_key
 from river_models.cache import MANIFEST, cache_root, cached, digest
 
@@ -69,7 +70,10 @@ def build(make: Callable[[Path, ort.SessionOptions], ort.InferenceSession],
         made.update(_many(one, names))
         _share_weights(tmp, names)
 
-    entry = cached(target, optimize, key, source=folder)   # pruned with its export
+    try:
+        entry = cached(target, optimize, key, source=folder)   # pruned with its export
+    except ModelError:   # a read-only cache without them: optimized in memory, as on CUDA
+        return build(make, options, folder, names, None)
     if made:   # built just now: the sessions that wrote the graphs are the ones to use
         return made
 
