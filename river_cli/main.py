@@ -134,12 +134,14 @@ def stats_record(text: str, stats: DecodeResult) -> dict:
     return record
 
 
-def report_times(load_s: float, generate_s: float) -> str:
+def report_times(load_s: float, generate_s: float, phases: dict[str, float]) -> str:
     """Wall-clock of the call's parts: the model's load with its warm-up (an engine builds
-    there whatever a decode could need, so none of it lands inside the decode's timing), and
-    the generation (prefill, decode, the text)."""
-    return (f"wall-clock: load and warm-up {load_s:.2f} s, generate {generate_s:.2f} s, "
-            f"total {load_s + generate_s:.2f} s")
+    there whatever a decode could need, so none of it lands inside the decode's timing), its
+    phases where the engine measures them (`load_seconds`), and the generation (prefill,
+    decode, the text)."""
+    parts = ", ".join(f"{name} {s:.2f}" for name, s in phases.items())
+    return (f"wall-clock: load and warm-up {load_s:.2f} s{f' ({parts})' if parts else ''}, "
+            f"generate {generate_s:.2f} s, total {load_s + generate_s:.2f} s")
 
 
 def _exit_config(args, profile: Profile | None = None) -> ExitConfig:
@@ -190,6 +192,7 @@ def _generate(args) -> None:
     model, plan, found = _load(args, exit_config, gen.max_new_tokens, find_profile=saved)
     loaded = time.perf_counter()
     backend = model.backend
+    phases = getattr(backend, "load_seconds", {})   # an engine that measures its load's phases
     if profile:
         profile.check(backend, args.profile)
     profile = profile or found
@@ -202,7 +205,8 @@ def _generate(args) -> None:
     else:
         out = model.generate(args.prompt, chat=not args.no_chat, exit_config=plan,
                              generation_config=gen)
-        wall = {"load_s": loaded - started, "generate_s": time.perf_counter() - loaded}
+        wall = {"load_s": loaded - started, "generate_s": time.perf_counter() - loaded,
+                "load_phases": phases}
         print(json.dumps(stats_record(out.text, out.stats) | wall) if args.json else out.text)
         stats = out.stats
     if not model.text(stats.tokens[0], gen.stop).strip() and not stats.interrupted:
@@ -212,7 +216,7 @@ def _generate(args) -> None:
     stopped = "\ninterrupted: what came before Ctrl-C" if stats.interrupted else ""
     done = time.perf_counter()
     print(f"{stopped}\nbackend {backend.name} on {', '.join(backend.runs_on)}\n"
-          f"{report_stats(stats)}\n{report_times(loaded - started, done - loaded)}",
+          f"{report_stats(stats)}\n{report_times(loaded - started, done - loaded, phases)}",
           file=sys.stderr)
     if stats.interrupted:
         raise KeyboardInterrupt

@@ -80,8 +80,10 @@ class DecodeResult:
 
     @property
     def acceptance_rate(self) -> float:
-        """Speculative mode: the share of drafted tokens the backbone kept."""
-        return sum(self.accepted) / sum(self.drafted) if self.speculative else float("nan")
+        """Speculative mode: the share of drafted tokens the backbone kept (nan: no drafts,
+        as where the draft length stepped aside from the start)."""
+        return sum(self.accepted) / sum(self.drafted) if self.speculative and \
+            sum(self.drafted) else float("nan")
 
     @property
     def tokens_per_round(self) -> float:

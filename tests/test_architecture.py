@@ -123,3 +123,25 @@ def test_the_base_install_needs_no_torch():
            "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", job], capture_output=True, text=True)
     assert out.stdout.strip() == "False", out.stderr[-2000:]
+
+
+def test_a_warm_cache_onnx_load_imports_neither_torch_nor_transformers(tmp_path):
+    """The onnx engine starts from the cache without torch (2 s to import) or transformers
+    (3-4 s): its export holds the spec, the tokenizer and the graphs (issue 42)."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("onnxruntime")
+    from river_models import tiny
+
+    folder = tiny.save(tmp_path / "model")
+    job = ("import sys; from river_core import RiverModel; "
+           f"m = RiverModel.from_pretrained({folder!r}, backend='onnx'); "
+           "m.generate('hi', max_new_tokens=2); "
+           "print(sorted({'torch', 'transformers'} & set(sys.modules)))")
+    env = {**os.environ, "RIVER_CACHE": str(tmp_path / "cache")}
+    first, warm = (subprocess.run([sys.executable, "-c", job], capture_output=True, text=True,
+                                  env=env) for _ in range(2))
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert warm.stdout.strip() == "[]", warm.stderr[-2000:]

@@ -374,3 +374,47 @@ def test_first_contact_reads_llamacpps_closing_statistics():
         "(   18.00 ms per token,    55.56 tokens per second)\n")
     assert plain == {"prompt_tokens": 71, "decoded": 10, "ms_per_token": 18.0,
                      "acceptance_rate": None}
+
+
+@pytest.mark.parametrize("start, end, busy", [
+    ((0.3, 30.0), (1.9, 29.0), None),                        # its own threads at the end
+    ((2.5, 30.0), (2.0, 30.0), "load average 2.5 at the start"),
+    ((0.5, 30.0), (4.5, 30.0), "load average 4.5 at the end"),
+    ((0.5, 14.0), (0.5, 30.0), "copy bandwidth 14.0 GB/s at the start"),
+    ((0.5, 30.0), (0.5, 4.8), "copy bandwidth 4.8 GB/s at the end"),
+])
+def test_a_busy_machine_is_told_by_its_load_and_bandwidth(start, end, busy):
+    """docs/benchmarks.md's rule on 2 cores with a quiet copy bandwidth of 30 GB/s."""
+    from river_bench.library import quiet
+
+    found = quiet.busy(quiet.Reading(*start), quiet.Reading(*end), 2, 30.0)
+    assert found is None if busy is None else found.startswith(busy)
+
+
+@pytest.mark.parametrize("loads", [(0.2, 1.0), (3.0, 1.0)])
+def test_a_docs_run_on_a_busy_machine_does_not_write_docs_results(loads, tmp_path,
+                                                                   monkeypatch):
+    """Fake readings: a quiet run writes docs/results with the machine's state recorded; a
+    busy one writes the default folder instead, marked, and says so."""
+    import argparse
+    import json
+
+    from river_bench.library import output, quiet
+
+    docs, default = tmp_path / "docs", tmp_path / "results"
+    monkeypatch.setattr(output, "DOCS", docs)
+    monkeypatch.setattr(output, "IN_CHECKOUT", True)
+    monkeypatch.setenv("RIVER_RESULTS", str(default))
+    monkeypatch.setattr(output.os, "cpu_count", lambda: 2)
+    readings = iter([quiet.Reading(loads[0], 30.0), quiet.Reading(loads[1], 29.0)])
+    monkeypatch.setattr(quiet, "read", lambda bandwidth: next(readings))
+    out = output.Output(argparse.Namespace(docs=True, out=None))
+    out.write("result", {"figure": 1}, "# A result\n")
+    busy = loads[0] > 2
+    written = (default if busy else docs) / "result.json"
+    assert not ((docs if busy else default) / "result.json").exists()
+    state = json.loads(written.read_text())["machine_state"]
+    assert state["load_average"] == {"start": loads[0], "end": 1.0}
+    assert state["bandwidth_gb_s"] == {"start": 30.0, "end": 29.0} and state["cores"] == 2
+    assert (state["busy"] is not None) == busy and "extensions" in state
+    assert ("BUSY" in written.with_suffix(".md").read_text()) == busy

@@ -34,3 +34,14 @@ def test_onnx_backend_generates_on_the_default_model():
     out = model.generate("What is the capital of France?", generation_config=gen)
     assert "Paris" in out.text and out.stats.skipped_share > 0
     assert model.backend.runs_on == ("CPUExecutionProvider",)
+
+
+def test_the_onnx_backends_tokenizer_gives_transformers_ids_on_the_default_model(model):
+    from river_models import locate
+    from river_models.tokenizer import FileTokenizer
+
+    hf, mine = model.backend.tokenizer, FileTokenizer(locate(), model.backend.tokenizer.eos_ids)
+    for text in ["What is the capital of France?", "Déjà vu: 3.5 × 2 = 7\n\tdone  ", ""]:
+        assert mine.chat(text) == hf.chat(text)
+        assert mine.encode(text) == hf.encode(text)
+        assert mine.decode(hf.chat(text)) == hf.decode(hf.chat(text))

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from river_core.config import GenerationConfig
+from river_core.errors import ModelError
 from river_core.decode import generate_ids
 from river_core.kv import Full
 from river_core.predictor import relative_error
@@ -225,3 +226,43 @@ def test_lossless_mode_across_the_longrope_switch_gives_full_depths_tokens(engin
         got = speculative_ids(b, [prompt], GenerationConfig(max_new_tokens=n),
                               scripted_run(River(), [1] * 40), DraftLength(gamma))
         assert got.tokens == want
+
+
+CHAT_TEMPLATE = ("{{ bos_token }}{% for m in messages %}{{ m['role'] | tojson }}: "
+                 "{{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}"
+                 "{{ eos_token }}A:{% endif %}")
+
+
+def test_a_saved_tokenizer_read_without_transformers_gives_transformers_ids(tmp_path):
+    from transformers import AutoTokenizer
+
+    from river_models.tokenizer import FileTokenizer, Tokenizer
+
+    tiny.save(tmp_path)
+    hf = AutoTokenizer.from_pretrained(tmp_path)
+    hf.chat_template = CHAT_TEMPLATE   # special tokens, tojson, the generation prompt
+    hf.save_pretrained(tmp_path)
+    hf, mine = Tokenizer(hf, [2]), FileTokenizer(tmp_path, [2])
+    for text in ["What is 7 * 8?", "", "  spaced  out  ", "<s> not special"]:
+        assert mine.encode(text) == hf.encode(text)
+        assert mine.chat(text) == hf.chat(text)
+        assert mine.decode(hf.encode(text)) == hf.decode(hf.encode(text))
+    assert mine.decode([1, 40, 2, 41]) == hf.decode([1, 40, 2, 41])   # specials skipped
+
+
+def test_a_folder_without_a_tokenizer_is_refused_in_one_line(tmp_path):
+    from river_models.tokenizer import FileTokenizer
+
+    with pytest.raises(ModelError, match="cannot read the tokenizer"):
+        FileTokenizer(tmp_path, [2])
+
+
+def test_a_models_spec_is_kept_as_json_and_read_back_without_loading_it(tmp_path,
+                                                                          monkeypatch):
+    from river_models import source
+
+    folder = tiny.save(tmp_path / "model")
+    first = source.cached_spec(folder)
+    assert first[1] == source.open_model(folder).spec
+    monkeypatch.setattr(source, "open_model", None)   # a second call loads nothing
+    assert source.cached_spec(folder) == first

@@ -35,6 +35,48 @@ def test_onnx_exports_once_and_generates(folder, cache, capsys):
     assert not [p for p in (cache / "onnx").iterdir() if p.name.startswith(".partial")]
 
 
+def test_onnx_keeps_its_optimized_graphs_and_rebuilds_a_damaged_one(folder, cache, capsys):
+    """The first load writes ONNX Runtime's optimized graphs into the cache; a later load
+    reads them (no optimization) and gives the same tokens; a damaged one is rebuilt with a
+    one-line notice. `--json` reports the load's phases."""
+    import json
+
+    args = ["generate", "abc", "--model", folder, "--backend", "onnx", "--no-chat",
+            "--max-new-tokens", "4", "--kv", "full", "--json"]
+    assert main(args) == 0
+    first = json.loads(capsys.readouterr().out)
+    assert set(first["load_phases"]) == {"imports", "export", "tokenizer", "sessions"}
+    (optimized,) = (cache / "onnx-optimized").iterdir()
+    stamp = (optimized / "head.onnx").stat().st_mtime_ns
+    assert main(args) == 0
+    assert json.loads(capsys.readouterr().out)["text"] == first["text"]
+    assert (optimized / "head.onnx").stat().st_mtime_ns == stamp   # read, not written again
+    graph = optimized / "layer_0.onnx"
+    graph.write_bytes(b"\0" * graph.stat().st_size)   # the size check cannot see it
+    assert main(args) == 0
+    out = capsys.readouterr()
+    assert json.loads(out.out)["text"] == first["text"]
+    notices = [line for line in out.err.splitlines() if "optimized graphs" in line]
+    assert len(notices) == 1 and "rebuilding" in notices[0]
+    assert main(args) == 0 and "optimized graphs" not in capsys.readouterr().err
+
+
+def test_onnx_loads_where_the_cache_cannot_take_its_optimized_graphs(folder, cache,
+                                                                     monkeypatch):
+    """A read-only cache holding the export but not the optimized graphs: the sessions are
+    optimized in memory, as before issue 42, instead of the load failing."""
+    from river_core import ExitConfig, GenerationConfig
+    from river_core.model import RiverModel
+    from river_onnx import sessions
+
+    def read_only(target, *args, **named):
+        raise ModelError(f"cache at {cache} is read-only and has no {target.name}")
+    monkeypatch.setattr(sessions, "cached", read_only)
+    model = RiverModel.from_pretrained(folder, backend="onnx")
+    out = model.generate_ids([[1, 5, 9]], ExitConfig(kv="full"), GenerationConfig(max_new_tokens=3))
+    assert len(out.tokens[0]) == 3 and not (cache / "onnx-optimized").exists()
+
+
 def test_onnx_int8_backbone_stays_close_and_lossless_mode_keeps_its_output(tmp_path):
     """dtype int8: the backbone's layers in 8 bits, near the float model; lossless mode's
     drafts are then checked by that int8 backbone, so its output is exactly the int8 one."""

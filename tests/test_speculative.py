@@ -35,29 +35,47 @@ def _round(drafted, accepted, draft_seconds=0.01, verify_seconds=0.03):
                  verify_seconds)
 
 
-@pytest.mark.parametrize("drafting_pays", [True, False])
-def test_adaptive_drafting_stops_where_plain_steps_are_cheaper_and_looks_again(drafting_pays):
-    """Rounds that drafted cost 10 ms a token; plain steps 20 ms, or 5 ms: it drafts, or takes
-    plain steps, and every PROBE rounds tries the other."""
-    length = DraftLength(4, adaptive=True)
-    plain = 0.020 if drafting_pays else 0.005
+def _run(length: DraftLength, rounds: int, plain: float, drafted: float = 0.010) -> list[int]:
+    """The lengths chosen over `rounds` rounds where a plain step costs `plain` seconds and a
+    round that drafted `drafted` seconds a token (every draft kept)."""
     chosen = []
-    for _ in range(4 * length.PROBE):
+    for _ in range(rounds):
         g = length.next()
         chosen.append(g)
-        length.update(_round(g, g, 0.01 * g, 0.01) if g else _round(0, 0, 0.0, plain))
+        length.update(_round(g, g, drafted * g, drafted) if g else _round(0, 0, 0.0, plain))
+    return chosen
+
+
+@pytest.mark.parametrize("drafting_pays", [True, False])
+def test_adaptive_drafting_chooses_within_a_few_rounds_and_tries_the_other_way_ever_less(
+        drafting_pays):
+    """Rounds that drafted cost 10 ms a token; plain steps 20 ms, or 5 ms. A plain step, then
+    TRIAL rounds drafting, then the cheaper way, trying the other after 4, 8, 16 ... rounds."""
+    length = DraftLength(4, adaptive=True)
+    chosen = _run(length, 80, plain=0.020 if drafting_pays else 0.005)
+    first = 1 + length.TRIAL
+    assert chosen[0] == 0 and all(g > 0 for g in chosen[1:first])
     assert length.drafting_pays == drafting_pays
-    later = chosen[2 * length.PROBE:]
-    probes = [g for i, g in enumerate(later) if i % length.PROBE == length.PROBE - 1]
-    usual = [g for i, g in enumerate(later) if i % length.PROBE != length.PROBE - 1]
-    assert all(g > 0 for g in usual) == drafting_pays and all(g == 0 for g in usual) != \
-        drafting_pays
-    assert all(g == 0 for g in probes) == drafting_pays
+    tries = [i for i, g in enumerate(chosen[first:]) if (g > 0) != drafting_pays]
+    gaps = np.diff([-1] + tries).tolist()
+    assert gaps == [5, 9, 17, 33][:len(gaps)] and len(tries) == 4
 
 
-def test_the_draft_length_grows_while_drafts_stand_and_shrinks_on_rejection():
+def test_a_try_that_wins_switches_at_once():
+    """Drafts lose for a while, then become cheap (a stretch the river drafts well): the first
+    try of drafting after the change wins, and drafting goes on."""
+    length = DraftLength(4, adaptive=True)
+    _run(length, 12, plain=0.005)
+    assert not length.drafting_pays
+    chosen = _run(length, 20, plain=0.005, drafted=0.001)
+    start = chosen.index(next(g for g in chosen if g > 0))
+    assert all(g > 0 for g in chosen[start:start + 4]) and length.drafting_pays
+
+
+def test_the_draft_length_grows_while_drafts_stand_and_shrinks_on_rejection(monkeypatch):
+    monkeypatch.setattr(DraftLength, "PROBE", 1000)   # the length rule alone
     length = DraftLength(6, adaptive=True)
-    length.PROBE = 1000   # the length rule alone
+    length.update(_round(0, 0, 0.0, 1.0))   # a plain step measured: drafting is the cheaper
     assert length.next() == 6
     for want in (5, 4, 3, 2, 1, 1):
         length.update(_round(length.next(), 0))

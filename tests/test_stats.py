@@ -50,3 +50,15 @@ def test_one_definition_of_speed_and_counts_that_agree():
     one = report_stats(DecodeResult([[7]], [[]], 4, 0.2, []))
     assert "nan" not in one and one == "1 token: prefill 200 ms gave the only one, nothing " \
                                        "was decoded"
+
+
+def test_a_speculative_run_that_drafted_nothing_reports_no_acceptance():
+    """The adaptive draft length starts with a plain step, and may step aside for good: a
+    speculative result without drafts has no acceptance, not a division error."""
+    import math
+
+    from river_core.decode import DecodeResult
+
+    r = DecodeResult(tokens=[[5, 6]], exit_layers=[[]], num_layers=4, prefill_seconds=0.1,
+                     step_seconds=[0.02], drafted=[0], accepted=[0])
+    assert r.speculative and math.isnan(r.acceptance_rate) and r.tokens_per_round == 1.0

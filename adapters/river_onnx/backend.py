@@ -11,8 +11,6 @@ written so far.
 from __future__ import annotations
 
 import functools
-import os
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +25,7 @@ from river_core.layout import Layout
 from . import allocator
 from .device_kv import OrtLayers
 from .export import Manifest, weight_bytes
-from . import CAPABILITIES
+from . import CAPABILITIES, sessions
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 
@@ -71,17 +69,16 @@ def sessions_for(device: str):
         raise CapabilityError(f"onnxruntime here has no {provider} (installed providers: "
                               f"{', '.join(ort.get_available_providers())}); CUDA needs the "
                               f"onnx-gpu extra instead of onnx")
-    options = session_options(device)
     if provider == allocator.PROVIDER:
         allocator.shared_device_allocator()
 
-    def make(path: Path) -> ort.InferenceSession:
+    def make(path: Path, options: ort.SessionOptions | None = None) -> ort.InferenceSession:
         try:
             # enable_fallback=0: ONNX Runtime's Python wrapper would otherwise answer a
             # provider's failure at run time by moving the session to the CPU for good,
             # saying so only on stdout
-            sess = ort.InferenceSession(str(path), options, providers=[provider],
-                                        enable_fallback=0)
+            sess = ort.InferenceSession(str(path), options or session_options(device),
+                                        providers=[provider], enable_fallback=0)
         except Exception as e:
             if "fallback to CPU EP has been explicitly disabled" not in str(e):
                 raise
@@ -106,17 +103,6 @@ def tail_sessions(manifest: Manifest, device: str) -> tuple[int, ...]:
     that would be about 7 copies of the stand-ins for 32 layers. Without its tail a token's exit
     river runs stand-in by stand-in: the same weights and math (the kit checks it)."""
     return manifest.tails if device == "cpu" else ()
-
-
-def _built(make, folder: Path, names: list[str]) -> dict[str, ort.InferenceSession]:
-    """Every session in `names` (graph files of `folder`), built now, several at a time:
-    a session made on first use would be made inside a timed decode (issue 36)."""
-    paths = [folder / f"{name}.onnx" for name in names]
-    missing = [p.name for p in paths if not p.is_file()]
-    if missing:
-        raise FileNotFoundError(f"{folder} lacks {', '.join(missing)}: a damaged export")
-    with ThreadPoolExecutor(os.cpu_count()) as pool:
-        return dict(zip(names, pool.map(make, paths)))
 
 
 class _Step:
@@ -165,8 +151,10 @@ class OnnxBackend(NumpyArrays, LayerEngine):
 
     name = "onnx"
 
-    def __init__(self, folder: Path, manifest: Manifest, tokenizer, device: str = "cpu") -> None:
-        make = sessions_for(device)
+    def __init__(self, folder: Path, manifest: Manifest, tokenizer, device: str = "cpu",
+                 optimized: tuple[Path, str] | None = None) -> None:
+        """`optimized`: the cache entry of the export's optimized graphs and its key
+        (sessions.optimized_entry; None: graphs optimized in memory on every load)."""
         self.spec = spec = manifest.spec
         self.floats = np.dtype(manifest.floats)   # of hidden states, the cache, the tables
         self._folder = folder
@@ -175,8 +163,9 @@ class OnnxBackend(NumpyArrays, LayerEngine):
         layers = range(spec.num_layers)
         kinds = {"layer": layers, "stand_in": layers, "kv": layers,
                  "tail": tail_sessions(manifest, device)}
-        built = _built(make, folder, ["embed", "head", "stand_in_head"] + [
-            f"{kind}_{key}" for kind, keys in kinds.items() for key in keys])
+        built = sessions.build(sessions_for(device), functools.partial(session_options, device),
+                               folder, ["embed", "head", "stand_in_head"] + [
+            f"{kind}_{key}" for kind, keys in kinds.items() for key in keys], optimized)
         self._embed, self._head, self._stand_in_head = (
             built[name] for name in ("embed", "head", "stand_in_head"))
         self._layers, self._stand_ins, self._kv_proj, self._tails = (

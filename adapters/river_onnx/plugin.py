@@ -7,6 +7,7 @@ import functools
 from river_core.config import QuantSpec
 from river_core.errors import ConfigError
 from river_core.hookspecs import BackendPlugin, hookimpl
+from river_core.phases import Phases
 from river_models.source import model_shape
 
 from . import CAPABILITIES
@@ -16,13 +17,16 @@ from . import CAPABILITIES
 def load(model: str | None = None, *, device: str = "cpu", dtype: str | None = None,
          quant: QuantSpec = QuantSpec(), progress: bool = False):
     """ONNX Runtime (CPU; CUDA with the onnx-gpu extra): exported per-layer graphs. `dtype`
-    None: float32 on the CPU, float16 on CUDA (`river_onnx.export.default_dtype`)."""
-    from transformers import AutoTokenizer
-
-    from river_models.tokenizer import Tokenizer
+    None: float32 on the CPU, float16 on CUDA (`river_onnx.export.default_dtype`). A load
+    from the cache imports neither torch nor transformers (tests/test_architecture.py); its
+    phases' wall-clock is the backend's `load_seconds`."""
+    phases = Phases()
+    from river_models.tokenizer import FileTokenizer
 
     from .backend import PROVIDERS, OnnxBackend, sessions_for
     from .export import DTYPES, Manifest, default_dtype, exported
+    from .sessions import optimized_entry
+    phases.done("imports")
 
     dtype = default_dtype(device) if dtype is None else dtype
     if dtype not in DTYPES:
@@ -35,9 +39,14 @@ def load(model: str | None = None, *, device: str = "cpu", dtype: str | None = N
     sessions_for(device)   # fail before a long export when the provider is missing
     folder = exported(model, quant, progress, dtype)
     manifest = Manifest.read(folder)
-    tokenizer = AutoTokenizer.from_pretrained(folder / "tokenizer", local_files_only=True)
-    return OnnxBackend(folder, manifest, Tokenizer(tokenizer, manifest.spec.eos_ids), device)
-
+    phases.done("export")   # found in the cache (its manifest, its files' sizes), or made
+    tokenizer = FileTokenizer(folder / "tokenizer", manifest.spec.eos_ids)
+    phases.done("tokenizer")
+    backend = OnnxBackend(folder, manifest, tokenizer, device,
+                          optimized_entry(folder) if device == "cpu" else None)
+    phases.done("sessions")   # the weights mapped, the graphs loaded or optimized
+    backend.load_seconds = phases.seconds
+    return backend
 
 
 # the conformance kit's device (river_hf.plugin.TEST_DEVICE; the onnx engine does not import

@@ -11,7 +11,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from pathlib import Path
+
+from . import quiet
 
 CHECKOUT = Path(__file__).resolve().parents[2]
 DOCS = CHECKOUT / "docs/results"
@@ -29,8 +32,6 @@ def parser(name: str, doc: str, model: bool = True) -> argparse.ArgumentParser:
 
 def command(name: str, argv: list[str] | None) -> str:
     """The command line that reruns a benchmark, for its results."""
-    import sys
-
     return " ".join(["river bench", name, *(sys.argv[1:] if argv is None else argv)])
 
 
@@ -52,16 +53,35 @@ def arguments(parser: argparse.ArgumentParser, model: bool = True) -> None:
                             "embedded SmolLM2-135M-Instruct)")
 
 
+def commit() -> str | None:
+    """The checkout's commit, `+` marking uncommitted changes (None: not a git checkout)."""
+    import subprocess
+
+    try:
+        head = subprocess.run(["git", "-C", str(CHECKOUT), "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(CHECKOUT), "status", "--porcelain",
+                                "--untracked-files=no"], capture_output=True, text=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head + "+" * bool(dirty.strip())
+
+
 class Output:
-    """A benchmark's results folder."""
+    """A benchmark's results folder. It reads the machine's state when it is made (a
+    benchmark makes it first) and when the results are written (`quiet.py`): every result
+    records it, and a `--docs` run on a busy machine writes into the default folder instead
+    of docs/results, and says so."""
 
     def __init__(self, args: argparse.Namespace) -> None:
         if args.docs and not IN_CHECKOUT:
             raise SystemExit("--docs writes into a source checkout's docs/results; this River "
                              "is installed without one (use --out)")
-        default = os.environ.get("RIVER_RESULTS") or Path.cwd() / "river-results"
-        self.folder = Path(DOCS if args.docs else args.out or default)
+        self.default = Path(os.environ.get("RIVER_RESULTS") or Path.cwd() / "river-results")
+        self.docs = bool(args.docs)
+        self.folder = Path(DOCS if args.docs else args.out or self.default)
         self.runs = self.folder / "runs"
+        self.start = quiet.read(bandwidth=self.docs)
 
     def path(self, name: str) -> Path:
         """A file of this run's results (made on demand)."""
@@ -69,7 +89,19 @@ class Output:
         return self.folder / name
 
     def write(self, name: str, payload: dict, markdown: str) -> None:
-        """`name`.json and `name`.md, and the markdown on stdout."""
+        """`name`.json and `name`.md, each with the machine's state, and the markdown on
+        stdout; a `--docs` run on a busy machine writes into the default folder instead."""
+        end = quiet.read(bandwidth=self.docs)
+        cores = os.cpu_count() or 1
+        state = quiet.state(self.start, end, cores,
+                            quiet.quiet_bandwidth([self.start, end]) if self.docs else None)
+        payload = payload | {"machine_state": state, "commit": commit()}
+        markdown = markdown.rstrip("\n") + f"\n\n{quiet.describe(state)} Commit " \
+            f"{payload['commit'] or 'unknown'}.\n"
+        if self.docs and state["busy"]:   # its plots, written after, go there too
+            self.folder = self.default
+            print(f"river bench: the machine was busy ({state['busy']}): the results go to "
+                  f"{self.folder}, not docs/results", file=sys.stderr)
         self.path(f"{name}.json").write_text(json.dumps(payload, indent=2, default=str) + "\n")
         self.path(f"{name}.md").write_text(markdown)
         print(markdown)

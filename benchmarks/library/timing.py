@@ -10,6 +10,8 @@ import time
 
 import numpy as np
 
+from river_core.machine import cpu as machine_cpu
+
 
 def synchronize(device: str = "cpu") -> None:
     """Wait until the device has finished the work queued on it."""
@@ -31,7 +33,8 @@ def machine(device: str = "cpu") -> dict:
 
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo")
                 if l.startswith("model name")), platform.processor())
-    info = {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+    info = {"cpu": cpu, "extensions": list(machine_cpu().extensions), "cores": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(),
             "torch": torch.__version__, "python": platform.python_version(), "device": device,
             "memory_bandwidth_gb_s": round(memory_bandwidth(device=device) / 1e9, 1)}
     if device.startswith("cuda"):
