@@ -206,6 +206,17 @@ def _holding(lock: threading.Lock, stream: Stream) -> Stream:
         return (yield from stream)
 
 
+@attrs.define
+class _RowText:
+    """One row's text, made from its ids only when asked for (a caller that reads ids alone,
+    transformers' generate, decodes nothing)."""
+
+    detokenizer: Detokenizer
+    pieces: list[str] = attrs.Factory(list)
+    fed: int = 0          # the row's ids the detokenizer has seen
+    finished: bool = False
+
+
 class TokenStream:
     """Tokens as a generation chooses them, each row's text as it grows (each id decoded a
     bounded number of times: `Detokenizer`); `stats` once it has ended."""
@@ -214,7 +225,7 @@ class TokenStream:
         self._stream = stream
         self._tokenizer, self._stop = tokenizer, tuple(stop)
         self._ids: dict[int, list[int]] = {}
-        self._texts: dict[int, tuple[Detokenizer, list[str]]] = {}
+        self._texts: dict[int, _RowText] = {}
         self.stats: DecodeResult | None = None
 
     def __iter__(self) -> "TokenStream":
@@ -227,26 +238,23 @@ class TokenStream:
             token = next(self._stream)
         except StopIteration as done:
             self.stats = done.value
-            self._finish()
             raise StopIteration from None
         self._ids.setdefault(token.row, []).append(token.id)
-        if token.id not in self._tokenizer.eos_ids:
-            text, pieces = self._row_text(token.row)
-            pieces.append(text.add(token.id))
         return token
 
     def text(self, row: int = 0) -> str:
         """The text of sequence `row` so far: whole characters, cut before the first stop
         string; once the stream has ended, `RiverModel.text` of its ids."""
-        return _cut("".join(self._row_text(row)[1]), self._stop)
-
-    def _row_text(self, row: int) -> tuple[Detokenizer, list[str]]:
-        return self._texts.setdefault(row, (Detokenizer(self._tokenizer), []))
-
-    def _finish(self) -> None:
-        """The end: each row's last incomplete character, as the whole decode ends it."""
-        for text, pieces in self._texts.values():
-            pieces.append(text.finish())
+        text = self._texts.setdefault(row, _RowText(Detokenizer(self._tokenizer)))
+        ids = self._ids.get(row, [])
+        for t in ids[text.fed:]:
+            if t not in self._tokenizer.eos_ids:
+                text.pieces.append(text.detokenizer.add(t))
+        text.fed = len(ids)
+        if self.stats is not None and not text.finished:   # the last incomplete character
+            text.pieces.append(text.detokenizer.finish())
+            text.finished = True
+        return _cut("".join(text.pieces), self._stop)
 
     def ids(self, row: int = 0) -> list[int]:
         """The ids of sequence `row` so far."""
@@ -259,7 +267,6 @@ class TokenStream:
                 self._stream.throw(KeyboardInterrupt)
             except StopIteration as done:
                 self.stats = done.value
-                self._finish()
         return self.stats
 
 
