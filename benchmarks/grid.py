@@ -134,7 +134,7 @@ class Cell:
         out = self.model.generate_ids([ids], self.exit_config,
                                       GenerationConfig(max_new_tokens=tokens))
         return {"tokens": out.tokens[0], "ms": out.ms_per_token,
-                "exits": None if self.exit_config.mode == "speculative" else out.exit_layers[0]}
+                "exits": None if self.exit_config.lossless else out.exit_layers[0]}
 
 
 def load_models(engines: list[str], shape: str, args, loaded: dict | None = None) -> dict:

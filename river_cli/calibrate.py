@@ -163,7 +163,7 @@ def fit(model: RiverModel, references: Sequence[Reference], config: ExitConfig, 
 
 
 def tuned_option(registry, config: ExitConfig) -> tuple[str, float, float]:
-    if config.mode != "exit":
+    if config.lossless:
         raise ConfigError("calibration fits exit mode; speculative mode is lossless already")
     mark = tuned(registry.policy(config.policy).options)
     if mark is None:

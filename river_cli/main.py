@@ -16,7 +16,7 @@ from .calibrate import __doc__ as calibrate_doc_text
 from river_core import arguments
 from river_core.arguments import default
 from river_core.config import ExitConfig, GenerationConfig
-from river_core.decode import DecodeResult
+from river_core.decode import DecodeResult, check_prompts
 from river_core.errors import ConfigError, RiverError
 from river_core.model import RiverModel, check_text
 from river_core.plan import Plan, resolve
@@ -185,9 +185,8 @@ def _generate(args) -> None:
     exit_config = _exit_config(args, profile)
     gen = GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                            top_p=args.top_p, top_k=args.top_k, stop=args.stop, seed=args.seed)
-    if not check_text(args.prompt).strip():
-        raise RiverError("empty prompt")
-    saved = not profile and not args.no_profile and exit_config.mode == "exit"
+    check_prompts([check_text(args.prompt)])
+    saved = not profile and not args.no_profile and not exit_config.lossless
     started = time.perf_counter()
     model, plan, found = _load(args, exit_config, gen.max_new_tokens, find_profile=saved)
     loaded = time.perf_counter()
@@ -260,18 +259,17 @@ def _stream(model: RiverModel, prompt: str, chat: bool, plan: Plan,
     """Print the text as it grows, holding back what could still turn into a stop string."""
     tokens = model.stream(prompt, chat=chat, exit_config=plan, generation_config=gen)
     hold = max((len(s) for s in gen.stop), default=1) - 1
-    shown = ""
+    shown = 0
     try:
         for _ in tokens:
-            text = model.text(tokens.ids(), gen.stop)
-            ready = text[:len(text) - hold]
-            if ready.startswith(shown) and not ready.endswith("\ufffd"):   # whole characters
-                print(ready[len(shown):], end="", flush=True)
+            text = tokens.text()   # whole characters, decoding only the new ids
+            ready = len(text) - hold
+            if ready > shown:
+                print(text[shown:ready], end="", flush=True)
                 shown = ready
     except KeyboardInterrupt:
         tokens.interrupt()
-    text = model.text(tokens.ids(), gen.stop)
-    print(text[len(shown):] if text.startswith(shown) else "\n" + text)
+    print(tokens.text()[shown:])
     return tokens.stats
 
 

@@ -4,6 +4,7 @@ API, before any model loads."""
 
 from __future__ import annotations
 
+import enum
 import math
 import numbers
 from typing import Any, Mapping
@@ -84,7 +85,15 @@ class QuantSpec:
         return "int8" if self.bits == 8 else f"int{self.bits} g{self.group_size} {self.method}"
 
 
-MODES = ("exit", "speculative")
+class Mode(enum.StrEnum):
+    """What an exited token is: the one encoding of the mode, read through
+    `ExitConfig.lossless` by the core, every engine and River inside vLLM."""
+
+    EXIT = "exit"                 # final (the paper; fast, lossy)
+    SPECULATIVE = "speculative"   # a draft the backbone verifies (lossless)
+
+
+MODES = tuple(m.value for m in Mode)
 DRAFT_WINDOW = 256
 """Speculative mode's default draft window: shorter contexts are read whole, so drafts change
 only past it (docs/benchmarks.md, "Lossless mode at long contexts and short answers")."""
@@ -102,6 +111,11 @@ def mode_policy(mode: str) -> tuple[str, dict]:
     return name, dict(options)
 
 
+def _mode(value: Any) -> Mode:
+    _check(value in MODES, f"mode must be one of {', '.join(MODES)}, got {value!r}")
+    return Mode(value)
+
+
 def _mode_options(config: "ExitConfig") -> dict:
     name, options = mode_policy(config.mode)
     return options if config.policy == name else {}
@@ -113,7 +127,7 @@ class ExitConfig:
     plugin declares its own: `river plugins` lists them). A policy left unnamed is the mode's
     (POLICIES), with its options unless others are given."""
 
-    mode: str = "exit"
+    mode: Mode = attrs.field(default=Mode.EXIT, converter=_mode)
     """"exit": a token that exits is final (the paper; fast, lossy). "speculative": exited
     tokens are drafts the backbone verifies, several at once (lossless: the backbone's output)."""
     policy: str = attrs.field(default=attrs.Factory(lambda c: mode_policy(c.mode)[0],
@@ -147,12 +161,16 @@ class ExitConfig:
     the backend can window drafts, else the whole context (a window longer than the context
     is the whole context)."""
 
+    @property
+    def lossless(self) -> bool:
+        """Speculative mode: the backbone verifies what the river drafts."""
+        return self.mode is Mode.SPECULATIVE
+
     def __attrs_post_init__(self) -> None:
         for name in ("policy", "kv", "predictor"):
             _text(name, getattr(self, name))
         if self.prefill_exit is not None:
             _integer("prefill_exit", self.prefill_exit, -1, " or None")
-        _check(self.mode in MODES, f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         _integer("draft_tokens", self.draft_tokens, 1)
         _check(isinstance(self.adaptive, bool), f"adaptive must be True or False, got "
                f"{self.adaptive!r}")

@@ -15,6 +15,7 @@ import numpy as np
 
 from .backend import Backend, Step
 from .config import GenerationConfig
+from .detokenize import StopScan
 from .errors import ConfigError
 from .finite import checked
 from .kv import KVStrategy, subset
@@ -260,17 +261,17 @@ class Walk:
 
 
 def decode_step(backend: Backend, tokens: Sequence[int], run: Run, rows: list[Row],
-                step: int, at: Step, draft: bool = False) -> tuple[np.ndarray, list[int]]:
+                step: int, at: Step) -> tuple[np.ndarray, list[int]]:
     """Decode step number `step`: one token per sequence through the layers, writing `at`'s
-    slot; return logits and each exit layer. A `draft` step's logits come from the head's
-    stand-in where the backend has stand-ins."""
+    slot; return logits and each exit layer. A draft's step (`at.draft`) takes its logits from
+    the head's stand-in where the backend has stand-ins."""
     caps = backend.capabilities
     if not caps.exits:   # an engine that only decodes at full depth
         return backend.decode(tokens, at), [backend.num_layers - 1] * len(tokens)
     movable = {} if run.steps_aside(len(tokens)) else dict(enumerate(rows))
     walk = Walk(backend, run, movable, step, len(tokens))
     h = walk.through(backend.embed(tokens, at))
-    logits = (backend.stand_in_logits if draft and caps.stand_in else backend.logits)(h)
+    logits = (backend.stand_in_logits if at.draft and caps.stand_in else backend.logits)(h)
     walk.finish(logits)
     return logits, walk.exits
 
@@ -284,15 +285,17 @@ def _capped(ceiling: int | None, layer: int) -> bool:
     return ceiling is not None and layer >= ceiling
 
 
-def stopped(text: str, stop: Sequence[str]) -> bool:
-    return any(s in text for s in stop)
+def check_prompts(prompts: Sequence[str] | Sequence[Sequence[int]]) -> None:
+    """The one empty-prompt check, for texts (only whitespace is empty) and for token ids,
+    wherever a prompt comes in: the API's text and ids, the command line before it loads."""
+    if not prompts or any(not (p.strip() if isinstance(p, str) else len(p)) for p in prompts):
+        raise ConfigError("empty prompt: give some text, or at least one token id")
 
 
 def check_capacity(backend: Backend, prompts: Sequence[Sequence[int]], new_tokens: int) -> int:
     """The cache positions a generation needs; refuses empty prompts, ids that are no token
     ids, and context overflow."""
-    if not prompts or any(len(p) == 0 for p in prompts):
-        raise ConfigError("empty prompt: give at least one token")
+    check_prompts(prompts)
     if not all(isinstance(t, numbers.Integral) and not isinstance(t, bool) and t >= 0
                for p in prompts for t in p):
         raise ConfigError("a prompt's token ids must be non-negative integers")
@@ -357,6 +360,7 @@ def stream_ids(backend: Backend, prompts: Sequence[Sequence[int]], gen: Generati
 
     batch = len(prompts)
     tokens: list[list[int]] = [[] for _ in range(batch)]
+    stops = [StopScan(backend.tokenizer, gen.stop) for _ in range(batch)]
     exits: list[list[int]] = [[] for _ in range(batch)]
     chose = [backend.num_layers - 1 if prefill_exit is None else prefill_exit] * batch
     done = [False] * batch
@@ -369,8 +373,7 @@ def stream_ids(backend: Backend, prompts: Sequence[Sequence[int]], gen: Generati
                 if done[r]:
                     continue
                 tokens[r].append(t)
-                done[r] = t in eos or (bool(gen.stop) and
-                                       stopped(backend.tokenizer.decode(tokens[r]), gen.stop))
+                done[r] = t in eos or stops[r].add(t)
                 yield Token(r, t, chose[r])
             if all(done) or step == gen.max_new_tokens - 1:
                 break

@@ -7,9 +7,11 @@ from typing import Any, Collection, Mapping, Sequence
 
 import attrs
 
-from .backend import Backend, ModelShape
+from .backend import Backend, ModelShape, Tokenizer
 from .config import ExitConfig, GenerationConfig, QuantSpec
-from .decode import DecodeResult, Forced, Stream, Token, drain, stream_ids, teacher_force
+from .decode import (DecodeResult, Forced, Stream, Token, check_prompts, drain, stream_ids,
+                     teacher_force)
+from .detokenize import Detokenizer
 from .errors import ConfigError
 from .plan import Plan, resolve
 from .plugins import Registry, default_registry
@@ -120,15 +122,16 @@ class RiverModel:
                generation_config: GenerationConfig | None = None,
                options: Mapping[str, Any] | None = None, **settings) -> "TokenStream":
         """`generate`, a token at a time: iterate the result for `Token`s (id, row, exit
-        layer) as they are chosen; its `stats` afterwards.
+        layer) as they are chosen; `text(row)` as it grows; its `stats` afterwards.
 
         >>> for token in (s := model.stream("What is 7 * 8?")):
-        ...     print(model.text(s.ids(0)), end="\r")
+        ...     print(s.text(0), end="\r")
         """
         exit_config, generation_config = split_settings(settings, exit_config,
                                                         generation_config, options)
         return TokenStream(self._stream(self.encode(prompt, chat), exit_config,
-                                        generation_config))
+                                        generation_config), self.backend.tokenizer,
+                           generation_config.stop)
 
     def encode(self, prompt: str | Sequence[str], chat: bool = True) -> list[list[int]]:
         """Token ids of one prompt or a batch, under the chat template unless `chat` is False;
@@ -139,9 +142,8 @@ class RiverModel:
         if not isinstance(prompt, (str, list, tuple)):
             raise ConfigError(f"prompt must be text (str) or a list of texts, got {prompt!r} "
                               f"({type(prompt).__name__})")
-        prompts = [prompt] if isinstance(prompt, str) else list(prompt)
-        if not prompts or any(not check_text(p).strip() for p in prompts):
-            raise ConfigError("empty prompt")
+        prompts = [check_text(p) for p in ([prompt] if isinstance(prompt, str) else prompt)]
+        check_prompts(prompts)
         tok = self.backend.tokenizer
         return [tok.chat(p) if chat else tok.encode(p) for p in prompts]
 
@@ -160,19 +162,19 @@ class RiverModel:
         """`stream` over token ids. A caller with its own token choice and stopping rules
         (transformers' generate) passes `sample` and `eos` (decode.stream_ids) and
         `interrupt()`s the stream once it is done."""
-        return TokenStream(self._stream(prompts, exit_config, generation_config, sample, eos))
+        return TokenStream(self._stream(prompts, exit_config, generation_config, sample, eos),
+                           self.backend.tokenizer, generation_config.stop)
 
     def _stream(self, prompts: Sequence[Sequence[int]], exit_config: ExitConfig | Plan,
                 generation_config: GenerationConfig, sample: Sampler | None = None,
                 eos: Collection[int] | None = None) -> Stream:
         plan = self.plan(exit_config)
-        length = plan.draft_length()
-        if length is not None:
+        if plan.config.lossless:
             if sample is not None or eos is not None:
                 raise ConfigError("speculative mode chooses tokens by its own verification "
                                   "rule: it takes no caller's sampler or EOS set")
             stream = speculative_stream(self.backend, prompts, generation_config, plan.run(),
-                                        length)
+                                        plan.draft_length())
         else:
             stream = stream_ids(self.backend, prompts, generation_config, plan.run(),
                                 plan.config.prefill_exit, sample, eos)
@@ -187,7 +189,7 @@ class RiverModel:
         (None or past the last layer: full depth): logits at every position (for NLL) and
         where each token left."""
         plan = self.plan(exit_config)
-        if plan.config.mode == "speculative":
+        if plan.config.lossless:
             raise ConfigError("speculative mode scores exactly as full depth: teacher-force "
                               "with kv='full'")
         run = plan.run()
@@ -204,12 +206,26 @@ def _holding(lock: threading.Lock, stream: Stream) -> Stream:
         return (yield from stream)
 
 
-class TokenStream:
-    """Tokens as a generation chooses them; `stats` once it has ended."""
+@attrs.define
+class _RowText:
+    """One row's text, made from its ids only when asked for (a caller that reads ids alone,
+    transformers' generate, decodes nothing)."""
 
-    def __init__(self, stream: Stream) -> None:
+    detokenizer: Detokenizer
+    pieces: list[str] = attrs.Factory(list)
+    fed: int = 0          # the row's ids the detokenizer has seen
+    finished: bool = False
+
+
+class TokenStream:
+    """Tokens as a generation chooses them, each row's text as it grows (each id decoded a
+    bounded number of times: `Detokenizer`); `stats` once it has ended."""
+
+    def __init__(self, stream: Stream, tokenizer: Tokenizer, stop: Sequence[str] = ()) -> None:
         self._stream = stream
+        self._tokenizer, self._stop = tokenizer, tuple(stop)
         self._ids: dict[int, list[int]] = {}
+        self._texts: dict[int, _RowText] = {}
         self.stats: DecodeResult | None = None
 
     def __iter__(self) -> "TokenStream":
@@ -225,6 +241,20 @@ class TokenStream:
             raise StopIteration from None
         self._ids.setdefault(token.row, []).append(token.id)
         return token
+
+    def text(self, row: int = 0) -> str:
+        """The text of sequence `row` so far: whole characters, cut before the first stop
+        string; once the stream has ended, `RiverModel.text` of its ids."""
+        text = self._texts.setdefault(row, _RowText(Detokenizer(self._tokenizer)))
+        ids = self._ids.get(row, [])
+        for t in ids[text.fed:]:
+            if t not in self._tokenizer.eos_ids:
+                text.pieces.append(text.detokenizer.add(t))
+        text.fed = len(ids)
+        if self.stats is not None and not text.finished:   # the last incomplete character
+            text.pieces.append(text.detokenizer.finish())
+            text.finished = True
+        return _cut("".join(text.pieces), self._stop)
 
     def ids(self, row: int = 0) -> list[int]:
         """The ids of sequence `row` so far."""

@@ -45,10 +45,8 @@ class Plan:
                    functools.partial(self.predictor_plugin.make, self.predictor_options),
                    self.config.step_aside_above, self.draft_window)
 
-    def draft_length(self) -> DraftLength | None:
-        """Speculative mode's draft length rule, fresh for a generation (None: exit mode)."""
-        if self.config.mode != "speculative":
-            return None
+    def draft_length(self) -> DraftLength:
+        """Speculative mode's draft length rule, fresh for a generation."""
         return DraftLength(self.config.draft_tokens, self.config.adaptive)
 
 
@@ -68,7 +66,7 @@ def resolve(config: ExitConfig, registry: Registry, capabilities: Capabilities,
                           f"predictor starts afresh every step), so {', '.join(unused)} of "
                           f"the {config.predictor!r} predictor would have no effect")
     window = config.draft_window
-    if window is None and config.mode == "speculative" and capabilities.windowed_drafts:
+    if window is None and config.lossless and capabilities.windowed_drafts:
         window = DRAFT_WINDOW
     return Plan(config, backend, shape, made, kv, options["kv_strategy"], predictor,
                 options["predictor"], window)
@@ -107,10 +105,10 @@ def _check(config: ExitConfig, strategy, policy: ExitPolicy, caps: Capabilities,
         if config.prefill_exit >= shape.num_layers:
             raise ConfigError(f"prefill_exit {config.prefill_exit} is past the model's last "
                               f"layer ({shape.num_layers - 1})")
-    if config.draft_window is not None and config.mode != "speculative":
+    if config.draft_window is not None and not config.lossless:
         raise ConfigError("draft_window is the drafts' attention window: it applies to "
                           "speculative mode")
-    if config.mode == "speculative":
+    if config.lossless:
         _check_can_draft(caps, backend, strategy, config.draft_window)
         if config.prefill_exit is not None:
             raise ConfigError("speculative mode is lossless, but prefill_exit would leave "

@@ -12,20 +12,24 @@ speculative-sampling rule, so the output follows the backbone's distribution exa
 next round starts after it. Nothing is rewound: the slots past the round's end are overwritten
 by the next round before anything reads them. No river K/V survives a round, so the output is
 the backbone's, only faster when drafts are cheap and mostly right.
+
+`rounds` reads as gpt-fast's speculative loop: prefill, then per round `draft`, `verify`,
+accept, trim.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import attrs
 import numpy as np
 
 from .backend import Backend, Step
 from .config import GenerationConfig
-from .decode import (DecodeResult, Run, Stream, Token, check_capacity, decode_step, drain,
-                     stand_in_error, start_rows, stopped)
+from .decode import (DecodeResult, Row, Run, Stream, Token, check_capacity, decode_step,
+                     drain, stand_in_error, start_rows)
+from .detokenize import StopScan
 from .errors import ConfigError
 from .finite import checked
 from .sampling import draw, probabilities, verify_draft
@@ -123,79 +127,118 @@ class DraftLength:
             self._wait = min(2 * self._wait, self.LONGEST)
 
 
+@attrs.frozen
+class Choice:
+    """How a generation picks a token from logits: greedy (temperature 0) or sampled, with
+    the distribution the speculative-sampling rule compares drafts under."""
+
+    gen: GenerationConfig
+    rng: np.random.Generator
+
+    @property
+    def sampled(self) -> bool:
+        return self.gen.temperature > 0
+
+    def distribution(self, logits: np.ndarray) -> np.ndarray | None:
+        """Sampling: the probabilities a token is drawn from; greedy: None."""
+        if not self.sampled:
+            return None
+        return probabilities(logits, self.gen.temperature, self.gen.top_p, self.gen.top_k)
+
+    def token(self, logits: np.ndarray, distribution: np.ndarray | None = None) -> int:
+        """Greedy: the argmax; sampling: a draw from `distribution` (made from `logits` where
+        the caller has none)."""
+        if not self.sampled:
+            return int(logits.argmax())
+        return draw(self.distribution(logits) if distribution is None else distribution,
+                    self.rng)
+
+
+@attrs.frozen
+class Drafts:
+    """What the river drafted in one round."""
+
+    tokens: list[int]
+    probabilities: list   # per draft, its distribution (sampling; greedy: None)
+    exit_layers: list[int]
+
+
+def draft(backend: Backend, token: int, gamma: int, p: int, run: Run, rows: list[Row],
+          step: int, choice: Choice) -> Drafts:
+    """Up to gamma draft steps after `token` at slots p.. (ordinary decode steps, their
+    logits from the head's stand-in), ending at an end of text."""
+    drafts = Drafts([], [], [])
+    for n in range(gamma):
+        logits, layers = decode_step(backend, [token], run, rows, step + n,
+                                     Step(p + n, draft_window=run.draft_window, draft=True))
+        q = choice.distribution(logits[0])
+        token = choice.token(logits[0], q)
+        drafts.tokens.append(token)
+        drafts.probabilities.append(q)
+        drafts.exit_layers.append(layers[0])
+        if token in backend.tokenizer.eos_ids:
+            break   # nothing the backbone could keep follows an end of text
+    return drafts
+
+
+def verify(backend: Backend, token: int, drafts: Drafts, p: int, choice: Choice,
+           check: Callable[[np.ndarray], np.ndarray]) -> tuple[int, int]:
+    """One backbone pass over `token` and the drafts at slots p..: how many drafts it keeps
+    (the longest prefix it agrees with; sampling: the speculative-sampling rule) and its own
+    token after them. `check` sees the pass's logits first (finite.checked)."""
+    target = check(backend.extend([token] + drafts.tokens, p))
+    for accepted, (logits, d, q) in enumerate(zip(target, drafts.tokens,
+                                                  drafts.probabilities)):
+        correction = verify_draft(choice.distribution(logits), q, d, choice.rng) \
+            if choice.sampled else (None if d == int(logits.argmax()) else int(logits.argmax()))
+        if correction is not None:
+            return accepted, correction
+    # every draft stood: the backbone's next token comes free
+    return len(drafts.tokens), choice.token(target[len(drafts.tokens)])
+
+
 def rounds(backend: Backend, prompt: Sequence[int], gen: GenerationConfig, run: Run,
            length: DraftLength) -> Iterator[Round]:
-    """Prefill `prompt`, then draft-and-verify rounds until EOS, a stop string or
-    gen.max_new_tokens; each round's tokens end at whichever comes first. `run` comes from a
-    resolved plan (`Plan.run`), whose resolution checked that the backend and the strategy
+    """Prefill `prompt`, then rounds of draft, verify, accept, trim until EOS, a stop string
+    or gen.max_new_tokens; each round's tokens end at whichever comes first. `run` comes from
+    a resolved plan (`Plan.run`), whose resolution checked that the backend and the strategy
     can draft."""
     check_capacity(backend, [prompt], gen.max_new_tokens)
-    rng = np.random.default_rng(gen.seed)
-    sampled = gen.temperature > 0
-
-    def distribution(logits: np.ndarray) -> np.ndarray:
-        return probabilities(logits, gen.temperature, gen.top_p, gen.top_k)
-
-    def choose(logits: np.ndarray) -> int:
-        return draw(distribution(logits), rng) if sampled else int(logits.argmax())
-
-    eos, out = backend.tokenizer.eos_ids, []
+    choice = Choice(gen, np.random.default_rng(gen.seed))
+    eos, out, stops = backend.tokenizer.eos_ids, [], StopScan(backend.tokenizer, gen.stop)
 
     def stand(new: list[int]) -> tuple[list[int], bool]:
         """The tokens of `new` that stand, and whether generation ends with them."""
         for n, t in enumerate(new, 1):
             out.append(t)
-            if t in eos or len(out) == gen.max_new_tokens or \
-                    (gen.stop and stopped(backend.tokenizer.decode(out), gen.stop)):
+            if t in eos or len(out) == gen.max_new_tokens or stops.add(t):
                 return new[:n], True
         return new, False
-
-    def draft(token: int, gamma: int, step: int, p: int) -> tuple[list[int], list, list[int]]:
-        """Up to gamma draft steps after `token` at slots p.., ending at an end of text: the
-        drafts, their distributions (sampling; greedy: None) and their exit layers."""
-        drafts, draft_probs, exits = [], [], []
-        for n in range(gamma):
-            logits, layers = decode_step(backend, [token], run, rows, step + n,
-                                         Step(p + n, draft_window=run.draft_window, draft=True),
-                                         draft=True)
-            exits.append(layers[0])
-            q = distribution(logits[0]) if sampled else None
-            token = draw(q, rng) if sampled else int(logits[0].argmax())
-            drafts.append(token)
-            draft_probs.append(q)
-            if token in eos:
-                break   # nothing the backbone could keep follows an end of text
-        return drafts, draft_probs, exits
 
     start = time.perf_counter()
     pre = backend.prefill([prompt], len(prompt) + gen.max_new_tokens)
     rows = start_rows(stand_in_error(backend), run, pre.similarity)
-    tokens, done = stand([choose(checked(pre.logits, backend, lambda r: list(prompt), 0)[0])])
+    first = checked(pre.logits, backend, lambda r: list(prompt), 0)[0]
+    tokens, done = stand([choice.token(first)])
     yield Round(tokens, 0, 0, [], time.perf_counter() - start, 0.0)
     x, step, p = tokens[-1], 0, len(prompt)   # x goes to slot p
     while not done:
         # a round yields at most gamma + 1 tokens, so it never writes past the capacity
         gamma = min(length.next(), gen.max_new_tokens - len(out) - 1)
         start = time.perf_counter()
-        drafts, draft_probs, exits = draft(x, gamma, step, p)
-        step += len(drafts)
+        drafts = draft(backend, x, gamma, p, run, rows, step, choice)
+        step += len(drafts.tokens)
         middle = time.perf_counter()
-        target = checked(backend.extend([x] + drafts, p), backend,
-                         lambda t: [*prompt, *out, *drafts[:t]], len(out))
-        accepted, correction = 0, None
-        for logits, d, q in zip(target, drafts, draft_probs):
-            correction = verify_draft(distribution(logits), q, d, rng) if sampled else \
-                (None if d == int(logits.argmax()) else int(logits.argmax()))
-            if correction is not None:
-                break
-            accepted += 1
-        if correction is None:   # every draft stood: the backbone's next token comes free
-            correction = choose(target[len(drafts)])
-        p += accepted + 1
-        backend.trim(p)
-        tokens, done = stand(drafts[:accepted] + [correction])
+        accepted, correction = verify(
+            backend, x, drafts, p, choice,
+            lambda target: checked(target, backend,
+                                   lambda t: [*prompt, *out, *drafts.tokens[:t]], len(out)))
+        p += accepted + 1   # accept: the kept drafts and the backbone's token
+        backend.trim(p)     # trim: the cache ends after them
+        tokens, done = stand(drafts.tokens[:accepted] + [correction])
         end = time.perf_counter()
-        r = Round(tokens, len(drafts), accepted, exits, middle - start, end - middle)
+        r = Round(tokens, len(drafts.tokens), accepted, drafts.exit_layers, middle - start,
+                  end - middle)
         length.update(r)
         yield r
         x = tokens[-1]

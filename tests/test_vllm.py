@@ -16,7 +16,7 @@ import pytest  # noqa: E402
 # vLLM's own package (benchmarks/vllm.py, last on sys.path once test_benchmarks ran, is not)
 pytest.importorskip("vllm.entrypoints", reason="River inside vLLM needs the vllm extra (README)")
 
-from river_core import ExitConfig, GenerationConfig, RiverModel  # noqa: E402
+from river_core import ConfigError, ExitConfig, GenerationConfig, RiverModel  # noqa: E402
 from river_models import tiny  # noqa: E402
 
 PROMPTS = [[1, 20, 21, 22], [1, 30, 31], [1, 40, 41, 42, 43, 44]]
@@ -473,8 +473,8 @@ def test_lossless_inside_vllm_is_vllm_plains_output_and_drafts_from_the_targets_
     from river_vllm import model_overrides
 
     folder = folders(family)
-    settings = {"exits": {**EXITING, "step_aside_above": None},
-                "full depth": {**FULL_DEPTH, "step_aside_above": None}}
+    lossless = {"mode": "speculative", "step_aside_above": None}
+    settings = {"exits": {**EXITING, **lossless}, "full depth": {**FULL_DEPTH, **lossless}}
     done = subprocess.run([sys.executable, "-c", LOSSLESS_JOB, folder, json.dumps(PROMPTS),
                            str(3 * NEW), json.dumps(settings),
                            json.dumps(model_overrides(_model_config(folder))),
@@ -552,7 +552,8 @@ def _sampled_comparisons(folder, plain, other, settings=VLLM_SAMPLED):
 
 
 # drafts of stand-ins only, at any number of rows (the checks need drafts to verify)
-DRAFTING = {"policy": "fixed", "options": {"layer": -1}, "step_aside_above": None}
+DRAFTING = {"mode": "speculative", "policy": "fixed", "options": {"layer": -1},
+            "step_aside_above": None}
 
 
 @pytest.fixture(scope="module")
@@ -722,6 +723,20 @@ def test_without_a_threshold_each_mode_steps_aside_above_its_measured_crossover(
     assert settings({"step_aside_above": 9})[0].step_aside_above == 9
 
 
+def test_vllm_verifies_exactly_in_lossless_mode_and_refuses_a_half_configured_one():
+    """Lossless mode is read from River's settings as on every engine; vLLM's speculative
+    config must agree: without one nothing would verify the drafts, and with one in exit mode
+    River's exits would be verified as if they were the backbone's."""
+    from river_vllm import draft_config, verifies
+
+    assert verifies(ExitConfig(mode="speculative"), draft_config())
+    assert not verifies(ExitConfig(), None)
+    for config, speculative in ((ExitConfig(mode="speculative"), None),
+                                (ExitConfig(), draft_config())):
+        with pytest.raises(ConfigError, match="both or neither"):
+            verifies(config, speculative)
+
+
 PARALLEL_JOB = """
 import json, os, sys
 
@@ -778,7 +793,7 @@ def test_river_runs_under_tensor_parallelism_across_two_ranks(folder, tmp_path):
     out = _parallel_greedy(folder, tmp_path, {
         "plain": [tp, None, False],
         "exits": [tp, {**EXITING, "step_aside_above": None}, False],
-        "lossless": [tp, {**DRAFTING, "mode": "speculative"}, True]})
+        "lossless": [tp, DRAFTING, True]})
     assert out["plain"] == _river_greedy(folder, ExitConfig(kv="full"))
     assert out["exits"] == _river_greedy(folder, ExitConfig(**EXITING))
     assert out["lossless"] == out["plain"]

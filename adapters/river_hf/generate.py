@@ -66,7 +66,7 @@ def custom_generate(model, input_ids: torch.LongTensor, logits_processor, stoppi
     """transformers' decoding-method signature; `river` and `river_quant` come through
     `model.generate(..., river=ExitConfig(...), river_quant=QuantSpec(...))`."""
     config = river or ExitConfig()
-    if config.mode != "exit":
+    if config.lossless:
         raise ConfigError("inside transformers' generate River runs exit mode (the caller's "
                           "logits processors would break speculative verification)")
     if generation_config.num_beams > 1:

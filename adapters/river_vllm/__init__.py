@@ -93,6 +93,17 @@ def query_scaling(config: Mapping[str, Any]) -> dict:
         "original_max_position_embeddings": rope["original_max_position_embeddings"]}}
 
 
+def verifies(exit_config: ExitConfig, speculative_config: object | None) -> bool:
+    """Whether River's forward verifies: lossless mode, read from the settings
+    (`ExitConfig.lossless`, as every engine reads it), which must agree with vLLM's
+    engine: a speculative config to verify with, and only then."""
+    if exit_config.lossless != (speculative_config is not None):
+        raise ConfigError("River's lossless mode inside vLLM is mode 'speculative' in the river "
+                          "settings with a speculative config (river_vllm.draft_config()), "
+                          "both or neither: `river serve --mode speculative` writes both")
+    return exit_config.lossless
+
+
 def draft_config(draft_tokens: int = ExitConfig().draft_tokens) -> dict:
     """vLLM's `speculative_config` for River's lossless mode (drafter.py)."""
     return {"method": "custom_class", "model": "river_vllm.drafter.RiverDrafter",

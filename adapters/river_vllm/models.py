@@ -52,7 +52,7 @@ from river_core.layer_engine import StandInDefaults
 from river_models import open_model, stand_ins
 from river_models.torch_blocks import Block, mlp, packed
 
-from . import CAPABILITIES, pages, repairs, settings
+from . import CAPABILITIES, pages, repairs, settings, verifies
 
 logger = init_logger(__name__)
 REPORT_EVERY = 64   # decode steps between exit statistics in the log
@@ -101,9 +101,9 @@ class RiverExits:
         self.river_head = None
         self.river_stand_in_error: list[float] = []
         self.river_stats = {"steps": 0, "tokens": 0, "layers": 0}
-        # lossless mode (a speculative config, River's drafter): the backbone verifies, so
-        # this forward runs every layer and the river only drafts (drafter.py)
-        self.river_verifies = vllm_config.speculative_config is not None
+        # lossless mode (River's drafter, vLLM verifying): the backbone verifies, so this
+        # forward runs every layer and the river only drafts (drafter.py)
+        self.river_verifies = verifies(exit_config, vllm_config.speculative_config)
         self.river_step = None   # the last forward's attention metadata, for the drafter
         if self.river_verifies and (repaired := repairs.on_cpu(current_platform)):
             logger.info("River: repaired vLLM's rejection sampler for sampled requests (%s; "

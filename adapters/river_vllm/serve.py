@@ -81,7 +81,7 @@ def command(folder: str, exit_config: ExitConfig, quant: QuantSpec,
             vllm_args: list[str]) -> list[str]:
     """vLLM's server with River: exit mode, or lossless mode (River's drafter, vLLM's
     speculative decoding verifying)."""
-    lossless = [] if exit_config.mode == "exit" else \
+    lossless = [] if not exit_config.lossless else \
         ["--speculative-config", json.dumps(draft_config(exit_config.draft_tokens))]
     return [sys.executable, "-m", SERVER, "--model", folder, "--dtype", default_dtype(),
             "--enforce-eager", "--hf-overrides",

@@ -63,7 +63,7 @@ class Config:
 
     @property
     def speculative(self) -> bool:
-        return self.exit_config.mode == "speculative"
+        return self.exit_config.lossless
 
     def model_key(self, backend: str) -> tuple[str, int]:
         return self.backend or backend, self.bits
