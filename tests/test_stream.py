@@ -21,9 +21,10 @@ def test_a_stream_yields_what_generate_returns_token_by_token(model, settings):
     assert [t.id for t in tokens] == whole.tokens[0] == stream.ids()
     assert stream.stats.tokens == whole.tokens and not stream.stats.interrupted
     last = model.backend.num_layers - 1
-    if whole.speculative:   # every token the backbone's; kept drafts marked
+    if whole.speculative:   # every token the backbone's; kept drafts marked (the adaptive
+        # draft length follows measured time, so rounds are compared within one run)
         assert {t.exit_layer for t in tokens} == {last}
-        assert sum(t.drafted for t in tokens) == sum(whole.accepted)
+        assert sum(t.drafted for t in tokens) == sum(stream.stats.accepted)
     else:   # the first from prefill at full depth, then each step's exit
         assert [t.exit_layer for t in tokens] == [last] + whole.exit_layers[0][:len(tokens) - 1]
 
