@@ -22,7 +22,7 @@ class Confident(Policy):
         self.exits, self.passes = exits, passes
 
     def should_exit(self, row: RowView) -> bool:
-        return self.exits.open(row.layer) and self.passes(row.logits())   # reads only where open
+        return row.layer in self.exits.open and self.passes(row.logits())   # reads only where open
 
 
 @attrs.frozen
