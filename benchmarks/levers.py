@@ -262,12 +262,10 @@ def confidence_cost(model: str | None, repeats: int = 30) -> dict:
     from river_core import RiverModel, Step
     from river_core.decode import Row, Run, decode_step
     from river_core.kv import River
-    from river_core.policy import Needs, Policy
+    from river_core.policy import Policy
     from river_core.predictor import TransitionPredictor
 
     class Reading(Policy):
-        needs = Needs(logits=True)
-
         def __init__(self, first: int | None) -> None:
             self.first = first
 

@@ -28,9 +28,6 @@ class Needs:
     sub_blocks: bool = False
     """The predictor observes, per backbone layer, the smaller of its attention and MLP
     sub-blocks' cosines instead of the whole block's (`Capabilities.sub_blocks`)."""
-    logits: bool = False
-    """The token's logits at the layer (the final norm and LM head: a head-sized matmul, made
-    on the first `RowView.logits()` call at that layer)."""
     recheck: bool = False
     """A second look at exited tokens' river logits (`ExitPolicy.recheck`): True sends a
     token back through the backbone from its exit (only where the KV strategy drafts)."""
@@ -56,7 +53,9 @@ class RowView:
         return self.predictor.predicted_error(self.layer)
 
     def logits(self) -> np.ndarray:
-        """The token's [vocab] logits of its state here (only with `Needs.logits`)."""
+        """The token's [vocab] logits of its state here: the final norm and LM head, a
+        head-sized matmul made on the first call at that layer (no flag turns it on: a
+        policy pays only where it looks)."""
         return self._logits()
 
 

@@ -122,12 +122,10 @@ def test_a_policy_that_reads_logits_sees_the_state_after_each_layer():
 
     from river_core.decode import Run, generate_ids
     from river_core.kv import River
-    from river_core.policy import Needs, Policy
+    from river_core.policy import Policy
     from river_core.predictor import TransitionPredictor
 
     class Watching(Policy):
-        needs = Needs(logits=True)
-
         def __init__(self):
             self.seen = {}
 

@@ -8,15 +8,13 @@ import attrs
 import numpy as np
 
 from river_core.options import between, option
-from river_core.policy import Exits, Needs, Policy, RowView, WhereOptions
+from river_core.policy import Exits, Policy, RowView, WhereOptions
 
 from .signals import entropy, margin
 
 
 class Confident(Policy):
     """Exit after the first open layer where `passes(logits)`."""
-
-    needs = Needs(logits=True)
 
     def __init__(self, exits: Exits, passes: Callable[[np.ndarray], bool]) -> None:
         self.exits, self.passes = exits, passes
