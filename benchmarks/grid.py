@@ -219,8 +219,9 @@ def layer_costs(model: RiverModel, device: str, positions: int = 64) -> dict:
     (cold caches, as in a real step)."""
     b = model.backend
     b.prefill([[3] * positions], positions + 1, None)
-    h = b.embed([5], Step(positions))
-    return {name: median_us(lambda: [run(i, h, None) for i in range(b.num_layers)],
+    p = b.begin([5], Step(positions))
+    h = b.embed(p)
+    return {name: median_us(lambda: [run(p, i, h, None) for i in range(b.num_layers)],
                             repeats=20, device=device) / b.num_layers
             for name, run in (("layer_us", b.layer), ("stand_in_us", b.stand_in_layer))}
 

@@ -117,16 +117,17 @@ def onnx_tail(model: str | None) -> dict:
 
     backend = RiverModel.from_pretrained(model, backend="onnx", progress=True).backend
     backend.prefill([[1] * 128], 200)
-    h = backend.embed([5], Step(128))
+    p = backend.begin([5], Step(128))
+    h = backend.embed(p)
     start = 4   # a token that exits after layer 3
 
     def per_layer():
         x = h
         for i in range(start, backend.num_layers):
-            x = backend.stand_in_layer(i, x, None)
+            x = backend.stand_in_layer(p, i, x, None)
     return {"start": start, "layers": backend.num_layers - start,
             "one_run_per_layer_ms": median_us(per_layer) / 1e3,
-            "one_run_ms": median_us(lambda: backend.stand_in_tail(start, h, None)) / 1e3}
+            "one_run_ms": median_us(lambda: backend.stand_in_tail(p, start, h, None)) / 1e3}
 
 
 def stand_in_zero_points(model: str | None) -> dict:
@@ -146,12 +147,13 @@ def stand_in_zero_points(model: str | None) -> dict:
     out = {method: {} for method in runs}
     for _ in range(3):   # interleaved rounds
         for method, b in runs.items():
-            h = b.embed([5], Step(64))
-            layers = median_us(lambda: [b.stand_in_layer(i, h, None)
+            p = b.begin([5], Step(64))
+            h = b.embed(p)
+            layers = median_us(lambda: [b.stand_in_layer(p, i, h, None)
                                         for i in range(b.num_layers)], repeats=10)
             out[method].setdefault("stand_in_us", []).append(layers / b.num_layers)
             out[method].setdefault("tail_0_ms", []).append(
-                median_us(lambda: b.stand_in_tail(0, h, None), repeats=10) / 1e3)
+                median_us(lambda: b.stand_in_tail(p, 0, h, None), repeats=10) / 1e3)
     return {m: {k: float(np.median(v)) for k, v in r.items()} for m, r in out.items()}
 
 
@@ -260,12 +262,10 @@ def confidence_cost(model: str | None, repeats: int = 30) -> dict:
     from river_core import RiverModel, Step
     from river_core.decode import Row, Run, decode_step
     from river_core.kv import River
-    from river_core.policy import Needs, Policy
+    from river_core.policy import Policy
     from river_core.predictor import TransitionPredictor
 
     class Reading(Policy):
-        needs = Needs(logits=True)
-
         def __init__(self, first: int | None) -> None:
             self.first = first
 

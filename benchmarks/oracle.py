@@ -43,16 +43,17 @@ def oracle_exits(backend, prompt: list[int], continuation: list[int]) -> list[in
     backend.prefill([prompt], len(prompt) + len(continuation))
     found = []
     for t, token in enumerate(continuation):
-        states = [backend.embed([token], Step(len(prompt) + t))]
+        p = backend.begin([token], Step(len(prompt) + t))
+        states = [backend.embed(p)]
         for i in range(n):
-            states.append(backend.layer(i, states[-1], None)[0])
+            states.append(backend.layer(p, i, states[-1], None)[0])
         top = int(backend.logits(states[-1])[0].argmax())
         river = River()
         k = next((k for k in range(-1, n - 1) if int(backend.logits(river.skipped_tail(
-            backend, k + 1, states[k + 1], None))[0].argmax()) == top), n - 1)
+            backend, p, k + 1, states[k + 1], None))[0].argmax()) == top), n - 1)
         if k < n - 1:   # the tries wrote river K/V: the backbone puts its own back
             for i in range(n):
-                backend.layer(i, states[i], None)
+                backend.layer(p, i, states[i], None)
         found.append(k)
     return found
 

@@ -63,12 +63,13 @@ def main(argv: list[str] | None = None) -> None:
         with torch.inference_mode():
             for t in range(args.tokens):
                 pos = len(ids) + t
-                h = b.embed([token], Step(pos))
+                step = b.begin([token], Step(pos))
+                h = b.embed(step)
                 states, pred, moved = [], [], []
                 for i in range(n):
-                    after, sub_blocks = b.layer(i, h, None, sub_blocks=True)
+                    after, sub_blocks = b.layer(step, i, h, None, sub_blocks=True)
                     moved.append(1 - float(min(sub_blocks[0])))
-                    p.observe(i, b.similarity(h, after, None)[0])
+                    p.observe(i, b.similarity(step, h, after, None)[0])
                     pred.append(p.predicted_error(i))
                     h = after
                     states.append(h)
@@ -80,7 +81,7 @@ def main(argv: list[str] | None = None) -> None:
                 for k in range(n - 1):
                     x, total = states[k], 0.0
                     for j in range(k + 1, n):
-                        x = b.stand_in_layer(j, x, None)
+                        x = b.stand_in_layer(step, j, x, None)
                         total += max(rel(cache.k[j, :, :, pos], full_kv[j][0]),
                                      rel(cache.v[j, :, :, pos], full_kv[j][1]))
                     real.append(total)

@@ -340,9 +340,10 @@ def test_sub_block_similarities_match_the_reference_backend(conformance_backend,
     got, want = [], []
     for backend, out in ((b, got), (ref, want)):
         backend.prefill([prompt + cont], len(prompt) + len(cont) + 1)
-        h = backend.embed([cont[-1]], Step(len(prompt) + len(cont)))
+        p = backend.begin([cont[-1]], Step(len(prompt) + len(cont)))
+        h = backend.embed(p)
         for i in range(backend.num_layers):
-            h, cosines = backend.layer(i, h, None, sub_blocks=True)
+            h, cosines = backend.layer(p, i, h, None, sub_blocks=True)
             out.append(cosines[0])
     assert np.allclose(got, want, atol=conformance_backend.precision.cosine_atol)
     assert all(-1 - 1e-6 <= c <= 1 + 1e-6 for pair in got for c in pair)
@@ -475,12 +476,13 @@ def test_a_stand_in_tail_equals_its_layers_one_by_one(conformance_backend, promp
     results = []
     for fused in (True, False):
         b.prefill([prompt], len(prompt) + 1)
-        h = b.embed([7], Step(len(prompt)))
+        p = b.begin([7], Step(len(prompt)))
+        h = b.embed(p)
         if fused:
-            h = b.stand_in_tail(start, h, None)
+            h = b.stand_in_tail(p, start, h, None)
         else:
             for i in range(start, b.num_layers):
-                h = b.stand_in_layer(i, h, None)
+                h = b.stand_in_layer(p, i, h, None)
         results.append((b.logits(h), [b.read_kv(i) for i in range(b.num_layers)]))
     (fused_logits, fused_kv), (logits, kv) = results
     rtol = conformance_backend.precision.fused_rtol

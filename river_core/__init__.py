@@ -9,7 +9,8 @@ once), model.py (`RiverModel`).
 """
 
 from .backend import (Backend, Capabilities, Layered, MasksEntries, Measured, ModelShape,
-                      Prefill, ProjectsKV, RecomputesSpans, StandIns, Step, Tokenizer, Verifies)
+                      Pass, Prefill, ProjectsKV, RecomputesSpans, StandIns, Step, Tokenizer,
+                      Verifies)
 from .cache import KVCache
 from .config import ExitConfig, GenerationConfig, QuantSpec
 from .decode import DecodeResult, Forced, Run, Token, Walk
@@ -29,8 +30,8 @@ __all__ = ["Backend", "BackendPlugin", "CapabilityError", "Capabilities", "Compl
            "ConfigError", "DecodeResult", "ExitConfig", "ExitPolicy", "Footprint", "Forced",
            "GenerationConfig", "KVCache", "KVStrategy", "KVStrategyPlugin", "LayerEngine",
            "Layered", "MasksEntries", "Measured", "ModelError", "ModelShape", "Needs",
-           "NonFiniteError", "Plan", "PolicyPlugin", "Policy", "PredictorPlugin", "Prefill",
-           "ProjectsKV", "QuantSpec", "RecomputesSpans", "Registry", "RiverError",
+           "NonFiniteError", "Pass", "Plan", "PolicyPlugin", "Policy", "PredictorPlugin",
+           "Prefill", "ProjectsKV", "QuantSpec", "RecomputesSpans", "Registry", "RiverError",
            "RiverModel", "RowView", "Run", "SimilarityPredictor", "StandIns", "Step", "Token",
            "TokenStream", "Tokenizer", "Verifies", "Walk", "default_registry", "hookimpl",
            "resolve"]

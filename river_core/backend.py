@@ -30,7 +30,7 @@ end, so a slot past it (a rejected draft's) is never read.
 
 from __future__ import annotations
 
-from typing import Generic, Protocol, Sequence, TypeVar, runtime_checkable
+from typing import Any, Generic, Protocol, Sequence, TypeVar, runtime_checkable
 
 import attrs
 import numpy as np
@@ -52,10 +52,38 @@ class Step:
     tokens: int = 1
     draft_window: int | None = None
     draft: bool = False   # a draft's: what it writes stands only once verification rewrites it
+    # start + tokens, kept as a plain attribute: every block of a pass reads it
+    end: int = attrs.field(init=False, default=attrs.Factory(
+        lambda self: self.start + self.tokens, takes_self=True))
 
-    @property
-    def end(self) -> int:
-        return self.start + self.tokens
+
+@attrs.frozen(eq=False)
+class Pass:
+    """One forward pass: its step and the plain tensors every layer of it reads, built once
+    per step (`Layered.begin`: from the core's `Layout.view`, each converted once into the
+    engine's kind) and handed to every call of the pass. No engine keeps per-step state: what
+    a layer needs of the step is here. Per-layer fields hold one entry per layer; layers that
+    share an attention window share one object. An engine that needs more per step subclasses
+    it (ONNX's sequence lengths, vLLM's attention call)."""
+
+    step: Step | None                # the slots it writes (None inside vLLM, whose own
+                                     # metadata places each token)
+    ids: Any = None                  # [batch, tokens] int64 token ids on the host (`embed`)
+    positions: Any = None            # [batch, tokens] rotary positions
+    rope: Sequence[Any] = ()         # per layer: (cos, sin) of its rotary table
+    query_scale: Any = None          # factors for q after the rotary, or None (no scaling)
+    slots: Sequence[Any] = ()        # per layer: the key slots its queries read
+    masks: Sequence[Any] = ()        # per layer: its attention mask (or bias); None: plain
+                                     # causal attention over its slots
+    indices: dict = attrs.field(factory=dict)   # rows -> the engine's index (`index`)
+
+    def index(self, rows: Sequence[int], make) -> Any:
+        """`rows` as the engine's index, `make(rows)`, made once per pass."""
+        key = tuple(rows)
+        idx = self.indices.get(key)
+        if idx is None:
+            idx = self.indices[key] = make(rows)
+        return idx
 
 
 @attrs.frozen
@@ -79,7 +107,6 @@ class Capabilities:
                               # not requests (inside vLLM)
     rerun: bool = True        # can run backbone layers again for chosen rows after a step
                               # (a policy's recheck)
-    devices: tuple[str, ...] = ("cpu",)
 
 
 @attrs.frozen
@@ -161,10 +188,11 @@ class Verifies(Protocol):
 
 @runtime_checkable
 class Layered(Protocol, Generic[H]):
-    """Layer by layer (`Capabilities.exits`): the core walks the layers itself. Between
-    `embed` and the head the core calls, for every layer i in order, one of (per row):
-    `layer` (the backbone), `stand_in_layer`, `project_kv` or `skip` (what the KV strategy
-    does for rows that left), each writing layer i's slots of the step for its rows only.
+    """Layer by layer (`Capabilities.exits`): the core walks the layers itself. A step starts
+    with `begin`, whose `Pass` every later call of the step takes; between `embed` and the
+    head the core calls, for every layer i in order, one of (per row): `layer` (the backbone),
+    `stand_in_layer`, `project_kv` or `skip` (what the KV strategy does for rows that left),
+    each writing layer i's slots of the step for its rows only.
 
     Invariants: a layer call takes the full batch's state and returns a new one of the full
     batch in which only `rows` changed (`rows`: sorted row indices, or None for all); a call
@@ -172,17 +200,20 @@ class Layered(Protocol, Generic[H]):
 
     num_layers: int
 
-    def embed(self, tokens: Sequence[int], step: Step) -> H:
-        """Start a step of one token per sequence at `step`'s slot: the tokens' states."""
+    def begin(self, tokens: Sequence[int], step: Step) -> Pass:
+        """Start a step of one token per sequence at `step`'s slot: its pass."""
 
-    def layer(self, i: int, h: H, rows: Rows,
+    def embed(self, p: Pass) -> H:
+        """The pass's tokens' states."""
+
+    def layer(self, p: Pass, i: int, h: H, rows: Rows,
               sub_blocks: bool = False) -> tuple[H, np.ndarray | None]:
         """Backbone layer i for `rows`, and with `sub_blocks` (`Capabilities.sub_blocks`)
         [len(rows), 2] float cosines of each row's last token before and after the attention
         sub-block, and before and after the MLP sub-block (what the paper's rule reads);
         else None."""
 
-    def similarity(self, before: H, after: H, rows: Rows) -> list[float]:
+    def similarity(self, p: Pass, before: H, after: H, rows: Rows) -> list[float]:
         """Cosine of each selected row's last token before and after a layer."""
 
     def logits(self, h: H) -> np.ndarray:
@@ -200,9 +231,9 @@ class StandIns(Protocol, Generic[H]):
     """Per layer: relative weight error of its stand-in, ||Q(W) - W|| / ||W|| over the layer's
     projections. The predictor scales its KV-error estimate by it."""
 
-    def stand_in_layer(self, i: int, h: H, rows: Rows) -> H: ...
+    def stand_in_layer(self, p: Pass, i: int, h: H, rows: Rows) -> H: ...
 
-    def stand_in_tail(self, start: int, h: H, rows: Rows) -> H:
+    def stand_in_tail(self, p: Pass, start: int, h: H, rows: Rows) -> H:
         """The stand-ins of layers start..L-1 in turn (the result of `stand_in_layer` for
         each; any start must work): a token's whole exit river in one call."""
 
@@ -210,7 +241,7 @@ class StandIns(Protocol, Generic[H]):
         """The LM head at stand-in precision (or the head itself), for drafts, whose logits
         only pick a token the backbone then checks."""
 
-    def mixed_layer(self, i: int, h: H, deep: list[int], gone: list[int],
+    def mixed_layer(self, p: Pass, i: int, h: H, deep: list[int], gone: list[int],
                     sub_blocks: bool = False) -> tuple[H, np.ndarray | None]:
         """Layer i: the backbone for `deep` rows, the stand-in for `gone` rows (inside vLLM,
         one attention call for both); the deep rows' cosines as `layer` gives them."""
@@ -221,7 +252,7 @@ class ProjectsKV(Protocol, Generic[H]):
     """`Capabilities.propagate`: layer i's K/V of the step's slots computed from `h` without
     running the layer."""
 
-    def project_kv(self, i: int, h: H, rows: Rows) -> None: ...
+    def project_kv(self, p: Pass, i: int, h: H, rows: Rows) -> None: ...
 
 
 @runtime_checkable
@@ -229,14 +260,14 @@ class MasksEntries(Protocol):
     """`Capabilities.mask`: layer i keeps no entry for `rows` at the step's slot, and every
     later read of layer i masks it out (a later step at that slot writes it again)."""
 
-    def skip(self, i: int, rows: Rows) -> None: ...
+    def skip(self, p: Pass, i: int, rows: Rows) -> None: ...
 
 
 @runtime_checkable
 class RecomputesSpans(Protocol, Generic[H]):
     """`Capabilities.recompute`, one sequence."""
 
-    def layer_span(self, i: int, states: Sequence[H]) -> list[H]:
+    def layer_span(self, p: Pass, i: int, states: Sequence[H]) -> list[H]:
         """Backbone layer i for the last len(states) positions up to and including this
         step's slot, causally, writing all their slots: `states` holds one single-token state
         per position, in order (earlier tokens whose layer-i entry was left unwritten, then

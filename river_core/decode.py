@@ -13,7 +13,7 @@ from typing import Callable, Collection, Generator, Mapping, Sequence
 import attrs
 import numpy as np
 
-from .backend import Backend, Step
+from .backend import Backend, Pass, Step
 from .config import GenerationConfig
 from .detokenize import StopScan
 from .errors import ConfigError
@@ -162,11 +162,14 @@ class Walk:
     where each row left (`exits`). `rows` holds the state of the rows that may leave (by
     index in the batch; the others, prompt tokens inside a serving engine, run every layer).
     The engine supplies numerics only, through `run.strategy.layer`: any object with what the
-    walk reads (backend.py, `Layered` and the sub-protocols the strategy needs)."""
+    walk reads (backend.py, `Layered` and the sub-protocols the strategy needs), each call
+    given the step's pass `p` (what the engine made of the step; the walk reads nothing else
+    of it)."""
 
-    def __init__(self, backend, run: Run, rows: Mapping[int, Row], step: int,
+    def __init__(self, backend, p: Pass, run: Run, rows: Mapping[int, Row], step: int,
                  batch: int) -> None:
-        self.backend, self.run, self.rows, self.step, self.batch = backend, run, rows, step, batch
+        self.backend, self.p, self.run, self.rows = backend, p, run, rows
+        self.step, self.batch = step, batch
         strategy, needs = run.strategy, run.policy.needs
         self.deep, self.gone = list(range(batch)), []
         self.exits = [backend.num_layers - 1] * batch
@@ -183,19 +186,20 @@ class Walk:
         # i = -1: a policy may exit a token before the first layer, so it runs stand-ins only
         # (the whole model quantized: the baseline River is measured against)
         if self._leave(-1, h):
-            return strategy.skipped_tail(self.backend, 0, h, subset(self.gone, self.batch))
+            return strategy.skipped_tail(self.backend, self.p, 0, h,
+                                         subset(self.gone, self.batch))
         for i in range(self.backend.num_layers):
             h = self._layer(i, h)
             if self._leave(i, h):
-                return strategy.skipped_tail(self.backend, i + 1, h,
+                return strategy.skipped_tail(self.backend, self.p, i + 1, h,
                                              subset(self.gone, self.batch))
         return h
 
     def _layer(self, i: int, h):
         """Layer i: the backbone for deep rows, the strategy's way for rows that left."""
         before, strategy = h, self.run.strategy
-        h, cosines = strategy.layer(self.backend, i, h, self.deep, self.gone, self.batch,
-                                    self.sub_blocks)
+        h, cosines = strategy.layer(self.backend, self.p, i, h, self.deep, self.gone,
+                                    self.batch, self.sub_blocks)
         if not self.watch:
             return h
         if self.sub_blocks and cosines is not None:   # the paper's rule: the deep rows' blocks
@@ -207,7 +211,7 @@ class Walk:
         seen = [r for r in sorted(self.deep + self.gone if strategy.moves_state else self.deep)
                 if r in self.rows]
         if seen:
-            cosines = self.backend.similarity(before, h, subset(seen, self.batch))
+            cosines = self.backend.similarity(self.p, before, h, subset(seen, self.batch))
             for r, s in zip(seen, cosines):
                 self.rows[r].predictor.observe(i, s)
         return h
@@ -255,7 +259,7 @@ class Walk:
             if k < n - 1 and self.run.policy.recheck(logits[r]):
                 h = self.exit_states[k]
                 for i in range(k + 1, n):
-                    h = self.backend.layer(i, h, [r])[0]
+                    h = self.backend.layer(self.p, i, h, [r])[0]
                 logits[r] = self.backend.logits(h)[r]
                 self.exits[r] = n - 1
 
@@ -269,8 +273,9 @@ def decode_step(backend: Backend, tokens: Sequence[int], run: Run, rows: list[Ro
     if not caps.exits:   # an engine that only decodes at full depth
         return backend.decode(tokens, at), [backend.num_layers - 1] * len(tokens)
     movable = {} if run.steps_aside(len(tokens)) else dict(enumerate(rows))
-    walk = Walk(backend, run, movable, step, len(tokens))
-    h = walk.through(backend.embed(tokens, at))
+    p = backend.begin(tokens, at)
+    walk = Walk(backend, p, run, movable, step, len(tokens))
+    h = walk.through(backend.embed(p))
     logits = (backend.stand_in_logits if at.draft and caps.stand_in else backend.logits)(h)
     walk.finish(logits)
     return logits, walk.exits

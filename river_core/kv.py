@@ -15,7 +15,7 @@ from typing import Protocol
 
 import attrs
 
-from .backend import Backend, Rows
+from .backend import Backend, Pass, Rows
 from .footprint import Reads
 from .options import NoOptions
 
@@ -33,17 +33,18 @@ class KVStrategy(Protocol):
                            # `Capabilities.sequences`)
     caps_depth: bool       # `ceiling` may cap how deep a row runs
 
-    def layer(self, backend: Backend, i: int, h, deep: list[int], gone: list[int], batch: int,
-              sub_blocks: bool = False):
+    def layer(self, backend: Backend, p: Pass, i: int, h, deep: list[int], gone: list[int],
+              batch: int, sub_blocks: bool = False):
         """Layer i of a step: the backbone for the `deep` rows, what the strategy does for the
         rows that have `gone` (of `batch`); (h, the deep rows' sub-block cosines or None)."""
 
-    def deep_layer(self, backend: Backend, i: int, h, rows: Rows, sub_blocks: bool = False):
+    def deep_layer(self, backend: Backend, p: Pass, i: int, h, rows: Rows,
+                   sub_blocks: bool = False):
         """Backbone layer i for `rows`, the tokens still in the backbone: (h, cosines)."""
 
-    def skipped_layer(self, backend: Backend, i: int, h, rows: Rows): ...
+    def skipped_layer(self, backend: Backend, p: Pass, i: int, h, rows: Rows): ...
 
-    def skipped_tail(self, backend: Backend, start: int, h, rows: Rows):
+    def skipped_tail(self, backend: Backend, p: Pass, start: int, h, rows: Rows):
         """Layers start..L-1 for `rows`, once every row has left and nothing watches them."""
 
     def ceiling(self, row: int) -> int | None:
@@ -66,21 +67,22 @@ class Strategy:
     def __init__(self, options=NoOptions()) -> None:
         self.options = options
 
-    def layer(self, backend: Backend, i: int, h, deep: list[int], gone: list[int], batch: int,
-              sub_blocks: bool = False):
+    def layer(self, backend: Backend, p: Pass, i: int, h, deep: list[int], gone: list[int],
+              batch: int, sub_blocks: bool = False):
         cosines = None
         if deep:
-            h, cosines = self.deep_layer(backend, i, h, subset(deep, batch), sub_blocks)
+            h, cosines = self.deep_layer(backend, p, i, h, subset(deep, batch), sub_blocks)
         if gone:
-            h = self.skipped_layer(backend, i, h, subset(gone, batch))
+            h = self.skipped_layer(backend, p, i, h, subset(gone, batch))
         return h, cosines
 
-    def deep_layer(self, backend: Backend, i: int, h, rows: Rows, sub_blocks: bool = False):
-        return backend.layer(i, h, rows, sub_blocks)
+    def deep_layer(self, backend: Backend, p: Pass, i: int, h, rows: Rows,
+                   sub_blocks: bool = False):
+        return backend.layer(p, i, h, rows, sub_blocks)
 
-    def skipped_tail(self, backend: Backend, start: int, h, rows: Rows):
+    def skipped_tail(self, backend: Backend, p: Pass, start: int, h, rows: Rows):
         for i in range(start, backend.num_layers):
-            h = self.skipped_layer(backend, i, h, rows)
+            h = self.skipped_layer(backend, p, i, h, rows)
         return h
 
     def ceiling(self, row: int) -> int | None:
@@ -96,19 +98,19 @@ class River(Strategy):
     name, allows_exit, moves_state, requires = "river", True, True, "stand_in"
     skipped_reads, drafts = "stand_in", True
 
-    def layer(self, backend: Backend, i: int, h, deep: list[int], gone: list[int], batch: int,
-              sub_blocks: bool = False):
+    def layer(self, backend: Backend, p: Pass, i: int, h, deep: list[int], gone: list[int],
+              batch: int, sub_blocks: bool = False):
         if not gone:
-            return backend.layer(i, h, None if len(deep) == batch else deep, sub_blocks)
+            return backend.layer(p, i, h, None if len(deep) == batch else deep, sub_blocks)
         if not deep:
-            return backend.stand_in_layer(i, h, None if len(gone) == batch else gone), None
-        return backend.mixed_layer(i, h, deep, gone, sub_blocks)   # one call where it can
+            return backend.stand_in_layer(p, i, h, None if len(gone) == batch else gone), None
+        return backend.mixed_layer(p, i, h, deep, gone, sub_blocks)   # one call where it can
 
-    def skipped_layer(self, backend: Backend, i: int, h, rows: Rows):
-        return backend.stand_in_layer(i, h, rows)
+    def skipped_layer(self, backend: Backend, p: Pass, i: int, h, rows: Rows):
+        return backend.stand_in_layer(p, i, h, rows)
 
-    def skipped_tail(self, backend: Backend, start: int, h, rows: Rows):
-        return backend.stand_in_tail(start, h, rows)
+    def skipped_tail(self, backend: Backend, p: Pass, start: int, h, rows: Rows):
+        return backend.stand_in_tail(p, start, h, rows)
 
 
 class Propagate(Strategy):
@@ -117,8 +119,8 @@ class Propagate(Strategy):
     name, allows_exit, moves_state, requires = "propagate", True, False, "propagate"
     skipped_reads, drafts = "kv_projection", True
 
-    def skipped_layer(self, backend: Backend, i: int, h, rows: Rows):
-        backend.project_kv(i, h, rows)
+    def skipped_layer(self, backend: Backend, p: Pass, i: int, h, rows: Rows):
+        backend.project_kv(p, i, h, rows)
         return h
 
 
@@ -129,8 +131,8 @@ class Mask(Strategy):
 
     name, allows_exit, moves_state, requires, skipped_reads = "mask", True, False, "mask", "nothing"
 
-    def skipped_layer(self, backend: Backend, i: int, h, rows: Rows):
-        backend.skip(i, rows)
+    def skipped_layer(self, backend: Backend, p: Pass, i: int, h, rows: Rows):
+        backend.skip(p, i, rows)
         return h
 
 
@@ -140,7 +142,7 @@ class Full(Strategy):
     name, allows_exit, moves_state, requires, skipped_reads = "full", False, False, None, "nothing"
     drafts = True
 
-    def skipped_layer(self, backend: Backend, i: int, h, rows: Rows):
+    def skipped_layer(self, backend: Backend, p: Pass, i: int, h, rows: Rows):
         raise AssertionError("the full strategy never skips a layer")
 
 
@@ -157,7 +159,7 @@ class Monotonic(Strategy):
         super().__init__(options)
         self._ceilings: dict[int, int] = {}
 
-    def skipped_layer(self, backend: Backend, i: int, h, rows: Rows):
+    def skipped_layer(self, backend: Backend, p: Pass, i: int, h, rows: Rows):
         return h
 
     def ceiling(self, row: int) -> int | None:
@@ -192,20 +194,21 @@ class Recompute(Strategy):
         self._waiting: list[_Waiting] = []
         self._this_step_waits = False
 
-    def deep_layer(self, backend: Backend, i: int, h, rows: Rows, sub_blocks: bool = False):
+    def deep_layer(self, backend: Backend, p: Pass, i: int, h, rows: Rows,
+                   sub_blocks: bool = False):
         """Without sub-block cosines when waiting tokens ran with this one (the walk then
         observes the whole block)."""
         due = [w for w in self._waiting if w.layer < i]
         if not due:
-            return backend.layer(i, h, rows, sub_blocks)
-        *states, h = backend.layer_span(i, [w.state for w in due] + [h])
+            return backend.layer(p, i, h, rows, sub_blocks)
+        *states, h = backend.layer_span(p, i, [w.state for w in due] + [h])
         for w, s in zip(due, states):
             w.layer, w.state = i, s
         if i == backend.num_layers - 1:
             self._waiting.clear()
         return h, None
 
-    def skipped_layer(self, backend: Backend, i: int, h, rows: Rows):
+    def skipped_layer(self, backend: Backend, p: Pass, i: int, h, rows: Rows):
         if not self._this_step_waits:
             self._waiting.append(_Waiting(i - 1, h))
             self._this_step_waits = True

@@ -3,11 +3,14 @@ supplies only numerics.
 
 `LayerEngine` implements the engine (`Backend`, `Verifies`), what the walk reads (`Layered`,
 `StandIns` with its defaults, `MasksEntries`, `RecomputesSpans`) and measurement (`Measured`)
-over one `KVCache`: the cache's shape and allocation, each step's context, which rows a layer
-runs and how they go back into the batch, the last-token similarities, the prefill loop,
-full-depth decoding, verification and layer spans. A backend subclasses it and supplies the
-numerics its abstract methods declare (a block, the head, cosines, the step's context), and
-`project_kv` where it promises `propagate`.
+over one `KVCache`: the cache's shape and allocation, each step's `Pass` (made once per step
+from the layout's `View`, handed to every call of the step: the engine keeps no per-step
+state), which rows a layer runs and how they go back into the batch, the last-token
+similarities, the prefill loop, full-depth decoding, verification and layer spans. A backend
+subclasses it, mixes in its array members (`NumpyArrays`, or river_models.torch_blocks'
+`TorchArrays`) and supplies the numerics its abstract methods declare (`allocate`, the pass's
+tensors, the embedding, a block, the head, its footprint), and `project_kv` where it promises
+`propagate`.
 
 The host is read in one place, `host`, and only for what a decision needs: the cosines an exit
 policy reads (one small read per layer it watches in a decode step, one for a whole prefill)
@@ -17,15 +20,16 @@ and the logits a token is chosen from.
 from __future__ import annotations
 
 import abc
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .backend import Prefill, Rows, Step
+from .backend import Pass, Prefill, Rows, Step
 from .cache import KVCache
 from .errors import CapabilityError
 from .footprint import Footprint
-from .layout import Layout
+from .layout import Layout, View
+from .switch import RotarySwitch
 
 
 class StandInDefaults:
@@ -35,33 +39,37 @@ class StandInDefaults:
 
     num_layers: int
 
-    def stand_in_tail(self, start: int, h, rows: Rows):
+    def stand_in_tail(self, p, start: int, h, rows: Rows):
         for i in range(start, self.num_layers):
-            h = self.stand_in_layer(i, h, rows)
+            h = self.stand_in_layer(p, i, h, rows)
         return h
 
     def stand_in_logits(self, h) -> np.ndarray:
         return self.logits(h)
 
-    def mixed_layer(self, i: int, h, deep: list[int], gone: list[int],
+    def mixed_layer(self, p, i: int, h, deep: list[int], gone: list[int],
                     sub_blocks: bool = False):
-        h, cosines = self.layer(i, h, deep, sub_blocks)
-        return self.stand_in_layer(i, h, gone), cosines
+        h, cosines = self.layer(p, i, h, deep, sub_blocks)
+        return self.stand_in_layer(p, i, h, gone), cosines
 
 
 class LayerEngine(StandInDefaults, abc.ABC):
     """Base class of a layer-by-layer backend. Its subclass's `__init__` sets the contract's
     attributes: name, num_layers, max_positions, capabilities, tokenizer, runs_on,
-    kv_heads and head_dim (the cache's shape), and stand_in_error where it has stand-ins."""
+    kv_heads and head_dim (the cache's shape), windows (each layer's attention window), and
+    stand_in_error where it has stand-ins; an engine whose arrays are not numpy's mixes in its
+    array members (`NumpyArrays`, river_models.torch_blocks' `TorchArrays`)."""
 
     kv_heads: int
     head_dim: int
+    windows: Sequence[int | None]
+    # False: every layer's queries read every slot before the step's end (a draft window's
+    # apart) and the mask keeps a sliding window (`Layout.view`)
+    windowed_reads = True
+    # The sequence length of the model's LongRoPE switch (`RotarySwitch`), or None.
+    switch_at: int | None = None
     cache: KVCache | None = None
-    ctx: Any = None   # the current step's context (`context`)
-    # A sequence length past which the model's positional encoding changes for positions
-    # already cached (Phi-3's LongRoPE switch): a step that takes a row across it recomputes
-    # the cache first (`_rerun_across_the_switch`). None: never.
-    rerun_at: int | None = None
+    switch: RotarySwitch | None = None
 
     # -- what a subclass supplies ---------------------------------------------------------------
 
@@ -72,38 +80,20 @@ class LayerEngine(StandInDefaults, abc.ABC):
         what reads it; 0 only where attention reads unwritten slots under a mask."""
 
     @abc.abstractmethod
-    def context(self, layout: Layout, step: Step) -> Any:
-        """What every layer of `step` shares (rotary tables, masks, the slots it reads),
-        built once per step; it has the step's `start` and `end`."""
+    def make_pass(self, view: View, ids: np.ndarray | None) -> Pass:
+        """The step's `Pass`: `view`'s arrays (and the rotary tables of its positions, each
+        layer's) converted once into the engine's kind, with `ids` ([batch, tokens] int64)."""
 
     @abc.abstractmethod
     def embed_ids(self, ids: np.ndarray) -> Any:
         """[batch, tokens] int64 ids to the engine's hidden states."""
 
     @abc.abstractmethod
-    def run_block(self, i: int, x, idx, stand_in: bool, mids: list | None):
-        """Layer i's block (its stand-in's with `stand_in`) on `x`, the states of rows `idx`
-        (the engine's index from `row_index`, or None: every row), over the step's context
-        `self.ctx`: writes layer i's slots of the step for those rows and returns their new
-        states. `mids`, when given, receives the state between attention and MLP."""
-
-    @abc.abstractmethod
-    def make_index(self, rows: Sequence[int]) -> Any:
-        """Rows as the engine's index (a device tensor, an array); `row_index` keeps one per
-        step."""
-
-    @abc.abstractmethod
-    def scatter(self, h, idx, rows_out):
-        """A copy of `h` with rows `idx` replaced by `rows_out`."""
-
-    @abc.abstractmethod
-    def concat(self, arrays: Sequence[Any], axis: int):
-        """Arrays of the engine's kind joined along `axis`."""
-
-    @abc.abstractmethod
-    def cosines(self, pairs: Sequence[tuple[Any, Any]]):
-        """[*a.shape[:-1], len(pairs)]: the cosine of each pair (a, b) along the hidden
-        axis, on the engine's device."""
+    def run_block(self, p: Pass, i: int, x, idx, stand_in: bool, mids: list | None):
+        """Layer i's block (its stand-in's with `stand_in`) in pass `p` on `x`, the states of
+        rows `idx` (the engine's index from `Pass.index`, or None: every row): writes layer i's
+        slots of the step for those rows and returns their new states. `mids`, when given,
+        receives the state between attention and MLP."""
 
     @abc.abstractmethod
     def head(self, x, stand_in: bool = False):
@@ -111,11 +101,17 @@ class LayerEngine(StandInDefaults, abc.ABC):
         [..., vocab] on the engine's device."""
 
     @abc.abstractmethod
-    def host(self, array) -> np.ndarray:
-        """The one place a step reads the device: `array` as float numpy on the host."""
-
-    @abc.abstractmethod
     def footprint(self) -> Footprint: ...
+
+    # the array members (`NumpyArrays`, `TorchArrays`): rows as the engine's index, a copy of
+    # `h` with rows `idx` replaced, arrays joined along an axis, the cosines of pairs along the
+    # hidden axis ([*a.shape[:-1], len(pairs)], on the engine's device), and the one place a
+    # step reads the device (`host`: float numpy)
+    make_index: Callable[[Sequence[int]], Any]
+    scatter: Callable[[Any, Any, Any], Any]
+    concat: Callable[[Sequence[Any], int], Any]
+    cosines: Callable[[Sequence[tuple[Any, Any]]], Any]
+    host: Callable[[Any], np.ndarray]
 
     # -- the engine -----------------------------------------------------------------------------
 
@@ -123,48 +119,37 @@ class LayerEngine(StandInDefaults, abc.ABC):
     def offset(self) -> int:
         return 0 if self.cache is None else self.cache.offset
 
-    def _begin(self, ids: np.ndarray, step: Step):
-        if self.rerun_at is not None:
-            self._ids[:, step.start:step.end] = ids
-            if not step.draft:
-                self._rerun_across_the_switch(step)
-        return self._embedded(ids, step)
+    def _begin(self, ids: np.ndarray, step: Step) -> Pass:
+        if self.switch is not None:
+            whole = self.switch.crossing(ids, step)
+            if whole is not None:
+                self._full_depth(self._pass(self.switch.ids[:, :whole.end], whole))
+        return self._pass(ids, step)
 
-    def _embedded(self, ids: np.ndarray, step: Step):
-        self.cache.begin(step)
-        self.ctx = self.context(self.cache.layout, step)
-        self._indices: dict[tuple[int, ...], Any] = {}
-        return self.embed_ids(ids)
+    def _pass(self, ids: np.ndarray | None, step: Step, starts: bool = True) -> Pass:
+        if starts:
+            self.cache.begin(step)
+        return self.make_pass(self.cache.layout.view(step, self.windows, self.windowed_reads),
+                              ids)
 
-    def _rerun_across_the_switch(self, step: Step) -> None:
-        """A sequence longer than `rerun_at` has every position on the long rotary table, so
-        where a step takes a row's sequence across it (up, or back down after a rejected
-        verification), every row's slots up to the step's end are recomputed at full depth
-        first, in one pass: the model's own result for the whole sequence, which transformers'
-        Phi-3 means by dropping its cache there. Rows that do not cross keep their table (it
-        is chosen per row). A draft's step skips it: verification rewrites what drafts wrote."""
-        past = self.cache.layout.positions(step.start, step.end).max(-1) + 1 > self.rerun_at
-        if (past == self._past_switch).all():
-            return
-        self._past_switch = past
-        whole = Step(0, step.end)
-        h = self._embedded(self._ids[:, :step.end], whole)
+    def _full_depth(self, p: Pass):
+        h = self.embed_ids(p.ids)
         for i in range(self.num_layers):
-            h = self.run_block(i, h, None, False, None)
+            h = self.run_block(p, i, h, None, False, None)
+        return h
 
     def prefill(self, prompts: Sequence[Sequence[int]], capacity: int,
                 prefill_exit: int | None = None) -> Prefill:
         layout = Layout([len(p) for p in prompts], capacity, self.num_layers)
         self.cache = KVCache(*self.allocate((self.num_layers, layout.batch, self.kv_heads,
                                              capacity, self.head_dim)), layout)
-        if self.rerun_at is not None:   # what a rerun reads: every slot's id, each row's table
-            self._ids = np.zeros((layout.batch, capacity), np.int64)
-            self._past_switch = layout.positions(0, layout.width).max(-1) + 1 > self.rerun_at
-        h = self._begin(layout.ids(prompts), Step(0, layout.width))
+        self.switch = None if self.switch_at is None else RotarySwitch(self.switch_at, layout)
+        p = self._begin(layout.ids(prompts), Step(0, layout.width))
+        h = self.embed_ids(p.ids)
         cosines = []
         for i in range(self.num_layers):
             deep = prefill_exit is None or i <= prefill_exit
-            out = self.run_block(i, h, None, not deep, None)
+            out = self.run_block(p, i, h, None, not deep, None)
             cosines.append(self.cosines([(h, out)]))
             h = out
         every = self.host(self.concat(cosines, -1))   # [batch, tokens, layers], one read
@@ -172,65 +157,53 @@ class LayerEngine(StandInDefaults, abc.ABC):
                                for i in range(self.num_layers)], -1)
         return Prefill(self.logits(h), similarity)
 
-    def embed(self, tokens: Sequence[int], step: Step):
+    def begin(self, tokens: Sequence[int], step: Step) -> Pass:
         return self._begin(np.asarray(tokens, dtype=np.int64)[:, None], step)
 
+    def embed(self, p: Pass):
+        return self.embed_ids(p.ids)
+
     def decode(self, tokens: Sequence[int], step: Step) -> np.ndarray:
-        h = self.embed(tokens, step)
-        for i in range(self.num_layers):
-            h = self.run_block(i, h, None, False, None)
-        return self.logits(h)
+        return self.logits(self._full_depth(self.begin(tokens, step)))
 
     def extend(self, tokens: Sequence[int], start: int) -> np.ndarray:
         if self.cache.layout.batch != 1:
             raise CapabilityError(f"extend runs one sequence; this cache holds "
                                   f"{self.cache.layout.batch}")
-        if self.rerun_at is not None and start < self.rerun_at < start + len(tokens):
-            # one pass decides a single table, but the tokens before the switch must see the
-            # short one, as they do decoded one by one: two passes, split at the switch
-            cut = self.rerun_at - start
-            return np.concatenate([self._extend(tokens[:cut], start),
-                                   self._extend(tokens[cut:], self.rerun_at)])
-        return self._extend(tokens, start)
+        parts = [(start, len(tokens))] if self.switch is None else \
+            self.switch.parts(start, len(tokens))
+        return np.concatenate([self._extend(tokens[at - start:at - start + n], at)
+                               for at, n in parts])
 
     def _extend(self, tokens: Sequence[int], start: int) -> np.ndarray:
-        h = self._begin(np.asarray([list(tokens)], dtype=np.int64), Step(start, len(tokens)))
-        for i in range(self.num_layers):
-            h = self.run_block(i, h, None, False, None)
-        return self.host(self.head(h[0]))
+        p = self._begin(np.asarray([list(tokens)], dtype=np.int64), Step(start, len(tokens)))
+        return self.host(self.head(self._full_depth(p)[0]))
 
     def trim(self, offset: int) -> None:
         self.cache.trim(offset)
 
     # -- what the walk reads --------------------------------------------------------------------
 
-    def row_index(self, rows: Sequence[int]):
-        """`rows` as the engine's index, made once per step (`make_index`)."""
-        key = tuple(rows)
-        if key not in self._indices:
-            self._indices[key] = self.make_index(rows)
-        return self._indices[key]
-
-    def _through(self, i: int, h, rows: Rows, stand_in: bool, mids: list | None = None):
-        if rows is None:
-            return self.run_block(i, h, None, stand_in, mids)
-        idx = self.row_index(rows)
-        return self.scatter(h, idx, self.run_block(i, h[idx], idx, stand_in, mids))
-
-    def layer(self, i: int, h, rows: Rows, sub_blocks: bool = False):
+    def layer(self, p: Pass, i: int, h, rows: Rows, sub_blocks: bool = False):
         mids: list | None = [] if sub_blocks else None
-        out = self._through(i, h, rows, False, mids)
+        if rows is None:   # `_through`, inline: the walk's every backbone layer
+            idx, out = slice(None), self.run_block(p, i, h, None, False, mids)
+        else:
+            idx = p.index(rows, self.make_index)
+            out = self.scatter(h, idx, self.run_block(p, i, h[idx], idx, False, mids))
         if not sub_blocks:
             return out, None
-        idx = slice(None) if rows is None else self.row_index(rows)
         mid = mids[0][:, -1]
         return out, self.host(self.cosines([(h[idx, -1], mid), (mid, out[idx, -1])]))
 
-    def stand_in_layer(self, i: int, h, rows: Rows):
-        return self._through(i, h, rows, True)
+    def stand_in_layer(self, p: Pass, i: int, h, rows: Rows):
+        if rows is None:
+            return self.run_block(p, i, h, None, True, None)
+        idx = p.index(rows, self.make_index)
+        return self.scatter(h, idx, self.run_block(p, i, h[idx], idx, True, None))
 
-    def similarity(self, before, after, rows: Rows) -> list[float]:
-        idx = slice(None) if rows is None else self.row_index(rows)
+    def similarity(self, p: Pass, before, after, rows: Rows) -> list[float]:
+        idx = slice(None) if rows is None else p.index(rows, self.make_index)
         return self.host(self.cosines([(before[idx, -1], after[idx, -1])]))[:, 0].tolist()
 
     def logits(self, h) -> np.ndarray:
@@ -239,17 +212,12 @@ class LayerEngine(StandInDefaults, abc.ABC):
     def stand_in_logits(self, h) -> np.ndarray:
         return self.host(self.head(h[:, -1], stand_in=True))
 
-    def skip(self, i: int, rows: Rows) -> None:
-        self.cache.mark_absent(i, rows, self.ctx.start)
+    def skip(self, p: Pass, i: int, rows: Rows) -> None:
+        self.cache.mark_absent(i, rows, p.step.start)
 
-    def layer_span(self, i: int, states):
-        end = self.ctx.end
-        step = self.ctx
-        self.ctx = self.context(self.cache.layout, Step(end - len(states), len(states)))
-        try:
-            out = self.run_block(i, self.concat(states, 1), None, False, None)
-        finally:
-            self.ctx = step
+    def layer_span(self, p: Pass, i: int, states):
+        span = self._pass(None, Step(p.step.end - len(states), len(states)), starts=False)
+        out = self.run_block(span, i, self.concat(states, 1), None, False, None)
         return [out[:, t:t + 1] for t in range(len(states))]
 
     # -- measurement ----------------------------------------------------------------------------

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import attrs
 import numpy as np
 
+from .backend import Step
 from .errors import ConfigError
 
 SINKS = 4   # a draft window's first slots, which attention leans on (attention sinks)
@@ -24,6 +26,21 @@ def window_slots(lo: int, end: int, draft_window: int | None) -> slice | np.ndar
     if recent <= max(lo, SINKS):
         return slice(lo, end)
     return np.r_[lo:max(lo, SINKS), recent:end]
+
+
+@attrs.frozen(eq=False)
+class View:
+    """A step's place in the cache as plain numpy arrays, built once per step
+    (`Layout.view`), which an engine converts once into its own kind (its `Pass`). Per-layer
+    fields hold one entry per layer; layers of one attention window share one object."""
+
+    step: Step
+    positions: np.ndarray   # [batch, tokens] rotary positions of the step's slots
+    slots: tuple            # per layer: the key slots its queries read (a slice or int array)
+    masks: tuple            # per layer: [batch, tokens, keys] bool over those slots, True where
+                            # a query attends
+    plain: tuple            # per layer: its mask is plain causal attention from slot 0 (or
+                            # every key for a single query), which an engine may skip
 
 
 class Layout:
@@ -50,6 +67,28 @@ class Layout:
     def positions(self, start: int, end: int) -> np.ndarray:
         """[batch, end - start] rotary positions of cache slots start..end-1."""
         return np.maximum(np.arange(start, end)[None, :] - self.pad[:, None], 0)
+
+    def view(self, step: Step, windows: Sequence[int | None],
+             windowed_reads: bool = True) -> View:
+        """Step `step` for layers of attention `windows`: the slots each reads (with
+        `windowed_reads` False every slot before the step's end, a draft window's apart, and
+        the mask keeps the layer's window), its mask over them, and whether that is plain."""
+        start, end = step.start, step.end
+        holes = self.holes is not None   # as `mask_key`, inline: every layer of every step
+        made: dict = {}
+        slots, masks, plain = [], [], []
+        for i, window in enumerate(windows):
+            key = (window, i if holes else None)
+            if key not in made:
+                s = self.key_slots(start, end, window if windowed_reads else None,
+                                   step.draft_window)
+                made[key] = (s, self.mask(start, end, window, i, s),
+                             windowed_reads and self.plain(start, end, window, i))
+            s, m, p = made[key]
+            slots.append(s)
+            masks.append(m)
+            plain.append(p)
+        return View(step, self.positions(start, end), tuple(slots), tuple(masks), tuple(plain))
 
     def prompt_mean(self, values: np.ndarray) -> np.ndarray:
         """[batch, width] per-token values -> [batch] mean over each prompt's real tokens."""

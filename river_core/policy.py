@@ -28,9 +28,6 @@ class Needs:
     sub_blocks: bool = False
     """The predictor observes, per backbone layer, the smaller of its attention and MLP
     sub-blocks' cosines instead of the whole block's (`Capabilities.sub_blocks`)."""
-    logits: bool = False
-    """The token's logits at the layer (the final norm and LM head: a head-sized matmul, made
-    on the first `RowView.logits()` call at that layer)."""
     recheck: bool = False
     """A second look at exited tokens' river logits (`ExitPolicy.recheck`): True sends a
     token back through the backbone from its exit (only where the KV strategy drafts)."""
@@ -56,7 +53,9 @@ class RowView:
         return self.predictor.predicted_error(self.layer)
 
     def logits(self) -> np.ndarray:
-        """The token's [vocab] logits of its state here (only with `Needs.logits`)."""
+        """The token's [vocab] logits of its state here: the final norm and LM head, a
+        head-sized matmul made on the first call at that layer (no flag turns it on: a
+        policy pays only where it looks)."""
         return self._logits()
 
 
@@ -100,13 +99,10 @@ def tau_option(default: float = 0.97, doc: str = "exit once both sub-blocks' inp
 
 @attrs.frozen
 class Exits:
-    """Where a policy may let tokens out."""
+    """Where a policy may let tokens out: `layer in exits.open` after each layer (a set, so
+    the check on every layer of every token is no call)."""
 
-    min_layer: int
-    allowed: frozenset[int] | None   # None: any layer from min_layer on
-
-    def open(self, layer: int) -> bool:
-        return layer >= self.min_layer and (self.allowed is None or layer in self.allowed)
+    open: frozenset[int]
 
 
 @attrs.frozen
@@ -124,7 +120,8 @@ class WhereOptions:
                 isinstance(k, int) and -1 <= k < num_layers - 1 for k in layers)):
             raise ConfigError(f"layers must be a list of exit layers in [-1, {num_layers - 2}], "
                               f"e.g. -o layers=[3,7,11]; got {layers!r}")
-        return Exits(self.min_layer, None if layers is None else frozenset(layers))
+        return Exits(frozenset(k for k in range(-1, num_layers) if k >= self.min_layer and
+                               (layers is None or k in layers)))
 
 
 def check_min_layer(min_layer: int, num_layers: int) -> int:
@@ -150,7 +147,7 @@ class SettledPolicy(Policy):
         self.tau, self.exits = options.tau, options.where(num_layers)
 
     def should_exit(self, row: RowView) -> bool:
-        return self.exits.open(row.layer) and row.similarity > self.tau
+        return row.layer in self.exits.open and row.similarity > self.tau
 
 
 @attrs.frozen

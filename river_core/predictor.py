@@ -93,7 +93,7 @@ class TransitionPredictor:
 
     def observe(self, layer: int, similarity: float) -> None:
         self.last = similarity
-        t = transition(similarity)
+        t = math.sqrt(max(0.0, 2.0 - 2.0 * similarity))   # `transition`, inline: every layer
         self._seen[layer] = t
         self._moved += t
         self._moved_typically += self.typical[layer]

@@ -10,10 +10,10 @@ builds from. Backends import this package, never each other.
 """
 
 from .cache import cache_root
-from .quant import QuantWeight, StandIns, stand_ins
+from .quant import QuantWeight, StandInWeights, stand_ins
 from .source import default_gguf, locate, open_model
 from .spec import FUSED, PROJECTIONS, Checkpoint, LayerWeights, ModelSpec, Rotary, Weights
 
 __all__ = ["FUSED", "PROJECTIONS", "Checkpoint", "LayerWeights", "ModelSpec", "QuantWeight", "Rotary",
-           "StandIns", "Weights", "cache_root", "default_gguf", "locate", "open_model",
+           "StandInWeights", "Weights", "cache_root", "default_gguf", "locate", "open_model",
            "stand_ins"]

@@ -135,8 +135,10 @@ def weight_error(layer: LayerWeights, quantized: Mapping[str, QuantWeight]) -> f
 
 
 @attrs.frozen(eq=False)
-class StandIns:
-    """The quantized projections of every layer's stand-in, and each layer's weight error."""
+class StandInWeights:
+    """The quantized projections of every layer's stand-in, and each layer's weight error:
+    the weights an engine builds its stand-ins from (the core's `StandIns` is the protocol of
+    an engine that runs them)."""
 
     spec: QuantSpec
     layers: tuple[Mapping[str, QuantWeight], ...]
@@ -153,7 +155,7 @@ class StandIns:
         np.savez(path, **arrays)
 
     @classmethod
-    def load(cls, path: Path, spec: QuantSpec) -> "StandIns":
+    def load(cls, path: Path, spec: QuantSpec) -> "StandInWeights":
         with np.load(path) as f:
             errors = tuple(float(e) for e in f["errors"])
             layers = tuple({name: QuantWeight(f[f"{i}.{name}.codes"], f[f"{i}.{name}.scale"],
@@ -163,7 +165,8 @@ class StandIns:
         return cls(spec, layers, errors, head)
 
 
-def build_stand_ins(checkpoint: Checkpoint, spec: QuantSpec, progress: bool = False) -> StandIns:
+def build_stand_ins(checkpoint: Checkpoint, spec: QuantSpec,
+                    progress: bool = False) -> StandInWeights:
     layers, errors = [], []
     for layer in tqdm(checkpoint.weights.layers, desc=f"quantizing stand-ins ({spec.label})",
                       unit="layer", disable=not progress):
@@ -171,11 +174,11 @@ def build_stand_ins(checkpoint: Checkpoint, spec: QuantSpec, progress: bool = Fa
         layers.append(q)
         errors.append(weight_error(layer, q))
     head = quantize(checkpoint.weights.head, HEAD)
-    return StandIns(spec, tuple(layers), tuple(errors), head)
+    return StandInWeights(spec, tuple(layers), tuple(errors), head)
 
 
 def stand_ins(checkpoint: Checkpoint, spec: QuantSpec, progress: bool = False,
-              cache: bool = True) -> StandIns:
+              cache: bool = True) -> StandInWeights:
     """The checkpoint's stand-ins at `spec`, quantized once and cached in the user cache."""
     if not cache:
         return build_stand_ins(checkpoint, spec, progress)
@@ -184,4 +187,4 @@ def stand_ins(checkpoint: Checkpoint, spec: QuantSpec, progress: bool = False,
     cached(target,
            lambda tmp: build_stand_ins(checkpoint, spec, progress).save(tmp / "stand-ins.npz"),
            key, source=checkpoint.source)
-    return StandIns.load(target / "stand-ins.npz", spec)
+    return StandInWeights.load(target / "stand-ins.npz", spec)

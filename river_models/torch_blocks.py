@@ -5,21 +5,25 @@ package itself stays free of torch.
 Built from the model package's `LayerWeights` (backbone) or its `QuantWeight`s (stand-in).
 Norms, rotary and activations follow transformers' numerics operation for operation, so full
 depth matches `generate()` token for token; attention is ours, because the cache is ours.
+`TorchArrays` holds the array members of the core's `LayerEngine` (and of River inside vLLM)
+for torch tensors, `torch_pass` a step's `Pass` on the engine's device.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
 import attrs
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from river_core.backend import Pass
 from river_core.errors import CapabilityError
+from river_core.layout import View
 
 from .quant import QuantWeight
-from .spec import FUSED, PROJECTIONS, LayerWeights, ModelSpec
+from .spec import FUSED, PROJECTIONS, LayerWeights, ModelSpec, QueryScale
 
 
 class Rotaries:
@@ -50,8 +54,74 @@ class Rotaries:
         if qs is None:
             return None
         pos = upload(positions, torch.int64, self._device)
-        return (1 + qs.beta * torch.log(1 + torch.floor(pos / qs.period)))[:, None, :, None].to(
-            dtype)
+        return query_factors(qs, pos)[:, None, :, None].to(dtype)
+
+
+def query_factors(qs: QueryScale, positions: torch.Tensor) -> torch.Tensor:
+    """Ministral 3's query scaling of `positions` (int64, any shape), in float32: the rule of
+    `QueryScale.factors` on the device, as transformers and vLLM compute it."""
+    return 1 + qs.beta * torch.log(1 + torch.floor(positions / qs.period))
+
+
+class TorchArrays:
+    """The array members of a torch engine (`LayerEngine`'s, as `NumpyArrays` for numpy
+    states): row indices, scatter, concatenation, cosines on the engine's device, and the one
+    read of the host. The engine sets `device`."""
+
+    device: torch.device
+
+    def make_index(self, rows: Sequence[int]) -> torch.Tensor:
+        return torch.tensor(list(rows), dtype=torch.long, device=self.device)
+
+    @torch.inference_mode()
+    def scatter(self, h, idx, rows_out):
+        return h.index_copy(0, idx, rows_out)
+
+    @torch.inference_mode()
+    def concat(self, arrays, axis: int):
+        return torch.cat(list(arrays), dim=axis)
+
+    @torch.inference_mode()
+    def cosines(self, pairs):
+        out = []
+        for a, b in pairs:   # a loop, not a comprehension: no Python call per layer
+            out.append(F.cosine_similarity(a.float(), b.float(), dim=-1))
+        return torch.stack(out, -1)
+
+    @staticmethod
+    def host(t: torch.Tensor) -> np.ndarray:
+        """The one place a step reads the device: `t` on the host as numpy (floats as
+        float32: numpy has no bfloat16)."""
+        t = t.detach()
+        return (t.float() if t.is_floating_point() else t).cpu().numpy()
+
+
+def torch_pass(view: View, ids: np.ndarray | None, rotaries: "Rotaries",
+               rope_keys: Sequence[str], dtype, device) -> Pass:
+    """A step's `Pass` on `device`: each layer's rotary table and, where not plain, its
+    boolean mask [batch, 1, tokens, keys] (True = attend), and the slots it reads (a
+    slice, or a draft window's as an index tensor), each made once per step."""
+    positions = view.positions
+    tables = rotaries.tables(positions, dtype)
+    made: dict = {}   # each array once: layers of one window share it
+    rope, slots, masks = [], [], []
+    # one loop, no comprehension or helper: each would be a Python call per step
+    for key, s, m, plain in zip(rope_keys, view.slots, view.masks, view.plain):
+        rope.append(tables[key])
+        if not isinstance(s, slice):   # a draft window's slots
+            if id(s) not in made:
+                made[id(s)] = upload(s, torch.int64, device)
+            s = made[id(s)]
+        slots.append(s)
+        if plain:
+            m = None
+        else:
+            if id(m) not in made:
+                made[id(m)] = upload(m[:, None], torch.bool, device)
+            m = made[id(m)]
+        masks.append(m)
+    return Pass(view.step, ids, positions, rope, rotaries.query_scales(positions, dtype),
+                slots, masks)
 
 
 @attrs.frozen(eq=False)
@@ -115,23 +185,23 @@ def packed(q: QuantWeight, bias: np.ndarray | None, dtype, device) -> Callable:
     if device.type != "cpu":
         if q.bits == 8:
             return Dense(q.dequantize(), bias, dtype, device)
-        mm, nbytes = _int4_tinygemm(q, device)
+        mm, args, nbytes = _int4_tinygemm(q, device)
     elif q.bits == 8:
         w = torch.from_numpy(q.codes.astype(np.int16) - 128).to(torch.int8)
         s = torch.from_numpy(q.scale[:, 0]).to(torch.bfloat16)
-        mm = lambda x: torch.ops.aten._weight_int8pack_mm(x, w, s)
+        mm, args = torch.ops.aten._weight_int8pack_mm, (w, s)
         nbytes = w.numel() + s.numel() * 2
     else:
         w = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
             torch.from_numpy(q.codes.astype(np.int32)), 1)
         s = upload(_scales_and_zeros(q), torch.bfloat16, device)
-        group = q.group
-        mm = lambda x: torch.ops.aten._weight_int4pack_mm_for_cpu(x, w, group, s)
+        mm, args = torch.ops.aten._weight_int4pack_mm_for_cpu, (w, q.group, s)
         nbytes = q.codes.size // 2 + s.numel() * 2
     b = None if bias is None else upload(bias, dtype, device)
 
     def linear(x: torch.Tensor) -> torch.Tensor:
-        y = mm(x.reshape(-1, x.shape[-1]).to(torch.bfloat16)).to(x.dtype)
+        # the kernel itself, `mm(x, *args)`: no Python call between it and the projection
+        y = mm(x.reshape(-1, x.shape[-1]).to(torch.bfloat16), *args).to(x.dtype)
         y = y.view(*x.shape[:-1], rows)
         return y if b is None else y + b
     linear.nbytes = nbytes
@@ -162,8 +232,7 @@ def _int4_tinygemm(q: QuantWeight, device):
     pairs = (codes[:, ::2] << 4) | codes[:, 1::2]
     w = torch.ops.aten._convert_weight_to_int4pack(upload(pairs, torch.uint8, device), tiles)
     s = upload(_scales_and_zeros(q), torch.bfloat16, device)
-    group = q.group
-    return (lambda x: torch.ops.aten._weight_int4pack_mm(x, w, group, s),
+    return (torch.ops.aten._weight_int4pack_mm, (w, q.group, s),
             q.codes.size // 2 + s.numel() * 2)
 
 
@@ -247,16 +316,27 @@ def mlp(b: Block, h: torch.Tensor) -> torch.Tensor:
     return b.proj["down"](b.act(gate) * up)
 
 
-def forward(b: Block, i: int, x: torch.Tensor, step, cache, rows,
+def forward(b: Block, p: Pass, i: int, x: torch.Tensor, cache, rows,
             mids: list | None = None) -> torch.Tensor:
-    """Layer i on x: [batch, tokens, hidden] for `rows` of the batch (None: all), over the
-    step's slots of `cache` (a `river_core.KVCache`), which it writes. `mids`, when given,
-    receives the state between the attention and MLP sub-blocks."""
-    cos, sin = step.rope(b.rope_key, rows)
-    q, k, v = project_kv(b, b.input_norm(x), cos, sin, step.query_scale(rows))
+    """Layer i in pass `p` (`torch_pass`) on x: [batch, tokens, hidden] for `rows` of the
+    batch (None: all), over the step's slots of `cache` (a `river_core.KVCache`), which it
+    writes. `mids`, when given, receives the state between the attention and MLP
+    sub-blocks."""
+    (cos, sin), qs, mask, slots = p.rope[i], p.query_scale, p.masks[i], p.slots[i]
+    if rows is not None:
+        cos, sin = cos[rows], sin[rows]
+        qs = None if qs is None else qs[rows]
+        mask = None if mask is None else mask[rows]
+    q, k, v = project_kv(b, b.input_norm(x), cos, sin, qs)
+    step = p.step
     cache.write(i, rows, k, v, step.start, step.end)
-    keys, values = step.read(cache.k[i], cache.v[i], rows, b.window)
-    mask = step.mask(b.window, i, rows)
+    if isinstance(slots, slice):
+        picked = (slice(None) if rows is None else rows, slice(None), slots)
+        keys, values = cache.k[i][picked], cache.v[i][picked]
+    else:   # a draft window's slots
+        keys, values = cache.k[i].index_select(2, slots), cache.v[i].index_select(2, slots)
+        if rows is not None:
+            keys, values = keys[rows], values[rows]
     a = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=b.scaling,
                                        is_causal=mask is None and q.shape[2] > 1,
                                        enable_gqa=True)

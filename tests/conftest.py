@@ -65,12 +65,12 @@ def ctrl_c_at_step(monkeypatch):
     from river_hf.backend import HFBackend
 
     def arm(n: int) -> None:
-        calls, embed = {"n": 0}, HFBackend.embed
+        calls, begin = {"n": 0}, HFBackend.begin
 
         def interrupted(self, tokens, step):
             calls["n"] += 1
             if calls["n"] == n:
                 raise KeyboardInterrupt
-            return embed(self, tokens, step)
-        monkeypatch.setattr(HFBackend, "embed", interrupted)
+            return begin(self, tokens, step)
+        monkeypatch.setattr(HFBackend, "begin", interrupted)
     return arm

@@ -80,7 +80,7 @@ def test_batched_teacher_forcing_matches_single_runs(strategy, policy):
     the batch's shape."""
     import numpy as np
 
-    import example_backend
+    from river_conformance import example_backend
     from river_core.decode import teacher_force
 
     b = example_backend.make("llama", 0, 8)

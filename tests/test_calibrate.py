@@ -6,7 +6,7 @@ import json
 import attrs
 import pytest
 
-import example_backend
+from river_conformance import example_backend
 from river_core import ConfigError, ExitConfig, RiverModel
 from river_cli.calibrate import calibrate, tuned_option
 from river_cli.main import main

@@ -116,8 +116,8 @@ def _quantized(rows: int, columns: int, group: int) -> QuantWeight:
 def test_the_cuda_int4_kernel_takes_the_stand_ins_arguments(rows, columns, group):
     q = _quantized(rows, columns, group)
     with FakeTensorMode(allow_non_fake_inputs=True):
-        mm, nbytes = _int4_tinygemm(q, torch.device("meta"))
-        y = mm(torch.empty(3, columns, dtype=torch.bfloat16, device="meta"))
+        mm, args, nbytes = _int4_tinygemm(q, torch.device("meta"))
+        y = mm(torch.empty(3, columns, dtype=torch.bfloat16, device="meta"), *args)
         assert y.shape == (3, rows) and y.dtype == torch.bfloat16
         linear = packed(q, None, torch.bfloat16, torch.device("meta"))
         assert linear(torch.empty(1, 2, columns, dtype=torch.bfloat16, device="meta")).shape \
@@ -152,9 +152,9 @@ def test_a_rerun_across_the_longrope_switch_stays_on_the_device():
         backend = HFBackend(checkpoint, tiny.stand_ins(checkpoint, 4), device="meta")
         device = Device(backend)
         whole = []   # passes over every slot from 0: the prefill's and the recompute's
-        embedded = backend._embedded
-        backend._embedded = lambda ids, step: (
-            whole.append(step.end) if step.start == 0 else None, embedded(ids, step))[1]
+        begun = backend._pass
+        backend._pass = lambda ids, step, starts=True: (
+            whole.append(step.end) if step.start == 0 else None, begun(ids, step, starts))[1]
         prompt = [1] + [20] * (tiny.PHI3_SWITCH - 2)
         out = RiverModel(backend).generate_ids([prompt], ExitConfig(
             policy="fixed", options={"layer": 1}), GenerationConfig(max_new_tokens=4))

@@ -5,7 +5,7 @@ import pytest
 from river_conformance.kit import *  # noqa: F401,F403
 from river_conformance.kit import Subject
 
-import example_backend
+from river_conformance import example_backend
 
 
 @pytest.fixture(scope="session")
@@ -27,8 +27,8 @@ def test_the_core_drives_the_backend_only_through_the_contract(conformance_backe
         method = getattr(b, name)
         setattr(b, name, lambda *a, _method=method, _name=name, **k:
                 (calls.update([_name]), _method(*a, **k))[1])
-    embed = b.embed
-    b.embed = lambda tokens, step: (steps.append(step), embed(tokens, step))[1]
+    begin = b.begin
+    b.begin = lambda tokens, step: (steps.append(step), begin(tokens, step))[1]
     model = RiverModel(b)
     prompt = model.encode("ab", chat=False)[0]
     model.generate("ab", chat=False, max_new_tokens=3, kv="full")

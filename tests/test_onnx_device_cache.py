@@ -98,9 +98,10 @@ def test_a_subset_of_rows_round_trips_only_its_layer_through_the_host(conformanc
                                                                       monkeypatch):
     b = conformance_backend.backend()
     b.prefill(PROMPTS, 16)
-    h = b.embed([9, 9], Step(b.offset, 1))
+    p = b.begin([9, 9], Step(b.offset, 1))
+    h = b.embed(p)
     transfers = Transfers(monkeypatch)
-    b.layer(2, h, [1])
+    b.layer(p, 2, h, [1])
     assert sorted(set(transfers.of(b))) == [
         ("numpy", "k", 2), ("numpy", "v", 2), ("ortvalue_from_numpy", "", -1),
         ("update_inplace", "k", 2), ("update_inplace", "v", 2)]

@@ -16,12 +16,12 @@ class Recording:
     def __getattr__(self, name):
         return getattr(self._inner, name)
 
-    def embed(self, tokens, step):
+    def embed(self, p):
         self.seen.append([])
-        return self._inner.embed(tokens, step)
+        return self._inner.embed(p)
 
-    def layer(self, i, h, rows, sub_blocks=False):
-        out, pairs = self._inner.layer(i, h, rows, sub_blocks)
+    def layer(self, p, i, h, rows, sub_blocks=False):
+        out, pairs = self._inner.layer(p, i, h, rows, sub_blocks)
         if pairs is not None:
             self.seen[-1].append(float(min(pairs[0])))
         return out, pairs
@@ -122,12 +122,10 @@ def test_a_policy_that_reads_logits_sees_the_state_after_each_layer():
 
     from river_core.decode import Run, generate_ids
     from river_core.kv import River
-    from river_core.policy import Needs, Policy
+    from river_core.policy import Policy
     from river_core.predictor import TransitionPredictor
 
     class Watching(Policy):
-        needs = Needs(logits=True)
-
         def __init__(self):
             self.seen = {}
 
@@ -141,10 +139,11 @@ def test_a_policy_that_reads_logits_sees_the_state_after_each_layer():
     token = generate_ids(b, [[1, 30, 31]], GenerationConfig(max_new_tokens=1),
                          run).tokens[0][0]
     b.prefill([[1, 30, 31]], 5)
-    h = b.embed([token], Step(3))
+    p = b.begin([token], Step(3))
+    h = b.embed(p)
     assert np.allclose(policy.seen[0][-1], b.logits(h)[0], atol=1e-6)
     for layer in range(b.num_layers - 1):
-        h, _ = b.layer(layer, h, None)
+        h, _ = b.layer(p, layer, h, None)
         assert np.allclose(policy.seen[0][layer], b.logits(h)[0], atol=1e-5)
 
 

@@ -63,9 +63,9 @@ def test_the_cache_never_runs_past_its_capacity():
                            GenerationConfig(max_new_tokens=context - 9))
     b = model.backend
     b.prefill([[1, 5, 6]], 4)
-    b.embed([7], Step(3))
+    b.begin([7], Step(3))
     with pytest.raises(ConfigError, match="cache is full"):
-        b.embed([8], Step(4))
+        b.begin([8], Step(4))
 
 
 def test_two_threads_on_two_models_and_on_one_model_match_sequential_runs():
@@ -99,11 +99,11 @@ class CtrlC:
     def __getattr__(self, name):
         return getattr(self._inner, name)
 
-    def embed(self, tokens, step):
+    def begin(self, tokens, step):
         self._left -= 1
         if self._left == 0:
             raise KeyboardInterrupt
-        return self._inner.embed(tokens, step)
+        return self._inner.begin(tokens, step)
 
 
 @pytest.mark.parametrize("mode", ["exit", "speculative"])

@@ -136,6 +136,25 @@ def test_past_ministral3s_original_context_river_inside_vllm_scales_queries(fold
         _river_greedy(folder, ExitConfig(**EXITING), PAST_SWITCH)
 
 
+def test_river_scales_queries_by_vllms_rule():
+    """River's forward scales Ministral 3's queries by River's rule (`query_factors`), not by
+    calling vLLM's private `MistralAttention._get_llama_4_attn_scale`; this fails when vLLM's
+    method changes or moves, so that River's copy is checked again."""
+    from types import SimpleNamespace
+
+    import torch
+    from vllm.model_executor.models.mistral import MistralAttention
+
+    from river_models.spec import QueryScale
+    from river_models.torch_blocks import query_factors
+
+    qs, positions = QueryScale(0.1, 16), torch.arange(0, 300)
+    attention = SimpleNamespace(llama_4_scaling_beta=qs.beta,
+                                llama_4_scaling_original_max_position_embeddings=qs.period)
+    assert torch.equal(query_factors(qs, positions).unsqueeze(-1),
+                       MistralAttention._get_llama_4_attn_scale(attention, positions))
+
+
 HONOURED = {"fixed after layer 2": {"policy": "fixed", "options": {"layer": 2}},
             "the paper's rule from layer 3": {"policy": "settled",
                                               "options": {"tau": -1.0, "min_layer": 3}},

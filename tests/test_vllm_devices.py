@@ -206,6 +206,9 @@ def _tiny_vllm_model(device, cache, exit_config):
         river_plan=plan, river_run=plan.run(), river_head=head, river_pages=pages.gather_split,
         compute_logits=head, river_stats={"steps": 0, "tokens": 0, "layers": 0})
     model.river_walk = lambda *a: models.RiverExits.river_walk(model, *a)
+    model.river_pass = lambda *a: models.RiverExits.river_pass(model, *a)
+    model.river_query_scale = None
+    model.river_layers = models.ForwardLayers(model, torch.device(device))
     model.river_count = lambda *a: models.RiverExits.river_count(model, *a)
     return model
 
@@ -235,12 +238,13 @@ def test_the_drafter_and_the_model_classes_numerics_stay_on_the_steps_device(
     """A lossless round's drafting on the meta device: the pages read through the
     FLASH_ATTN layout, the walk through backbone layers and stand-ins (rows leaving at
     different layers), the head; no op sees a tensor off the device, and the host is read only
-    through `to_host`: the exit decision's cosines (one small read per layer while a row may
+    through `to_host` (`TorchArrays.host`): the exit decision's cosines (one small read per layer while a row may
     still leave) and each draft's chosen tokens."""
     device, rows, count = "meta", 3, 2
     reads = HostReads()
     monkeypatch.setattr(models, "to_host", reads)
     monkeypatch.setattr("river_vllm.drafter.to_host", reads)
+    monkeypatch.setattr(models.ForwardLayers, "host", staticmethod(reads))
     monkeypatch.setattr(models, "get_tensor_model_parallel_world_size", lambda: 1)   # one rank
     cache = [torch.empty(BLOCKS, KV_HEADS, BLOCK, 2 * HEAD_DIM, device=device)
              for _ in range(LAYERS)]
@@ -253,9 +257,7 @@ def test_the_drafter_and_the_model_classes_numerics_stay_on_the_steps_device(
               for b in ([0, 1, 2], [3, 4, 5], [6, 7, 8])]   # contexts up to 96
     with OnlyOn(device) as mode:
         drafts = drafter.draft([1, 2, 3], [40, 4, 90], blocks, count)
-        logits = models.ForwardLayers(model, torch.zeros(rows, dtype=torch.long, device=device),
-                                      lambda i: None).logits(torch.zeros(rows, HIDDEN,
-                                                                         device=device))
+        logits = model.river_layers.logits(torch.zeros(rows, HIDDEN, device=device))
     assert [len(d) for d in drafts] == [count] * rows and mode.ops > 0
     tokens = [shape for shape, dtype in reads.reads if dtype == torch.int64]
     cosines = [shape for shape, dtype in reads.reads[:-1] if dtype == torch.float32]

@@ -8,22 +8,18 @@ logits a token is chosen from.
 
 from __future__ import annotations
 
-from typing import Sequence
-
 import numpy as np
 import torch
-import torch.nn.functional as F
 
-from river_core.backend import Step
+from river_core.backend import Pass
 from river_core.footprint import Footprint
 from river_core.layer_engine import LayerEngine
-from river_core.layout import Layout
-from river_models import Checkpoint, StandIns
+from river_core.layout import View
+from river_models import Checkpoint, StandInWeights
 
-from river_models.torch_blocks import (Block, Dense, Norm, Rotaries, forward, packed,
-                                       project_kv, upload)
+from river_models.torch_blocks import (Block, Dense, Norm, Rotaries, TorchArrays, forward,
+                                       packed, project_kv, torch_pass, upload)
 from . import CAPABILITIES
-from .step import StepContext
 
 
 # The backbone's prepacked copy (Dense.pack) makes a verification faster but costs as much to
@@ -38,12 +34,12 @@ def default_dtype(device: str) -> torch.dtype:
     return torch.float32 if torch.device(device).type == "cpu" else torch.bfloat16
 
 
-class HFBackend(LayerEngine):
+class HFBackend(TorchArrays, LayerEngine):
     """Runs a model layer by layer over River's own preallocated cache."""
 
     name = "hf"
 
-    def __init__(self, checkpoint: Checkpoint, stand_ins: StandIns,
+    def __init__(self, checkpoint: Checkpoint, stand_ins: StandInWeights,
                  dtype: torch.dtype | None = None, device: str = "cpu") -> None:
         spec, w = checkpoint.spec, checkpoint.weights
         self.spec = spec
@@ -62,8 +58,8 @@ class HFBackend(LayerEngine):
         self._norm = Norm.of(w.final_norm, spec, dtype, dev)
         self._rotaries = Rotaries(spec, dev)
         self.num_layers = spec.num_layers
-        self.max_positions, self.rerun_at = spec.max_positions, spec.rerun_at
-        self.kv_heads, self.head_dim = spec.kv_heads, spec.head_dim
+        self.max_positions, self.switch_at = spec.max_positions, spec.rerun_at
+        self.kv_heads, self.head_dim, self.windows = spec.kv_heads, spec.head_dim, spec.windows
         self.capabilities = CAPABILITIES
         self.runs_on = (str(self.device),)
         self.tokenizer = checkpoint.tokenizer
@@ -75,8 +71,9 @@ class HFBackend(LayerEngine):
         return tuple(torch.full(shape, float("nan"), dtype=self.dtype, device=self.device)
                      for _ in "kv")
 
-    def context(self, layout: Layout, step: Step) -> StepContext:
-        return StepContext(layout, step, self._rotaries, self.dtype, self.device)
+    def make_pass(self, view: View, ids) -> Pass:
+        return torch_pass(view, ids, self._rotaries, self.spec.rope_keys, self.dtype,
+                          self.device)
 
     @torch.inference_mode()
     def embed_ids(self, ids: np.ndarray) -> torch.Tensor:
@@ -84,36 +81,15 @@ class HFBackend(LayerEngine):
         return h if self._embed_scale is None else h * self._embed_scale
 
     @torch.inference_mode()
-    def run_block(self, i: int, x, idx, stand_in: bool, mids):
+    def run_block(self, p: Pass, i: int, x, idx, stand_in: bool, mids):
         block = (self.stand_ins if stand_in else self.blocks)[i]
-        return forward(block, i, x, self.ctx, self.cache, idx, mids)
-
-    def make_index(self, rows: Sequence[int]) -> torch.Tensor:
-        return torch.tensor(list(rows), device=self.device)
-
-    @torch.inference_mode()
-    def scatter(self, h, idx, rows_out):
-        return h.index_copy(0, idx, rows_out)
-
-    @torch.inference_mode()
-    def concat(self, arrays, axis: int):
-        return torch.cat(list(arrays), dim=axis)
-
-    @torch.inference_mode()
-    def cosines(self, pairs):
-        out = []
-        for a, b in pairs:
-            out.append(F.cosine_similarity(a.float(), b.float(), dim=-1))
-        return torch.stack(out, -1)
+        return forward(block, p, i, x, self.cache, idx, mids)
 
     @torch.inference_mode()
     def head(self, x, stand_in: bool = False):
         y = (self._stand_in_head if stand_in else self._head)(self._norm(x))
         cap = self.spec.final_softcap
         return y if cap is None else torch.tanh(y / cap) * cap
-
-    def host(self, array: torch.Tensor) -> np.ndarray:
-        return array.float().cpu().numpy()
 
     # -- what the torch engine does beyond the base -----------------------------------------
 
@@ -127,13 +103,14 @@ class HFBackend(LayerEngine):
         return super().extend(tokens, start)
 
     @torch.inference_mode()
-    def project_kv(self, i: int, h, rows) -> None:
+    def project_kv(self, p: Pass, i: int, h, rows) -> None:
         block = self.blocks[i]
-        idx = None if rows is None else self.row_index(rows)
-        x = h if idx is None else h[idx]
-        cos, sin = self.ctx.rope(block.rope_key, idx)
-        _, k, v = project_kv(block, block.input_norm(x), cos, sin)
-        self.cache.write(i, idx, k, v, self.ctx.start, self.ctx.end)
+        cos, sin = p.rope[i]
+        if rows is not None:
+            idx = p.index(rows, self.make_index)
+            h, cos, sin = h[idx], cos[idx], sin[idx]
+        _, k, v = project_kv(block, block.input_norm(h), cos, sin)
+        self.cache.write(i, None if rows is None else idx, k, v, p.step.start, p.step.end)
 
     def footprint(self) -> Footprint:
         element = torch.empty(0, dtype=self.dtype).element_size()

@@ -13,14 +13,15 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
+import attrs
 import numpy as np
 import onnxruntime as ort
 
-from river_core.backend import Step
+from river_core.backend import Pass
 from river_core.errors import CapabilityError
 from river_core.footprint import Footprint
 from river_core.layer_engine import LayerEngine, NumpyArrays
-from river_core.layout import Layout
+from river_core.layout import View
 
 from . import allocator
 from .device_kv import OrtLayers
@@ -105,44 +106,18 @@ def tail_sessions(manifest: Manifest, device: str) -> tuple[int, ...]:
     return manifest.tails if device == "cpu" else ()
 
 
-class _Step:
-    """Rotary tables and attention biases of a step's slots, shared by all layers."""
+@attrs.frozen(eq=False)
+class OnnxPass(Pass):
+    """A step's pass as the graphs take it. `positions` index the rows of each layer's rotary
+    table, `rope` (one row of cos and of sin per (row, token)), so a subset of rows keeps
+    pointing into the whole step's; `masks` are additive biases [B, 1, T, total] (0 where a
+    token attends, else -inf); `read` the slots every layer's graph reads (None: 0..end-1; a
+    draft window's slots, which the graphs then read from a copy, `_bound`)."""
 
-    def __init__(self, backend: "OnnxBackend", layout: Layout, step: Step) -> None:
-        self.start, self.end = start, end = step.start, step.end
-        self._b = backend
-        self.layout = layout
-        positions = layout.positions(start, end)
-        self.rope = {}   # per rotary table: one row of cos and of sin per (row, token)
-        for key, rotary in backend.spec.rotary.items():
-            cos, sin = rotary.angles(positions)
-            half = cos.shape[-1] // 2
-            self.rope[key] = tuple(np.ascontiguousarray(t[..., :half].reshape(-1, half),
-                                                        backend.floats) for t in (cos, sin))
-        qs = backend.spec.query_scale   # Ministral 3: the graphs' qscale input
-        self.query_scale = {} if qs is None else {
-            "qscale": qs.factors(positions)[..., None].astype(backend.floats)}
-        self.positions = np.arange(positions.size, dtype=np.int64).reshape(positions.shape)
-        # the slots every layer's graph reads: 0..end-1, or the ones a draft window leaves a
-        # single-token step, which the graphs then read from a copy (`_bound`)
-        slots = layout.key_slots(start, end, None, step.draft_window)
-        self.slots = None if isinstance(slots, slice) else slots
-        self._read = slice(0, end) if self.slots is None else self.slots
-        # GroupQueryAttention's lengths: every row reads all the slots bound (the bias masks
-        # what a row may not see) and writes the new tokens in the last T of them
-        width = end if self.slots is None else len(self.slots)
-        self.seqlens = np.full(layout.batch, width - 1, np.int32)
-        self.total = np.array(width, np.int32)
-        self._biases: dict = {}
-
-    def bias(self, layer: int) -> np.ndarray:
-        """[B, 1, T, total] additive bias of `layer` (0 where a token attends, else -inf)."""
-        layout, window = self.layout, self._b.spec.windows[layer]
-        key = layout.mask_key(window, layer)
-        if key not in self._biases:
-            attend = layout.mask(self.start, self.end, window, layer, self._read)
-            self._biases[key] = np.where(attend, 0, -np.inf).astype(self._b.floats)[:, None]
-        return self._biases[key]
+    read: np.ndarray | None = None
+    seqlens: np.ndarray | None = None   # GroupQueryAttention's: every row reads all the slots
+    total: np.ndarray | None = None     # bound (the bias masks what a row may not see) and
+                                        # writes the new tokens in the last T of them
 
 
 class OnnxBackend(NumpyArrays, LayerEngine):
@@ -150,6 +125,7 @@ class OnnxBackend(NumpyArrays, LayerEngine):
     weights float32 or int8, or everything float16 (the export's dtype)."""
 
     name = "onnx"
+    windowed_reads = False   # the graphs read every slot bound; the bias keeps the window
 
     def __init__(self, folder: Path, manifest: Manifest, tokenizer, device: str = "cpu",
                  optimized: tuple[Path, str] | None = None) -> None:
@@ -172,9 +148,9 @@ class OnnxBackend(NumpyArrays, LayerEngine):
             {key: built[f"{kind}_{key}"] for key in keys} for kind, keys in kinds.items())
         self.runs_on = tuple(self._head.get_providers())
         self.num_layers, self.max_positions = spec.num_layers, spec.max_positions
-        self.rerun_at = spec.rerun_at
+        self.switch_at = spec.rerun_at
         self.stand_in_error = list(manifest.stand_in_error)
-        self.kv_heads, self.head_dim = spec.kv_heads, spec.head_dim
+        self.kv_heads, self.head_dim, self.windows = spec.kv_heads, spec.head_dim, spec.windows
         self.capabilities = CAPABILITIES
         self.tokenizer = tokenizer
 
@@ -187,16 +163,37 @@ class OnnxBackend(NumpyArrays, LayerEngine):
         return (OrtLayers(shape, self.floats, self._device),
                 OrtLayers(shape, self.floats, self._device))
 
-    def context(self, layout: Layout, step: Step) -> _Step:
-        return _Step(self, layout, step)
+    def make_pass(self, view: View, ids) -> OnnxPass:
+        positions = view.positions
+        tables = {}   # per rotary table: one row of cos and of sin per (row, token)
+        for key, rotary in self.spec.rotary.items():
+            cos, sin = rotary.angles(positions)
+            half = cos.shape[-1] // 2
+            tables[key] = tuple(np.ascontiguousarray(t[..., :half].reshape(-1, half),
+                                                     self.floats) for t in (cos, sin))
+        qs = self.spec.query_scale   # Ministral 3: the graphs' qscale input
+        made: dict = {}
+        biases = [made[id(m)] if id(m) in made else made.setdefault(
+            id(m), np.where(m, 0, -np.inf).astype(self.floats)[:, None]) for m in view.masks]
+        read = view.slots[0]   # the same for every layer (`windowed_reads` False)
+        read = None if isinstance(read, slice) else read
+        width = view.step.end if read is None else len(read)
+        return OnnxPass(view.step, ids,
+                        np.arange(positions.size, dtype=np.int64).reshape(positions.shape),
+                        [tables[k] for k in self.spec.rope_keys],
+                        None if qs is None else
+                        qs.factors(positions)[..., None].astype(self.floats),
+                        view.slots, biases, read=read,
+                        seqlens=np.full(positions.shape[0], width - 1, np.int32),
+                        total=np.array(width, np.int32))
 
     def embed_ids(self, ids: np.ndarray) -> np.ndarray:
         return self._embed.run(None, {"ids": ids})[0]
 
-    def run_block(self, i: int, x, idx, stand_in: bool, mids):
+    def run_block(self, p: OnnxPass, i: int, x, idx, stand_in: bool, mids):
         sess = (self._stand_ins if stand_in else self._layers)[i]
-        out, mid = self._run_in_place(sess, self._feeds(self.ctx, i, x, idx), {"": i}, idx,
-                                      ["h_out", "mid"], self.ctx)
+        out, mid = self._run_in_place(sess, self._feeds(p, i, x, idx), {"": i}, idx,
+                                      ["h_out", "mid"], p)
         if mids is not None:
             mids.append(mid)
         return out
@@ -208,23 +205,25 @@ class OnnxBackend(NumpyArrays, LayerEngine):
 
     # -- what the ONNX engine does beyond the base ------------------------------------------
 
-    def _feeds(self, s: _Step, i: int, x: np.ndarray, idx, attention: bool = True) -> dict:
+    def _feeds(self, p: OnnxPass, i: int, x: np.ndarray, idx, attention: bool = True) -> dict:
         """Inputs of layer i's graphs for `x`, the states of rows `idx`: per row, all but the
         rotary tables (the rows' positions keep pointing into the whole step's) and the
         step's total."""
-        rows = {"positions": s.positions, **(s.query_scale if attention else {})}
+        rows = {"positions": p.positions}
         if attention:
-            rows.update(seqlens=s.seqlens, bias=s.bias(i))
+            rows.update(seqlens=p.seqlens, bias=p.masks[i])
+            if p.query_scale is not None:
+                rows["qscale"] = p.query_scale
         if idx is not None:
             rows = {k: v[idx] for k, v in rows.items()}
-        cos, sin = s.rope[self.spec.rope_keys[i]]
+        cos, sin = p.rope[i]
         feeds = {"h": x, **rows, "cos": cos, "sin": sin}
         if attention:
-            feeds["total"] = s.total
+            feeds["total"] = p.total
         return feeds
 
     def _run_in_place(self, sess, feeds: dict, layers: dict[str, int], idx,
-                      outputs: list[str], step: _Step) -> list[np.ndarray]:
+                      outputs: list[str], p: OnnxPass) -> list[np.ndarray]:
         """Runs `sess` with each layer's cache (by the suffix of its inputs) bound as both past
         and present K/V, so the graph writes the new tokens' K/V into the cache itself, on its
         device. Rows `idx`, or a draft window's slots, run on a copy made through the host,
@@ -238,45 +237,46 @@ class OnnxBackend(NumpyArrays, LayerEngine):
         copies = []
         for suffix, i in layers.items():
             for kv, cache in (("k", self.cache.k), ("v", self.cache.v)):
-                if idx is None and step.slots is None:
+                if idx is None and p.read is None:
                     value = cache.values[i]
                 else:
-                    value = cache.scratch(_bound(cache[i], idx, step.slots))
+                    value = cache.scratch(_bound(cache[i], idx, p.read))
                     copies.append((cache, i, value))
                 binding.bind_ortvalue_input(f"past_{kv}{suffix}", value)
                 binding.bind_ortvalue_output(f"present_{kv}{suffix}", value)
         sess.run_with_iobinding(binding)
         for cache, i, value in copies:
-            _write_back(cache, i, value.numpy(), idx, step)
+            _write_back(cache, i, value.numpy(), idx, p)
         return [value.numpy() for value in binding.get_outputs()[:len(outputs)]]
 
-    def stand_in_tail(self, start: int, h, rows):
+    def stand_in_tail(self, p: OnnxPass, start: int, h, rows):
         if start not in self._tails:
-            for i in range(start, self.num_layers):
-                h = self.stand_in_layer(i, h, rows)
-            return h
-        s, idx = self.ctx, None if rows is None else self.row_index(rows)
-        feeds = {"h": h, "positions": s.positions, "seqlens": s.seqlens, **s.query_scale}
+            return super().stand_in_tail(p, start, h, rows)
+        idx = None if rows is None else p.index(rows, self.make_index)
+        feeds = {"h": h, "positions": p.positions, "seqlens": p.seqlens}
+        if p.query_scale is not None:
+            feeds["qscale"] = p.query_scale
         layers = dict(enumerate(range(start, self.num_layers)))
-        feeds.update({f"bias_{j}": s.bias(i) for j, i in layers.items()})
+        feeds.update({f"bias_{j}": p.masks[i] for j, i in layers.items()})
         if idx is not None:
             feeds = {name: value[idx] for name, value in feeds.items()}
-        feeds["total"] = s.total
-        for key in {self.spec.rope_keys[i] for i in layers.values()}:
-            feeds.update({f"cos{key}": s.rope[key][0], f"sin{key}": s.rope[key][1]})
+        feeds["total"] = p.total
+        for i in layers.values():
+            key = self.spec.rope_keys[i]
+            feeds.update({f"cos{key}": p.rope[i][0], f"sin{key}": p.rope[i][1]})
         out, = self._run_in_place(self._tails[start], feeds,
-                                  {f"_{j}": i for j, i in layers.items()}, idx, ["h_out"], s)
+                                  {f"_{j}": i for j, i in layers.items()}, idx, ["h_out"], p)
         if idx is None:
             return out
         full = h.copy()
         full[idx] = out
         return full
 
-    def project_kv(self, i: int, h, rows) -> None:
-        idx = None if rows is None else self.row_index(rows)
+    def project_kv(self, p: OnnxPass, i: int, h, rows) -> None:
+        idx = None if rows is None else p.index(rows, self.make_index)
         x = h if idx is None else h[idx]
-        k, v = self._kv_proj[i].run(None, self._feeds(self.ctx, i, x, idx, attention=False))
-        self.cache.write(i, idx, k, v, self.ctx.start, self.ctx.end)
+        k, v = self._kv_proj[i].run(None, self._feeds(p, i, x, idx, attention=False))
+        self.cache.write(i, idx, k, v, p.step.start, p.step.end)
 
     def footprint(self) -> Footprint:
         """Weight files as stored; a step's attention reads the K/V slots written so far."""
@@ -298,10 +298,10 @@ def _bound(layer: np.ndarray, idx, slots: np.ndarray | None) -> np.ndarray:
     return np.ascontiguousarray(rows if slots is None else rows[:, :, slots])
 
 
-def _write_back(cache: OrtLayers, i: int, array: np.ndarray, idx, step: _Step) -> None:
+def _write_back(cache: OrtLayers, i: int, array: np.ndarray, idx, p: OnnxPass) -> None:
     """Layer i's slots a graph wrote in `array`, the copy `_bound` made, back into `cache`."""
     rows = slice(None) if idx is None else idx
-    if step.slots is None:
+    if p.read is None:
         cache[i, rows] = array
     else:   # a windowed step wrote its one token in the copy's last slot
-        cache[i, rows, :, step.end - 1] = array[:, :, -1]
+        cache[i, rows, :, p.step.end - 1] = array[:, :, -1]

@@ -23,7 +23,7 @@ from onnx.external_data_helper import set_external_data
 from tqdm import tqdm
 
 from river_core.config import QuantSpec
-from river_models import Checkpoint, ModelSpec, StandIns, stand_ins
+from river_models import Checkpoint, ModelSpec, StandInWeights, stand_ins
 from river_models.cache import cache_root, cached, content_key, digest
 from river_models.quant import FORMAT as QUANT_FORMAT
 from river_models.source import locate, open_model
@@ -103,8 +103,8 @@ def default_dtype(device: str) -> str:
     return "float32" if device == "cpu" else "float16"
 
 
-def export_model(checkpoint: Checkpoint, stand_ins: StandIns, folder: Path,
-                 progress: bool = False, backbone: StandIns | None = None,
+def export_model(checkpoint: Checkpoint, stand_ins: StandInWeights, folder: Path,
+                 progress: bool = False, backbone: StandInWeights | None = None,
                  floats: str = "float32") -> Manifest:
     """Write every graph of `checkpoint` into `folder`. `backbone`: quantized weights the
     backbone's layers run instead of the float ones (the int8 backbone); the embedding and the

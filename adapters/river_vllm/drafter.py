@@ -32,7 +32,7 @@ from river_core import ConfigError
 from river_core.layout import window_slots
 from river_core.speculative import DraftLength, Round
 
-from .models import ForwardLayers, RiverExits, to_host
+from .models import RiverExits, to_host
 from .pages import Reader
 
 
@@ -106,8 +106,8 @@ class RiverDrafter:
         for j in range(count):
             x = model.model.embed_input_ids(torch.tensor(tokens, device=device))
             at = torch.tensor([p + j for p in positions], device=device)
-            layers = ForwardLayers(model, at, lambda i: kv.attention(i, j))
-            h, walk = model.river_walk(layers, x, list(range(len(tokens))))
+            p = model.river_pass(at, lambda i, j=j: kv.attention(i, j))
+            h, walk = model.river_walk(p, x, list(range(len(tokens))))
             tokens = to_host(model.river_head(model.model.norm(h)).argmax(-1)).tolist()
             for row, token in zip(out, tokens):
                 row.append(token)

@@ -16,7 +16,7 @@ a step with nothing to exit (prompts alone) and one with more decoding rows than
 `step_aside_above` (River steps aside where per-token exits stop paying).
 
 On any device: every tensor of the step is made on the step's device and the host is read only
-through `to_host`; the paged cache is read through the attention backend's layout (pages.py,
+through `TorchArrays.host`; the paged cache is read through the attention backend's layout (pages.py,
 other backends refused at start), and vLLM must run eagerly (`refuse_cuda_graphs`).
 
 Settings come from the model config's `river` entry (`--hf-overrides`): `ExitConfig`'s fields
@@ -46,11 +46,12 @@ from vllm.model_executor.models.qwen2 import Qwen2ForCausalLM
 from vllm.model_executor.models.qwen3 import Qwen3ForCausalLM
 from vllm.platforms import current_platform
 
-from river_core import ConfigError, ModelShape, Walk, default_registry, resolve
+from river_core import ConfigError, ModelShape, Pass, Walk, default_registry, resolve
 from river_core.decode import Row
 from river_core.layer_engine import StandInDefaults
 from river_models import open_model, stand_ins
-from river_models.torch_blocks import Block, mlp, packed
+from river_models.spec import QueryScale
+from river_models.torch_blocks import Block, TorchArrays, mlp, packed, query_factors
 
 from . import CAPABILITIES, pages, repairs, settings, verifies
 
@@ -60,12 +61,11 @@ REPORT_EVERY = 64   # decode steps between exit statistics in the log
 Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def to_host(t: torch.Tensor) -> np.ndarray:
-    """The one place River's forward and drafter read the device, each a small read: a
-    step's query starts, a layer's cosines for the exit decision (one read per layer while a
-    row may leave), the logits an early-logit policy reads, a draft's chosen tokens. Every
-    other tensor stays on the step's device."""
-    return t.detach().cpu().numpy()
+# The one place River's forward and drafter read the device, each a small read: a step's query
+# starts, a layer's cosines for the exit decision (one read per layer while a row may leave),
+# the logits an early-logit policy reads, a draft's chosen tokens. Every other tensor stays on
+# the step's device.
+to_host = TorchArrays.host
 
 
 def refuse_cuda_graphs(compilation_config) -> None:
@@ -99,6 +99,8 @@ class RiverExits:
         self.river_folder = vllm_config.model_config.model
         self.river_stand_ins: list[Block] = []
         self.river_head = None
+        self.river_query_scale: QueryScale | None = None
+        self.river_layers: ForwardLayers | None = None
         self.river_stand_in_error: list[float] = []
         self.river_stats = {"steps": 0, "tokens": 0, "layers": 0}
         # lossless mode (River's drafter, vLLM verifying): the backbone verifies, so this
@@ -120,6 +122,12 @@ class RiverExits:
                                 for i, layer in enumerate(checkpoint.weights.layers)]
         self.river_stand_in_error = list(quantized.errors)
         self.river_head = packed(quantized.head, None, dtype, device)   # drafts
+        # Ministral 3's query scaling where vLLM's attention applies it, by River's rule over
+        # the model's config (test_vllm.py fails when vLLM's own rule, a private method,
+        # stops agreeing)
+        scales = getattr(self.model.layers[0].self_attn, "do_llama_4_scaling", False)
+        self.river_query_scale = checkpoint.spec.query_scale if scales else None
+        self.river_layers = ForwardLayers(self, device)
         logger.info("River: %d stand-ins (%s), policy %s", len(self.river_stand_ins),
                     self.river_quant.label, self.river_plan.config.policy)
         return loaded
@@ -136,20 +144,30 @@ class RiverExits:
             # nothing may leave (prompts, verification) or River steps aside: vLLM's own step
             return super().forward(input_ids, positions, intermediate_tensors, inputs_embeds)
         x = inputs_embeds if inputs_embeds is not None else model.embed_input_ids(input_ids)
-        layers = ForwardLayers(self, positions, lambda i: model.layers[i].self_attn.attn)
-        x, walk = self.river_walk(layers, x, leaving)
+        p = self.river_pass(positions, lambda i: model.layers[i].self_attn.attn)
+        x, walk = self.river_walk(p, x, leaving)
         self.river_count([walk.exits[t] + 1 for t in leaving])
         return model.norm(x)
 
-    def river_walk(self, layers: "ForwardLayers", x: torch.Tensor,
+    def river_pass(self, positions: torch.Tensor,
+                   attention: Callable[[int], Attention]) -> "ForwardPass":
+        """One forward's (or draft step's) pass: each token's position, the query scale of
+        those positions (Ministral 3), and each layer's attention call."""
+        qs = self.river_query_scale
+        return ForwardPass(None, positions=positions,
+                           query_scale=None if qs is None else
+                           query_factors(qs, positions).unsqueeze(-1),
+                           attention=attention)
+
+    def river_walk(self, p: "ForwardPass", x: torch.Tensor,
                    leaving: list[int]) -> tuple[torch.Tensor, Walk]:
-        """The core's walk over the rows of `x`; the rows in `leaving` may exit, each with a
-        fresh predictor (vLLM's model sees tokens, not requests)."""
+        """The core's walk over the rows of `x` in pass `p`; the rows in `leaving` may exit,
+        each with a fresh predictor (vLLM's model sees tokens, not requests)."""
         run = self.river_plan.run()
         flat = [1.0] * len(self.river_stand_in_error)
         rows = {t: Row(run.new_predictor(self.river_stand_in_error, flat), None)
                 for t in leaving}
-        walk = Walk(layers, run, rows, 0, x.shape[0])
+        walk = Walk(self.river_layers, p, run, rows, 0, x.shape[0])
         x = walk.through(x.clone())
         walk.finish()
         return x, walk
@@ -164,16 +182,24 @@ class RiverExits:
                         s["tokens"], s["layers"] / s["tokens"], len(self.model.layers))
 
 
-@attrs.define
-class ForwardLayers(StandInDefaults):
-    """The numerics of one forward (or one draft step) as the core's walk asks for them
-    (`river_core.backend`: `Layered`, `StandIns` with its own `mixed_layer`): the rows of a [tokens,
-    hidden] state through vLLM's decoder layers or River's stand-ins, with one attention call
-    per layer for all rows (`attention(i)`: vLLM's, or the drafter's)."""
+@attrs.frozen(eq=False)
+class ForwardPass(Pass):
+    """A forward of River inside vLLM: no `Step` (vLLM's slot mapping places each token's
+    K/V), its tokens' positions, the query scale where the model has one, and each layer's
+    attention call (`attention(i)`: vLLM's, or the drafter's)."""
+
+    attention: Callable[[int], Attention] | None = None
+
+
+@attrs.frozen(eq=False)
+class ForwardLayers(TorchArrays, StandInDefaults):
+    """The numerics of a forward (or a draft step) as the core's walk asks for them
+    (`river_core.backend`: `Layered`, `StandIns` with its own `mixed_layer`), over the pass
+    `p` each call takes: the rows of a [tokens, hidden] state through vLLM's decoder layers or
+    River's stand-ins, with one attention call per layer for all rows."""
 
     model: RiverExits
-    positions: torch.Tensor
-    attention: Callable[[int], Attention]
+    device: torch.device
     capabilities = CAPABILITIES
 
     @property
@@ -184,33 +210,33 @@ class ForwardLayers(StandInDefaults):
     def stand_in_error(self) -> list[float]:
         return self.model.river_stand_in_error
 
-    def mixed_layer(self, i: int, h: torch.Tensor, deep, gone, sub_blocks: bool = False):
+    def mixed_layer(self, p: ForwardPass, i: int, h: torch.Tensor, deep, gone,
+                    sub_blocks: bool = False):
         # row indices, not masks: indexing by a mask waits on the device for its count
-        indices = lambda rows: torch.tensor(list(rows), dtype=torch.long, device=h.device)
-        d = indices(deep)
-        mid, out = self._layer(i, h, d, indices(gone))
+        d, g = p.index(deep, self.make_index), p.index(gone, self.make_index)
+        mid, out = self._layer(p, i, h, d, g)
         if not sub_blocks:
             return out, None
-        cosines = torch.stack([_cosine(h[d], mid[d]), _cosine(mid[d], out[d])], -1)
-        return out, to_host(cosines)
+        return out, self.host(self.cosines([(h[d], mid[d]), (mid[d], out[d])]))
 
-    def layer(self, i: int, h: torch.Tensor, rows, sub_blocks: bool = False):
-        return self.mixed_layer(i, h, range(h.shape[0]) if rows is None else rows, [],
+    def layer(self, p: ForwardPass, i: int, h: torch.Tensor, rows, sub_blocks: bool = False):
+        return self.mixed_layer(p, i, h, range(h.shape[0]) if rows is None else rows, [],
                                 sub_blocks)
 
-    def stand_in_layer(self, i: int, h: torch.Tensor, rows) -> torch.Tensor:
-        return self.mixed_layer(i, h, [], range(h.shape[0]) if rows is None else rows)[0]
+    def stand_in_layer(self, p: ForwardPass, i: int, h: torch.Tensor, rows) -> torch.Tensor:
+        return self.mixed_layer(p, i, h, [], range(h.shape[0]) if rows is None else rows)[0]
 
-    def similarity(self, before: torch.Tensor, after: torch.Tensor, rows) -> list[float]:
-        index = slice(None) if rows is None else \
-            torch.tensor(list(rows), dtype=torch.long, device=before.device)
-        return to_host(_cosine(before[index], after[index])).tolist()
+    def similarity(self, p: ForwardPass, before: torch.Tensor, after: torch.Tensor,
+                   rows) -> list[float]:
+        index = slice(None) if rows is None else p.index(rows, self.make_index)
+        return self.host(self.cosines([(before[index], after[index])]))[:, 0].tolist()
 
     def logits(self, h: torch.Tensor) -> np.ndarray:
         model = self.model
-        return to_host(model.compute_logits(model.model.norm(h)).float())
+        return self.host(model.compute_logits(model.model.norm(h)))
 
-    def _layer(self, i: int, x: torch.Tensor, deep: torch.Tensor, gone: torch.Tensor):
+    def _layer(self, p: ForwardPass, i: int, x: torch.Tensor, deep: torch.Tensor,
+               gone: torch.Tensor):
         """Layer i for every row, backbone or stand-in; one attention call for all rows.
         Returns the state after attention and after the MLP."""
         layer = self.model.model.layers[i]
@@ -223,10 +249,10 @@ class ForwardLayers(StandInDefaults):
         if hasattr(attn, "q_norm"):   # Qwen3: per-head norms, kept by the stand-ins
             q = attn.q_norm(q.reshape(*q.shape[:-1], -1, attn.head_dim)).reshape(q.shape)
             k = attn.k_norm(k.reshape(*k.shape[:-1], -1, attn.head_dim)).reshape(k.shape)
-        q, k = attn.rotary_emb(self.positions, q, k)   # vLLM's rules (Phi-3: its LongRoPE table)
-        if getattr(attn, "do_llama_4_scaling", False):   # Ministral 3, where vLLM applies it
-            q = (q * attn._get_llama_4_attn_scale(self.positions)).to(q.dtype)
-        a = self.attention(i)(q, k, v)
+        q, k = attn.rotary_emb(p.positions, q, k)   # vLLM's rules (Phi-3: its LongRoPE table)
+        if p.query_scale is not None:   # Ministral 3, as vLLM's Mistral attention applies it
+            q = (q * p.query_scale).to(q.dtype)
+        a = p.attention(i)(q, k, v)
         mid = x + by_row(lambda h: attn.o_proj(h)[0],
                          stand_in and (lambda h: stand_in.proj["o"](_all_heads(h))), a)
         m = layer.post_attention_layernorm(mid)
@@ -292,10 +318,6 @@ def _rows(backbone, river, h: torch.Tensor, deep: torch.Tensor,
     out[deep] = first
     out[gone] = river(h[gone])
     return out
-
-
-def _cosine(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    return torch.nn.functional.cosine_similarity(a.float(), b.float(), dim=-1)
 
 
 class RiverLlamaForCausalLM(RiverExits, LlamaForCausalLM):

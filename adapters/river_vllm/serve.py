@@ -24,7 +24,7 @@ import attrs
 from river_core import (ConfigError, ExitConfig, ModelShape, QuantSpec, arguments,
                         default_registry, hookimpl, resolve)
 
-from . import CAPABILITIES, STEP_ASIDE_ABOVE, draft_config, model_overrides, river_entry
+from . import CAPABILITIES, draft_config, model_overrides, river_entry, settings
 
 
 def overrides(folder: str, exit_config: ExitConfig, quant: QuantSpec) -> dict:
@@ -106,9 +106,9 @@ def add(parser: argparse.ArgumentParser):
             raise ConfigError(f"river serve runs vLLM, which is not installed: {INSTALL}")
         folder = str(locate(args.model, progress=True))
         exit_config = arguments.exit_config(args)
-        if args.step_aside_above is None:   # unset: the mode's measured crossover
-            exit_config = attrs.evolve(exit_config,
-                                       step_aside_above=STEP_ASIDE_ABOVE[exit_config.mode])
+        if args.step_aside_above is None:   # unset: the mode's default, as `settings` says
+            exit_config = attrs.evolve(exit_config, step_aside_above=settings(
+                {"mode": exit_config.mode})[0].step_aside_above)
         quant = arguments.quant_spec(args)
         argv = command(folder, exit_config, quant, shlex.split(args.vllm))
         prepare_stand_ins(folder, quant)

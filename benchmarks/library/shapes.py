@@ -99,7 +99,7 @@ def random_checkpoint(name: str, max_positions: int, seed: int = 0):
 
 def shared_stand_ins(checkpoint, quant: QuantSpec):
     """The stand-ins of a random shape: its one layer quantized once (by RTN), for every layer."""
-    from river_models import StandIns
+    from river_models import StandInWeights
     from river_models.quant import HEAD, quantize, weight_error
     from river_models.spec import PROJECTIONS
 
@@ -107,7 +107,7 @@ def shared_stand_ins(checkpoint, quant: QuantSpec):
     layer = checkpoint.weights.layers[0]
     q = {name: quantize(layer.projections[name], spec) for name in PROJECTIONS}
     n = checkpoint.spec.num_layers
-    return StandIns(spec, (q,) * n, (weight_error(layer, q),) * n,
+    return StandInWeights(spec, (q,) * n, (weight_error(layer, q),) * n,
                     quantize(checkpoint.weights.head, HEAD))
 
 

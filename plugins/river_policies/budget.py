@@ -37,7 +37,7 @@ class DepthBudget(Policy):
                 s.tau += self.rate * (self.target - s.layers) / self.num_layers
                 s.tau = min(max(s.tau, -1.0), 1.0)
             s.step = row.step
-        leave = self.exits.open(row.layer) and row.similarity > s.tau
+        leave = row.layer in self.exits.open and row.similarity > s.tau
         s.layers = row.layer + 1 if leave else row.layer + 2   # runs on: at least one more layer
         return leave
 

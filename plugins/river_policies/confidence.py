@@ -8,7 +8,7 @@ import attrs
 import numpy as np
 
 from river_core.options import between, option
-from river_core.policy import Exits, Needs, Policy, RowView, WhereOptions
+from river_core.policy import Exits, Policy, RowView, WhereOptions
 
 from .signals import entropy, margin
 
@@ -16,13 +16,11 @@ from .signals import entropy, margin
 class Confident(Policy):
     """Exit after the first open layer where `passes(logits)`."""
 
-    needs = Needs(logits=True)
-
     def __init__(self, exits: Exits, passes: Callable[[np.ndarray], bool]) -> None:
         self.exits, self.passes = exits, passes
 
     def should_exit(self, row: RowView) -> bool:
-        return self.exits.open(row.layer) and self.passes(row.logits())   # reads only where open
+        return row.layer in self.exits.open and self.passes(row.logits())   # reads only where open
 
 
 @attrs.frozen

@@ -1,17 +1,20 @@
-"""A minimal third-party backend in plain numpy: what an author writes to plug into River.
+"""A minimal third-party backend in plain numpy: what an author writes to plug into River,
+and the template a new engine starts from (docs/architecture.md walks through it).
 
 Everything a backend computes is here, for the Llama, Mistral and Qwen2 families (no per-head
 norms, no sandwich norms): the core's `LayerEngine` keeps the cache's bookkeeping (positions,
-prefill, verification, row selection, absent entries), so this file holds only numerics. It reads
-the model from the model package (`river_models`) and takes padding, positions and masks from
-the core's `Layout`. Its stand-ins run the model package's quantized weights, dequantized:
-correct, not fast. The conformance kit runs it like any other backend
-(test_example_backend.py).
+prefill, verification, row selection, absent entries) and `NumpyArrays` the array glue, so
+this file holds only numerics: `allocate`, `make_pass` (the step's rotary tables beside the
+core's slots and masks), `embed_ids`, `run_block` over the step's `Pass`, `head`, and
+`project_kv` for the `propagate` strategy. It reads the model from the model package
+(`river_models`) and takes padding, positions, slots and masks from the core's
+`Layout.view`. Its stand-ins run the model package's quantized weights, dequantized: correct,
+not fast. The conformance kit runs it like any other backend (tests/test_example_backend.py).
 
 Registered in the author's pyproject.toml:
 
     [project.entry-points.river_core]
-    example = "example_backend"
+    example = "my_package.example_backend"
 """
 
 from __future__ import annotations
@@ -19,13 +22,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from river_core.backend import Capabilities, Step
+from river_core.backend import Capabilities, Pass
 from river_core.errors import CapabilityError
 from river_core.footprint import Footprint
 from river_core.layer_engine import LayerEngine, NumpyArrays
-from river_core.layout import Layout
+from river_core.layout import View
 from river_core.hookspecs import hookimpl
-from river_models import Checkpoint, StandIns, tiny
+from river_models import Checkpoint, StandInWeights, tiny
 
 
 def rms_norm(x, w, eps):
@@ -39,7 +42,7 @@ def silu(x):
 class NumpyBackend(NumpyArrays, LayerEngine):
     name = "example"
 
-    def __init__(self, checkpoint: Checkpoint, quantized: StandIns) -> None:
+    def __init__(self, checkpoint: Checkpoint, quantized: StandInWeights) -> None:
         spec = checkpoint.spec
         partial = any(2 * len(r.inv_freq) != spec.head_dim for r in spec.rotary.values())
         if spec.qk_norm or spec.sandwich or spec.activation != "silu" or partial or \
@@ -52,7 +55,7 @@ class NumpyBackend(NumpyArrays, LayerEngine):
         self.stand_in_error = list(quantized.errors)
         self.stand_in_head = quantized.head.dequantize()
         self.num_layers, self.max_positions = spec.num_layers, spec.max_positions
-        self.kv_heads, self.head_dim = spec.kv_heads, spec.head_dim
+        self.kv_heads, self.head_dim, self.windows = spec.kv_heads, spec.head_dim, spec.windows
         self.capabilities = Capabilities(exits=True, stand_in=True, propagate=True, mask=True,
                                          recompute=True, sub_blocks=True, verify=True,
                                          windowed_drafts=True, batch=True)
@@ -64,16 +67,18 @@ class NumpyBackend(NumpyArrays, LayerEngine):
     def allocate(self, shape):
         return np.full(shape, np.nan, np.float32), np.full(shape, np.nan, np.float32)
 
-    def context(self, layout: Layout, step: Step) -> Step:
-        """Nothing to prepare: rotary angles and masks are computed per layer (slow, plain)."""
-        return step
+    def make_pass(self, view: View, ids) -> Pass:
+        """The core's slots and masks as they are; each layer's rotary angles, made once."""
+        angles = {key: rotary.angles(view.positions) for key, rotary in self.spec.rotary.items()}
+        return Pass(view.step, ids, view.positions, [angles[k] for k in self.spec.rope_keys],
+                    None, view.slots, view.masks)
 
     def embed_ids(self, ids: np.ndarray) -> np.ndarray:
         return self.w.embed[ids] * self.spec.embed_scale
 
-    def run_block(self, i, x, idx, stand_in, mids):
+    def run_block(self, p, i, x, idx, stand_in, mids):
         proj = self.stand_in_weights[i] if stand_in else self.w.layers[i].projections
-        out, mid = self._block(i, x, idx, proj)
+        out, mid = self._block(p, i, x, idx, proj)
         if mids is not None:
             mids.append(mid)
         return out
@@ -84,11 +89,10 @@ class NumpyBackend(NumpyArrays, LayerEngine):
 
     # -- the layer --------------------------------------------------------------------------
 
-    def _rope(self, x, idx):
-        step = self.ctx
-        positions = self.cache.layout.positions(step.start, step.end)
-        positions = positions if idx is None else positions[idx]
-        cos, sin = self.spec.rotary[""].angles(positions)
+    def _rope(self, p: Pass, i, x, idx):
+        cos, sin = p.rope[i]
+        if idx is not None:
+            cos, sin = cos[idx], sin[idx]
         half = x.shape[-1] // 2
         rotated = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
         return x * cos[:, None] + rotated * sin[:, None]
@@ -103,32 +107,29 @@ class NumpyBackend(NumpyArrays, LayerEngine):
         bias = self.w.layers[i].biases.get(name)
         return y if bias is None else y + bias
 
-    def _write_kv(self, i, xn, idx, proj):
+    def _write_kv(self, p: Pass, i, xn, idx, proj):
         """This layer's K/V of the normalised inputs `xn` of rows `idx`, into the step's
         slots."""
-        k = self._rope(self._heads(self._linear(i, "k", xn, proj), self.spec.kv_heads), idx)
+        k = self._rope(p, i, self._heads(self._linear(i, "k", xn, proj), self.spec.kv_heads), idx)
         v = self._heads(self._linear(i, "v", xn, proj), self.spec.kv_heads)
-        self.cache.write(i, idx, k, v, self.ctx.start, self.ctx.end)
+        self.cache.write(i, idx, k, v, p.step.start, p.step.end)
 
-    def _block(self, i, x, idx, proj):
+    def _block(self, p: Pass, i, x, idx, proj):
         """Layer i (backbone or stand-in weights `proj`) on the states `x` of rows `idx`:
         their new states, and their states between attention and MLP."""
-        layout, step, spec = self.cache.layout, self.ctx, self.spec
-        start, end = step.start, step.end
+        spec = self.spec
         rows = slice(None) if idx is None else idx
         layer = self.w.layers[i]
         xn = rms_norm(x, layer.input_norm, spec.norm_eps)
-        q = self._rope(self._heads(self._linear(i, "q", xn, proj), spec.heads), idx)
-        self._write_kv(i, xn, idx, proj)
-        window = spec.windows[i]
-        slots = layout.key_slots(start, end, window, step.draft_window)
+        q = self._rope(p, i, self._heads(self._linear(i, "q", xn, proj), spec.heads), idx)
+        self._write_kv(p, i, xn, idx, proj)
+        slots = p.slots[i]
         keys = np.repeat(self.cache.k[i][rows][:, :, slots], spec.group, axis=1)
         values = np.repeat(self.cache.v[i][rows][:, :, slots], spec.group, axis=1)
         scores = q @ keys.transpose(0, 1, 3, 2) * spec.attn_scale
-        attend = layout.mask(start, end, window, i, slots)[rows]
-        scores = np.where(attend[:, None], scores, -np.inf)
-        p = np.exp(scores - scores.max(-1, keepdims=True))
-        a = (p / p.sum(-1, keepdims=True)) @ values
+        scores = np.where(p.masks[i][rows][:, None], scores, -np.inf)
+        e = np.exp(scores - scores.max(-1, keepdims=True))
+        a = (e / e.sum(-1, keepdims=True)) @ values
         x = x + self._linear(i, "o", a.transpose(0, 2, 1, 3).reshape(*x.shape[:2], -1), proj)
         xn = rms_norm(x, layer.pre_mlp_norm, spec.norm_eps)
         m = silu(self._linear(i, "gate", xn, proj)) * self._linear(i, "up", xn, proj)
@@ -136,11 +137,11 @@ class NumpyBackend(NumpyArrays, LayerEngine):
 
     # -- the contract beyond the base -------------------------------------------------------
 
-    def project_kv(self, i: int, h, rows) -> None:
-        idx = None if rows is None else self.row_index(rows)
+    def project_kv(self, p: Pass, i: int, h, rows) -> None:
+        idx = None if rows is None else p.index(rows, self.make_index)
         x = h if idx is None else h[idx]
         xn = rms_norm(x, self.w.layers[i].input_norm, self.spec.norm_eps)
-        self._write_kv(i, xn, idx, self.w.layers[i].projections)
+        self._write_kv(p, i, xn, idx, self.w.layers[i].projections)
 
     def footprint(self) -> Footprint:
         layers = self.w.layers
