@@ -88,8 +88,8 @@ def test_exit_mode_reads_the_host_once_per_watched_layer_and_once_for_the_token(
 def test_a_lossless_round_reads_one_token_per_draft_and_one_verification(on_device):
     backend, device = on_device
     out = RiverModel(backend).generate_ids([[1, 20, 21, 22]], ExitConfig(
-        mode="speculative", policy="fixed", options={"layer": -1}, draft_tokens=2),
-        GenerationConfig(max_new_tokens=7))
+        mode="speculative", policy="fixed", options={"layer": -1}, draft_tokens=2,
+        adaptive=False), GenerationConfig(max_new_tokens=7))
     assert out.tokens == [[TOKEN] * 7] and out.accepted == out.drafted == [2, 2]
     assert device.of("embed") == [[(1, device.vocab)]] * 4    # a draft: its token, one read
     assert device.of("extend") == [[(3, device.vocab)]] * 2   # x and two drafts, one read
