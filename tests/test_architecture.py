@@ -14,7 +14,7 @@ PACKAGES = {p.name: p
             for p in [*ROOT.glob("river_*"), *(ROOT / "adapters").glob("river_*"),
                       *(ROOT / "plugins").glob("river_*")] if (p / "__init__.py").is_file()}
 PACKAGES["river_bench"] = ROOT / "benchmarks"   # installed under that name
-BACKENDS = {"river_hf", "river_onnx", "river_llamacpp"}
+BACKENDS = {"river_hf", "river_onnx", "river_llamacpp", "river_ggml"}
 ALLOWED = {
     "river_core": set(),
     "river_models": {"river_core"},

@@ -1,7 +1,8 @@
 """Tiny random models written as GGUF files the way llama.cpp's converter writes them.
 
-The Qwen2 one runs the conformance kit on llama.cpp: llama.cpp rotates its heads like
-transformers (NeoX style), so its weights go in unpermuted. The Phi-3 and Llama 3 ones check
+The Qwen2 one runs the conformance kit on llama.cpp (with the Llama 3 and Phi-3 ones, on the
+ggml engine too): llama.cpp rotates its heads like transformers (NeoX style), so its weights go
+in unpermuted; Llama's Q and K rows go in permuted, as llama.cpp's converter writes them. The Phi-3 and Llama 3 ones check
 River's GGUF reader on the header fields and tensors transformers' GGUF loader drops (Phi-3's
 partial rotary and LongRoPE factors, Llama 3's rope frequency factors). Float32, so readers
 compute on the very same numbers. The kit feeds token ids; the character vocabulary has no byte

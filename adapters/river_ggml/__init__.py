@@ -1,0 +1,8 @@
+"""ggml backend: River's layers on llama.cpp's own CPU kernels, over the user's GGUF."""
+
+from river_core.backend import Capabilities
+
+# known before anything loads (no engine imported): one sequence, no propagate (no K/V-only
+# graph yet), no windowed drafts
+CAPABILITIES = Capabilities(exits=True, stand_in=True, mask=True, recompute=True,
+                            sub_blocks=True, verify=True, devices=("cpu",))
