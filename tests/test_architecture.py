@@ -123,3 +123,16 @@ def test_the_base_install_needs_no_torch():
            "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", job], capture_output=True, text=True)
     assert out.stdout.strip() == "False", out.stderr[-2000:]
+
+
+def test_the_ggml_engine_needs_no_torch():
+    """The ggml engine's modules import no torch (its spec still comes through transformers'
+    conversion, `river_ggml.plugin.spec_and_tokenizer`, until a transformers-free reading)."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("ggml")
+    job = ("import sys, river_ggml.plugin, river_ggml.backend, river_ggml.stand_ins; "
+           "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", job], capture_output=True, text=True)
+    assert out.stdout.strip() == "False", out.stderr[-2000:]
