@@ -2,7 +2,6 @@
 
 from river_core.backend import Capabilities
 
-# known before anything loads (no engine imported): one sequence, no propagate (no K/V-only
-# graph yet), no windowed drafts
-CAPABILITIES = Capabilities(exits=True, stand_in=True, mask=True, recompute=True,
+# known before anything loads (no engine imported): one sequence, no windowed drafts
+CAPABILITIES = Capabilities(exits=True, stand_in=True, propagate=True, mask=True, recompute=True,
                             sub_blocks=True, verify=True, devices=("cpu",))

@@ -150,6 +150,15 @@ class GgmlBackend(NumpyArrays, LayerEngine):
             mids.append(out["mid"].reshape(shape).copy())
         return out["out"].reshape(shape).copy()
 
+    def project_kv(self, i: int, h, rows) -> None:
+        s = self.ctx
+        key = ("kv", i, s.tokens)
+        graph = self._graphs.get(key)
+        if graph is None:
+            graph = self._graphs[key] = self._layers[False][i].kv_graph(s.tokens)
+        cpu().set_threads(self.threads)
+        graph.run(x=h[0], pos=s.pos, slots=s.slots, factors=s.factors[self.spec.rope_keys[i]])
+
     def head(self, x, stand_in: bool = False) -> np.ndarray:
         flat = x.reshape(-1, x.shape[-1])
         key = ("head", stand_in, len(flat))

@@ -69,24 +69,38 @@ class Layer:
         self.post_ffn = w(norms, "post_ffw_norm.weight", False)
         self.cache_k, self.cache_v = cache_k, cache_v
 
-    def graph(self, tokens: int, keys: int) -> Graph:
+    def _inputs(self, tokens: int, keys: int | None) -> dict:
+        """A graph's inputs; with `keys` (attention over that many slots) the mask and the
+        query scale too."""
         s = self.spec
-        rot = len(s.rotary[s.rope_keys[self.i]].inv_freq)
         inputs = {"x": (F32, [s.hidden, tokens]), "pos": (I32, [tokens]),
-                  "slots": (I64, [tokens]), "mask": (F16, [keys, tokens]),
-                  "factors": (F32, [rot])}
-        if s.query_scale is not None:
-            inputs["qscale"] = (F32, [1, 1, tokens])
-        return Graph(inputs, lambda ctx, t: self._build(ctx, t, tokens, keys, 2 * rot))
+                  "slots": (I64, [tokens]), "factors": (F32, [self._rotary_pairs()])}
+        if keys is not None:
+            inputs["mask"] = (F16, [keys, tokens])
+            if s.query_scale is not None:
+                inputs["qscale"] = (F32, [1, 1, tokens])
+        return inputs
 
-    def _build(self, ctx, t, tokens: int, keys: int, rot_dims: int) -> dict:
+    def _rotary_pairs(self) -> int:
+        return len(self.spec.rotary[self.spec.rope_keys[self.i]].inv_freq)
+
+    def graph(self, tokens: int, keys: int) -> Graph:
+        """The block: outputs `out` and `mid` [tokens, hidden]."""
+        return Graph(self._inputs(tokens, keys), lambda ctx, t: self._block(ctx, t, tokens, keys))
+
+    def kv_graph(self, tokens: int) -> Graph:
+        """The step's K/V of this layer written from x without running it (`propagate`)."""
+        return Graph(self._inputs(tokens, None),
+                     lambda ctx, t: dict(zip("kv", self._kv(ctx, t, tokens, False)[1:])))
+
+    def _norm(self, ctx, a, weight):
+        return g.ggml_mul(ctx, g.ggml_rms_norm(ctx, a, self.spec.norm_eps), weight)
+
+    def _kv(self, ctx, t, tokens: int, queries: bool):
+        """(q or None, K and V as written into the cache): the projections of the normed
+        input, rotated, the step's K/V stored in its slots."""
         s, hd = self.spec, self.spec.head_dim
-        x = t["x"]
-
-        def norm(a, weight):
-            return g.ggml_mul(ctx, g.ggml_rms_norm(ctx, a, s.norm_eps), weight)
-
-        h = norm(x, self.attn_norm)
+        h = self._norm(ctx, t["x"], self.attn_norm)
         if self.fused_qkv is not None:
             qkv = g.ggml_mul_mat(ctx, self.fused_qkv, h)
             sizes = [s.heads * hd, s.kv_heads * hd, s.kv_heads * hd]
@@ -95,22 +109,36 @@ class Layer:
                                                         int(o) * 4))
                        for n, o in zip(sizes, offsets))
         else:
-            q, k, v = (g.ggml_mul_mat(ctx, m, h) for m in (self.q, self.k, self.v))
-        q, k, v = (a if b is None else g.ggml_add(ctx, a, b)
+            q = g.ggml_mul_mat(ctx, self.q, h) if queries else None
+            k, v = (g.ggml_mul_mat(ctx, m, h) for m in (self.k, self.v))
+        q, k, v = (a if a is None or b is None else g.ggml_add(ctx, a, b)
                    for a, b in zip((q, k, v), self.qkv_bias))
-        q = g.ggml_reshape_3d(ctx, q, hd, s.heads, tokens)
         k = g.ggml_reshape_3d(ctx, k, hd, s.kv_heads, tokens)
         v = g.ggml_reshape_3d(ctx, v, hd, s.kv_heads, tokens)
-        if self.q_norm is not None:
-            q, k = norm(q, self.q_norm), norm(k, self.k_norm)
-        q, k = (g.ggml_rope_ext(ctx, a, t["pos"], t["factors"], rot_dims, self.mode, 0, BASE,
-                                1.0, 0.0, s.rotary[s.rope_keys[self.i]].scaling, 32.0, 1.0)
-                for a in (q, k))
-        if "qscale" in t:
-            q = g.ggml_mul(ctx, q, t["qscale"])
+        if self.k_norm is not None:
+            k = self._norm(ctx, k, self.k_norm)
+        k = self._rope(ctx, t, k)
+        if queries:
+            q = g.ggml_reshape_3d(ctx, q, hd, s.heads, tokens)
+            if self.q_norm is not None:
+                q = self._norm(ctx, q, self.q_norm)
+            q = self._rope(ctx, t, q)
+            if "qscale" in t:
+                q = g.ggml_mul(ctx, q, t["qscale"])
         # the step's K/V into its slots of the layer's cache [hd, capacity, kv_heads]
         kw = g.ggml_set_rows(ctx, self.cache_k, g.ggml_permute(ctx, k, 0, 2, 1, 3), t["slots"])
         vw = g.ggml_set_rows(ctx, self.cache_v, g.ggml_permute(ctx, v, 0, 2, 1, 3), t["slots"])
+        return (q if queries else None), kw, vw
+
+    def _rope(self, ctx, t, a):
+        rotary = self.spec.rotary[self.spec.rope_keys[self.i]]
+        return g.ggml_rope_ext(ctx, a, t["pos"], t["factors"], 2 * self._rotary_pairs(),
+                               self.mode, 0, BASE, 1.0, 0.0, rotary.scaling, 32.0, 1.0)
+
+    def _block(self, ctx, t, tokens: int, keys: int) -> dict:
+        s, hd = self.spec, self.spec.head_dim
+        x = t["x"]
+        q, kw, vw = self._kv(ctx, t, tokens, True)
         c = self.cache_k.contents
         kv = [g.ggml_view_3d(ctx, a, hd, keys, s.kv_heads, c.nb[1], c.nb[2], 0) for a in (kw, vw)]
         attn = g.ggml_flash_attn_ext(ctx, g.ggml_permute(ctx, q, 0, 2, 1, 3), kv[0], kv[1],
@@ -118,9 +146,9 @@ class Layer:
         g.ggml_flash_attn_ext_set_prec(attn, g.GGML_PREC_F32)
         attn = g.ggml_mul_mat(ctx, self.o, g.ggml_reshape_2d(ctx, attn, hd * s.heads, tokens))
         if self.post_attn is not None:
-            attn = norm(attn, self.post_attn)
+            attn = self._norm(ctx, attn, self.post_attn)
         mid = g.ggml_add(ctx, x, attn)
-        h = norm(mid, self.ffn_norm)
+        h = self._norm(ctx, mid, self.ffn_norm)
         if self.gate is None:
             gate_up = g.ggml_mul_mat(ctx, self.up, h)
             n = s.intermediate
@@ -132,7 +160,7 @@ class Layer:
         act = g.ggml_silu(ctx, gate) if s.activation == "silu" else g.ggml_gelu(ctx, gate)
         down = g.ggml_mul_mat(ctx, self.down, g.ggml_mul(ctx, act, up))
         if self.post_ffn is not None:
-            down = norm(down, self.post_ffn)
+            down = self._norm(ctx, down, self.post_ffn)
         return {"out": g.ggml_add(ctx, mid, down), "mid": mid}
 
 

@@ -54,9 +54,9 @@ def load(model: str | None = None, *, device: str = "cpu", dtype: str | None = N
     backbone, so the river saves nothing there."""
     if device != "cpu":
         raise ConfigError(f"the ggml backend runs on the CPU, not {device}")
-    if dtype is not None:
-        raise ConfigError("the ggml backend computes in the GGUF's own tensor types; --dtype "
-                          "does not apply to it")
+    if dtype not in (None, "float32"):
+        raise ConfigError(f"the ggml backend computes in float32 over the GGUF's own tensor "
+                          f"types, not {dtype}")
     lib = _binding()
     from .backend import GgmlBackend
     from .stand_ins import stand_ins
@@ -69,23 +69,30 @@ def load(model: str | None = None, *, device: str = "cpu", dtype: str | None = N
 
 def tiny_backend(family: str, seed: int, bits: int):
     """The ggml backend over a tiny random model written as a float32 GGUF as llama.cpp's
-    converter writes it (river_llamacpp.tiny), stand-ins as the other engines' (groups of
-    32), made in a temporary folder."""
+    converter writes it (river_models.tiny_gguf), with the very stand-ins the other engines'
+    factories run (tiny.stand_ins) under the GGUF's names, in a temporary folder."""
     if family not in TINY:
         raise CapabilityError(f"the ggml engine's tiny GGUFs are {', '.join(TINY)}; "
                               f"not {family} yet")
     lib = _binding()
-    from river_models.tiny_gguf import gguf_file
-    from river_models import tiny
+    from river_models import QuantWeight, tiny
+    from river_models.tiny_gguf import gguf_file, permuted, projections
 
     from .backend import GgmlBackend
-    from .stand_ins import stand_ins
+    from .stand_ins import Quantized, mapped
+
+    def permute(q: QuantWeight, heads: int) -> QuantWeight:
+        return QuantWeight(*(permuted(a, heads) for a in (q.codes, q.scale, q.zero)), q.bits)
 
     checkpoint = tiny.checkpoint(family, seed)
+    spec = checkpoint.spec
+    quant = tiny.stand_ins(checkpoint, bits)
+    weights, errors = mapped(Quantized(
+        tuple({f"blk.{i}.{name}": q for name, q in
+               projections(family, spec, layer, permute, QuantWeight.stack).items()}
+              for i, layer in enumerate(quant.layers)), quant.errors, quant.head))
     backbone = lib.MappedGGUF(gguf_file(seed, family))
-    weights, errors = stand_ins(backbone, checkpoint.spec.num_layers,
-                                QuantSpec(bits=bits, group_size=32), cache=False)
-    return GgmlBackend(backbone, checkpoint.spec, checkpoint.tokenizer, weights, errors)
+    return GgmlBackend(backbone, spec, checkpoint.tokenizer, weights, errors)
 
 
 def shape(model: str | None) -> ModelShape | None:

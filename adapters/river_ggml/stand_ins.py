@@ -6,22 +6,24 @@ Q4_1 blocks: 32 codes with an fp16 scale d and an fp16 offset m, w = code * d + 
 (code - zero) * scale exactly for d = scale, m = -zero * scale (a group of 64 is two blocks
 with the same pair): the very stand-ins the other engines run, up to fp16 scales. Q4_0 would
 run faster on this CPU (docs/backends.md) but has no offset, so it cannot carry an
-asymmetric quantization. The head's stand-in is ggml's Q8_0 of the backbone's head.
+asymmetric quantization. The head's stand-in is River's 8-bit head (one scale per row) as Q8_0
+blocks.
 """
 
 from __future__ import annotations
 
-import ctypes
 from pathlib import Path
+from typing import Mapping
 
+import attrs
 import numpy as np
 
 from river_core.config import QuantSpec
 from river_core.errors import ConfigError, ModelError
 from river_models.cache import cache_root, cached, content_key, digest
-from river_models.quant import QuantWeight, quantize
+from river_models.quant import HEAD, QuantWeight, quantize, weight_error
 
-from .lib import MappedGGUF, g, version
+from .lib import MappedGGUF, version
 
 FORMAT = 1   # bump when the stand-ins' file changes
 BLOCK = 32
@@ -58,16 +60,6 @@ def q8_0(q: QuantWeight) -> np.ndarray:
 BLOCKS = {4: (q4_1, "Q4_1"), 8: (q8_0, "Q8_0")}
 
 
-def ggml_quantized(w: np.ndarray, kind: int) -> np.ndarray:
-    """`w` float32 [rows, columns] in ggml's own quantization `kind`: [rows, row bytes]."""
-    w = np.ascontiguousarray(w, np.float32)
-    rows, columns = w.shape
-    out = np.empty((rows, g.ggml_row_size(kind, columns)), np.uint8)
-    g.ggml_quantize_chunk(kind, w.ctypes.data_as(ctypes.POINTER(ctypes.c_float)),
-                          out.ctypes.data_as(ctypes.c_void_p), 0, rows, columns, None)
-    return out
-
-
 def floats(source: MappedGGUF, name: str) -> np.ndarray:
     """A backbone tensor dequantized to float32 [rows, columns]."""
     from gguf import GGMLQuantizationType
@@ -87,27 +79,45 @@ def head_name(source: MappedGGUF) -> str:
     return "output.weight" if source.get("output.weight") is not None else "token_embd.weight"
 
 
-def build(source: MappedGGUF, layers: int, spec: QuantSpec, target: Path) -> None:
+@attrs.frozen(eq=False)
+class Quantized:
+    """Stand-ins in River's engine-neutral form under the GGUF's tensor names."""
+
+    layers: tuple[Mapping[str, QuantWeight], ...]
+    errors: tuple[float, ...]
+    head: QuantWeight
+
+
+def quantized(source: MappedGGUF, layers: int, spec: QuantSpec) -> Quantized:
+    """Every projection of the backbone GGUF quantized by River's quantizer, each layer's
+    error by river_models.quant.weight_error."""
+    out, errors = [], []
+    for i in range(layers):
+        weights = {name: floats(source, name) for name in projections(source, i)}
+        q = {name: quantize(w, spec) for name, w in weights.items()}
+        out.append(q)
+        errors.append(weight_error(_Projections(weights), q))
+    return Quantized(tuple(out), tuple(errors), quantize(floats(source, head_name(source)), HEAD))
+
+
+@attrs.frozen
+class _Projections:
+    """What weight_error reads of a layer: its float projections by name."""
+
+    projections: Mapping[str, np.ndarray]
+
+
+def write(stand_ins: Quantized, path: Path) -> None:
     import gguf
 
-    writer = gguf.GGUFWriter(target, "river-stand-ins")
-    errors = []
-    for i in range(layers):
-        err = norm = 0.0
-        for name in projections(source, i):
-            w = floats(source, name)
-            convert, kind = BLOCKS[spec.bits]
-            kind = gguf.GGMLQuantizationType[kind]
-            blocks = convert(quantize(w, spec))
-            back = gguf.quants.dequantize(blocks, kind)
-            err += float(((back.astype(np.float64) - w) ** 2).sum())
-            norm += float((w.astype(np.float64) ** 2).sum())
-            writer.add_tensor(name, blocks, raw_dtype=kind)
-        errors.append((err / norm) ** 0.5 if norm else 0.0)
-    head = head_name(source)
-    writer.add_tensor("output.weight", ggml_quantized(floats(source, head), g.GGML_TYPE_Q8_0),
+    writer = gguf.GGUFWriter(path, "river-stand-ins")
+    for layer in stand_ins.layers:
+        for name, q in layer.items():
+            convert, kind = BLOCKS[q.bits]
+            writer.add_tensor(name, convert(q), raw_dtype=gguf.GGMLQuantizationType[kind])
+    writer.add_tensor("output.weight", q8_0(stand_ins.head),
                       raw_dtype=gguf.GGMLQuantizationType.Q8_0)
-    writer.add_array(ERRORS, errors)
+    writer.add_array(ERRORS, list(stand_ins.errors))
     writer.add_string(VERSION, version())
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
@@ -115,31 +125,31 @@ def build(source: MappedGGUF, layers: int, spec: QuantSpec, target: Path) -> Non
     writer.close()
 
 
-def stand_ins(source: MappedGGUF, layers: int, spec: QuantSpec,
-              cache: bool = True) -> tuple[MappedGGUF, list[float]]:
-    """The stand-ins of the backbone GGUF `source` at `spec`, made once into the user cache
-    (without `cache`: into a temporary folder, for tiny test models), memory-mapped; and each
-    layer's relative weight error."""
+def mapped(stand_ins: Quantized) -> tuple[MappedGGUF, list[float]]:
+    """`stand_ins` written into a temporary folder and mapped (tiny test models)."""
+    import tempfile
+
+    path = Path(tempfile.mkdtemp(prefix="river-ggml-")) / "stand-ins.gguf"
+    write(stand_ins, path)
+    return MappedGGUF(path), list(stand_ins.errors)
+
+
+def stand_ins(source: MappedGGUF, layers: int, spec: QuantSpec) -> tuple[MappedGGUF, list[float]]:
+    """The stand-ins of the backbone GGUF `source` at `spec`, made once into the user cache,
+    memory-mapped; and each layer's relative weight error."""
     if spec.bits not in BLOCKS:
         raise ConfigError(f"the ggml engine's stand-ins are 4- or 8-bit, not {spec.bits}-bit")
-    if not cache:
-        import tempfile
-
-        path = Path(tempfile.mkdtemp(prefix="river-ggml-")) / "stand-ins.gguf"
-        build(source, layers, spec, path)
-        mapped = MappedGGUF(path)
-        return mapped, errors_of(mapped)
     key = digest(content_key(source.path), FORMAT, spec.bits, spec.group_size, spec.method,
                  version())
     target = cache_root() / "ggml-stand-ins" / f"{source.path.stem}-{key}"
-    cached(target, lambda tmp: build(source, layers, spec, tmp / "stand-ins.gguf"), key,
-           source=source.path)
-    mapped = MappedGGUF(target / "stand-ins.gguf")
-    made_by = mapped.metadata.get(VERSION)
+    cached(target, lambda tmp: write(quantized(source, layers, spec), tmp / "stand-ins.gguf"),
+           key, source=source.path)
+    weights = MappedGGUF(target / "stand-ins.gguf")
+    made_by = weights.metadata.get(VERSION)
     if made_by != version():
         raise ModelError(f"{target} was made by {made_by}, not this {version()}; delete it "
                          f"(river cache) and it is made again")
-    return mapped, errors_of(mapped)
+    return weights, errors_of(weights)
 
 
 def errors_of(mapped: MappedGGUF) -> list[float]:
