@@ -99,8 +99,10 @@ class GgmlBackend(NumpyArrays, LayerEngine):
     # -- numerics for the engine base -------------------------------------------------------
 
     def allocate(self, shape):
-        """float16, as llama.cpp's cache; unwritten slots NaN (flash attention skips a slot
-        its mask hides, so NaN there stays unread)."""
+        """float16, as llama.cpp's cache. Unwritten slots hold 0, not NaN: a graph attends
+        all the slots of its key bucket under the mask, and ggml's tiled flash attention (a
+        step of many tokens) multiplies a hidden slot's value by a zero weight, so NaN there
+        would poison the row."""
         layers, batch, heads, capacity, dim = shape
         if batch != 1:
             raise CapabilityError(f"the ggml engine runs one sequence, not {batch}")
@@ -117,8 +119,8 @@ class GgmlBackend(NumpyArrays, LayerEngine):
             for stand_in, weights in ((False, self.backbone), (True, self.stand_in_weights)):
                 self._layers[stand_in] = [Layer(weights, self.backbone, i, self.spec,
                                                 self.mode, *caches[i]) for i in range(layers)]
-        self._k.fill(np.nan)
-        self._v.fill(np.nan)
+        self._k.fill(0)
+        self._v.fill(0)
         return self._k, self._v
 
     def context(self, layout: Layout, step: Step) -> _Step:
@@ -171,9 +173,13 @@ class GgmlBackend(NumpyArrays, LayerEngine):
         return logits.reshape(*x.shape[:-1], self.spec.vocab).copy()
 
     def read_kv(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """Keys in the model's own dimension order: under llama's rotation (mode 0) the GGUF's
+        permuted Q/K rows leave each key's rotary halves interleaved."""
         n = self.cache.offset
-        return (self.cache.k[i, :, :, :n].astype(np.float32),
-                self.cache.v[i, :, :, :n].astype(np.float32))
+        k = self.cache.k[i, :, :, :n].astype(np.float32)
+        if self.mode == 0:
+            k = k.reshape(*k.shape[:-1], -1, 2).swapaxes(-1, -2).reshape(k.shape)
+        return k, self.cache.v[i, :, :, :n].astype(np.float32)
 
     def footprint(self) -> Footprint:
         def size(source: MappedGGUF, names) -> int:
