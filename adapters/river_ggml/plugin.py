@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+import weakref
 from pathlib import Path
 
 from river_core.backend import ModelShape
@@ -92,7 +94,10 @@ def tiny_backend(family: str, seed: int, bits: int):
                projections(family, spec, layer, permute, QuantWeight.stack).items()}
               for i, layer in enumerate(quant.layers)), quant.errors, quant.head))
     backbone = lib.MappedGGUF(gguf_file(seed, family))
-    return GgmlBackend(backbone, spec, checkpoint.tokenizer, weights, errors)
+    backend = GgmlBackend(backbone, spec, checkpoint.tokenizer, weights, errors)
+    # the stand-ins' temporary folder lives as long as the backend that maps them
+    weakref.finalize(backend, shutil.rmtree, weights.path.parent, ignore_errors=True)
+    return backend
 
 
 def shape(model: str | None) -> ModelShape | None:
