@@ -660,8 +660,12 @@ def lossless_samples(backend, prompt, gen: GenerationConfig, n: int) -> list[lis
 
 def scored(backend, prompt, continuations, gen: GenerationConfig) -> Scored:
     """Continuations of `prompt` scored under the backend's plain model (distribution.py)."""
-    forced = teacher_force(backend, [prompt] * len(continuations), continuations,
-                           scripted_run(Full()))
+    if backend.capabilities.batch:
+        forced = teacher_force(backend, [prompt] * len(continuations), continuations,
+                               scripted_run(Full()))
+    else:   # one sequence at a time, as plain_samples draws them
+        forced = [teacher_force(backend, [prompt], [c], scripted_run(Full()))[0]
+                  for c in continuations]
     return score(continuations, [f.logits for f in forced], gen.temperature, gen.top_p,
                  gen.top_k)
 

@@ -97,9 +97,9 @@ class ModelSpec:
         return self.heads // self.kv_heads
 
     @property
-    def rerun_at(self) -> int | None:
+    def switch_at(self) -> int | None:
         """LongRoPE's switch (Phi-3): a sequence longer than this rotates every position on
-        the long table, those already in its cache too (`LayerEngine.rerun_at`)."""
+        the long table, those already in its cache too (`LayerEngine.switch_at`)."""
         switches = [r.switch for r in self.rotary.values() if r.long_inv_freq]
         return min(switches) if switches else None
 

@@ -14,7 +14,7 @@ PACKAGES = {p.name: p
             for p in [*ROOT.glob("river_*"), *(ROOT / "adapters").glob("river_*"),
                       *(ROOT / "plugins").glob("river_*")] if (p / "__init__.py").is_file()}
 PACKAGES["river_bench"] = ROOT / "benchmarks"   # installed under that name
-BACKENDS = {"river_hf", "river_onnx", "river_llamacpp"}
+BACKENDS = {"river_hf", "river_onnx", "river_llamacpp", "river_ggml"}
 ALLOWED = {
     "river_core": set(),
     "river_models": {"river_core"},
@@ -145,3 +145,25 @@ def test_a_warm_cache_onnx_load_imports_neither_torch_nor_transformers(tmp_path)
                                   env=env) for _ in range(2))
     assert first.returncode == 0, first.stderr[-2000:]
     assert warm.stdout.strip() == "[]", warm.stderr[-2000:]
+
+
+def test_a_warm_cache_ggml_load_imports_neither_torch_nor_transformers(tmp_path):
+    """The ggml engine starts from the user's GGUF and the cache (its spec, tokenizer and
+    stand-ins) without torch or transformers, as the onnx engine does (issues 41, 42)."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("ggml")
+    from river_models.tiny_gguf import gguf_file
+
+    job = ("import sys; from river_core import RiverModel; "
+           f"m = RiverModel.from_pretrained({str(gguf_file(0, 'llama3'))!r}, backend='ggml'); "
+           "m.generate('hi', max_new_tokens=2); "
+           "print(sorted({'torch', 'transformers'} & set(sys.modules)))")
+    env = {**os.environ, "RIVER_CACHE": str(tmp_path / "cache")}
+    first, warm = (subprocess.run([sys.executable, "-c", job], capture_output=True, text=True,
+                                  env=env) for _ in range(2))
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert warm.stdout.strip() == "[]", warm.stderr[-2000:]
+

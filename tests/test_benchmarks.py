@@ -345,7 +345,7 @@ def test_the_anchors_ggufs_hold_the_same_weights_and_metadata(kind, tolerance, t
     from gguf.quants import dequantize
 
     from river_bench.library import anchors
-    from river_llamacpp.tiny import gguf_file
+    from river_models.tiny_gguf import gguf_file
 
     source = GGUFReader(gguf_file())
     written = GGUFReader(anchors.write_gguf(gguf_file(), tmp_path / f"{kind}.gguf", kind))

@@ -125,7 +125,7 @@ def test_a_gguf_reads_back_the_rotary_transformers_gguf_loader_drops(family):
     so the converted model runs as the one it came from, past the LongRoPE switch."""
     from transformers import AutoConfig
 
-    from river_llamacpp.tiny import gguf_file
+    from river_models.tiny_gguf import gguf_file
     from river_models.source import open_model
 
     path = gguf_file(0, family)

@@ -58,7 +58,7 @@ class HFBackend(TorchArrays, LayerEngine):
         self._norm = Norm.of(w.final_norm, spec, dtype, dev)
         self._rotaries = Rotaries(spec, dev)
         self.num_layers = spec.num_layers
-        self.max_positions, self.switch_at = spec.max_positions, spec.rerun_at
+        self.max_positions, self.switch_at = spec.max_positions, spec.switch_at
         self.kv_heads, self.head_dim, self.windows = spec.kv_heads, spec.head_dim, spec.windows
         self.capabilities = CAPABILITIES
         self.runs_on = (str(self.device),)

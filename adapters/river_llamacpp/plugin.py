@@ -58,7 +58,7 @@ def load(model: str | None = None, *, device: str = "cpu", dtype: str = "float32
 def tiny_backend(family: str, seed: int, bits: int):
     """llama.cpp over the tiny random Qwen2 model written as a float32 GGUF."""
     from .backend import LlamaCppBackend
-    from .tiny import FAMILY, gguf_file
+    from river_models.tiny_gguf import FAMILY, gguf_file
 
     if family != FAMILY:
         raise CapabilityError(f"the llamacpp conformance model is the tiny {FAMILY} only")

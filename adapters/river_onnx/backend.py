@@ -148,7 +148,7 @@ class OnnxBackend(NumpyArrays, LayerEngine):
             {key: built[f"{kind}_{key}"] for key in keys} for kind, keys in kinds.items())
         self.runs_on = tuple(self._head.get_providers())
         self.num_layers, self.max_positions = spec.num_layers, spec.max_positions
-        self.switch_at = spec.rerun_at
+        self.switch_at = spec.switch_at
         self.stand_in_error = list(manifest.stand_in_error)
         self.kv_heads, self.head_dim, self.windows = spec.kv_heads, spec.head_dim, spec.windows
         self.capabilities = CAPABILITIES

@@ -1,9 +1,11 @@
 """Tiny random models written as GGUF files the way llama.cpp's converter writes them.
 
-The Qwen2 one runs the conformance kit on llama.cpp: llama.cpp rotates its heads like
-transformers (NeoX style), so its weights go in unpermuted. The Phi-3 and Llama 3 ones check
-River's GGUF reader on the header fields and tensors transformers' GGUF loader drops (Phi-3's
-partial rotary and LongRoPE factors, Llama 3's rope frequency factors). Float32, so readers
+The Qwen2 one runs the conformance kit on llama.cpp (with the Llama 3 and Phi-3 ones, on the
+ggml engine too): llama.cpp rotates its heads like transformers (NeoX style), so its weights go
+in unpermuted; Llama's Q and K rows go in permuted, as llama.cpp's converter writes them. The
+Phi-3 and Llama 3 ones check River's GGUF reader on the header fields and tensors transformers'
+GGUF loader drops (Phi-3's partial rotary and LongRoPE factors, Llama 3's rope frequency
+factors). Float32, so readers
 compute on the very same numbers. The kit feeds token ids; the character vocabulary has no byte
 tokens, so llama.cpp cannot tokenize text with it.
 """
@@ -21,26 +23,32 @@ SEPARATE = {"attn_q": "q", "attn_k": "k", "attn_v": "v", "attn_output": "o", "ff
             "ffn_up": "up", "ffn_down": "down"}
 
 
-def _permuted(w: np.ndarray, heads: int) -> np.ndarray:
+def permuted(w: np.ndarray, heads: int) -> np.ndarray:
     """Llama's Q and K rows as llama.cpp stores them: each head's rotary halves interleaved
     (its converter's permutation, which transformers' GGUF loader undoes)."""
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2) \
         .reshape(w.shape)
 
 
-def _layer_tensors(family: str, spec, layer) -> dict[str, np.ndarray]:
-    p = layer.projections
+def projections(family: str, spec, p, permute=permuted, fuse=np.concatenate) -> dict:
+    """A layer's projections `p` (by role) under the GGUF's names, as llama.cpp's converter
+    stores them: Phi-3's fused, Llama's Q and K rows permuted. `permute` and `fuse` do it to
+    whatever `p` holds (arrays; the ggml engine's quantized weights)."""
     if family == "phi3":   # q, k, v fused, gate and up fused, as Phi-3 stores them
-        tensors = {"attn_qkv": np.concatenate([p["q"], p["k"], p["v"]]), "attn_output": p["o"],
-                   "ffn_up": np.concatenate([p["gate"], p["up"]]), "ffn_down": p["down"]}
+        tensors = {"attn_qkv": fuse([p["q"], p["k"], p["v"]]), "attn_output": p["o"],
+                   "ffn_up": fuse([p["gate"], p["up"]]), "ffn_down": p["down"]}
     else:
         tensors = {short: p[role] for short, role in SEPARATE.items()}
     if family == "llama3":
-        tensors["attn_q"] = _permuted(p["q"], spec.heads)
-        tensors["attn_k"] = _permuted(p["k"], spec.kv_heads)
-    tensors.update({f"{short}.bias": layer.biases[SEPARATE[short]]
-                    for short in ("attn_q", "attn_k", "attn_v") if SEPARATE[short] in layer.biases})
-    return {**{k if k.endswith(".bias") else f"{k}.weight": v for k, v in tensors.items()},
+        tensors["attn_q"] = permute(p["q"], spec.heads)
+        tensors["attn_k"] = permute(p["k"], spec.kv_heads)
+    return {f"{k}.weight": v for k, v in tensors.items()}
+
+
+def _layer_tensors(family: str, spec, layer) -> dict[str, np.ndarray]:
+    biases = {f"{short}.bias": layer.biases[SEPARATE[short]]
+              for short in ("attn_q", "attn_k", "attn_v") if SEPARATE[short] in layer.biases}
+    return {**projections(family, spec, layer.projections), **biases,
             "attn_norm.weight": layer.input_norm, "ffn_norm.weight": layer.pre_mlp_norm}
 
 

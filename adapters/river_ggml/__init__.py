@@ -1,0 +1,7 @@
+"""ggml backend: River's layers on llama.cpp's own CPU kernels, over the user's GGUF."""
+
+from river_core.backend import Capabilities
+
+# known before anything loads (no engine imported): one sequence, no windowed drafts
+CAPABILITIES = Capabilities(exits=True, stand_in=True, propagate=True, mask=True, recompute=True,
+                            sub_blocks=True, verify=True)

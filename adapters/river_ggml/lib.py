@@ -1,0 +1,212 @@
+"""ggml through ggml-python's ctypes binding: the CPU backend, GGUF files memory-mapped as ggml
+tensors, and graphs built once and run again with new inputs.
+
+ggml-python 0.0.45 declares two pointer-returning functions with an integer result type, which
+truncates the pointer on a 64-bit machine; `_fixed` corrects them before anything calls them.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import mmap
+import os
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from river_core.errors import ModelError
+
+from ggml import ggml as g
+
+__all__ = ["g", "cpu", "Graph", "MappedGGUF", "as_array", "RUNS", "version"]
+
+# what this engine runs a GGUF's tensors as: ggml's types it has kernels for on this CPU path
+RUNS = {"F32": g.GGML_TYPE_F32, "F16": g.GGML_TYPE_F16, "BF16": g.GGML_TYPE_BF16,
+        "Q8_0": g.GGML_TYPE_Q8_0, "Q4_0": g.GGML_TYPE_Q4_0, "Q4_1": g.GGML_TYPE_Q4_1,
+        "Q5_0": g.GGML_TYPE_Q5_0, "Q5_1": g.GGML_TYPE_Q5_1, "Q4_K": g.GGML_TYPE_Q4_K,
+        "Q5_K": g.GGML_TYPE_Q5_K, "Q6_K": g.GGML_TYPE_Q6_K}
+NAMES = {v: k for k, v in RUNS.items()}
+NUMPY = {g.GGML_TYPE_F32: np.float32, g.GGML_TYPE_F16: np.float16, g.GGML_TYPE_I32: np.int32,
+         g.GGML_TYPE_I64: np.int64}
+
+
+def _fixed() -> None:
+    for name in ("ggml_backend_cpu_buffer_type", "ggml_backend_cpu_buffer_from_ptr"):
+        getattr(g.lib, name).restype = ctypes.c_void_p
+
+
+_fixed()
+
+
+def version() -> str:
+    """The binding's and its ggml's version: a cache entry made with another is not reused."""
+    import ggml
+
+    return f"ggml-python {ggml.__version__}"
+
+
+class Cpu:
+    """ggml's CPU backend, one per process, on `threads` threads."""
+
+    def __init__(self) -> None:
+        self.backend = g.ggml_backend_cpu_init()
+        self.threads = 0
+        self.buffer_type = g.lib.ggml_backend_cpu_buffer_type()
+
+    def set_threads(self, threads: int) -> None:
+        if threads != self.threads:
+            g.ggml_backend_cpu_set_n_threads(self.backend, threads)
+            self.threads = threads
+
+    def compute(self, graph) -> None:
+        if g.ggml_backend_graph_compute(self.backend, graph) != 0:
+            raise RuntimeError("ggml failed to compute a graph")
+
+
+@functools.cache
+def cpu() -> Cpu:
+    return Cpu()
+
+
+def default_threads() -> int:
+    """llama.cpp's default on a small machine: every core (RIVER_GGML_THREADS overrides)."""
+    return int(os.environ.get("RIVER_GGML_THREADS", 0)) or min(os.cpu_count() or 1, 8)
+
+
+def as_array(tensor) -> np.ndarray:
+    """A numpy view of a contiguous tensor of F32/F16/I32/I64 (no copy), numpy's axis order
+    (ggml's ne reversed), trailing dimensions of 1 dropped: callers reshape."""
+    t = tensor.contents
+    dtype = np.dtype(NUMPY[t.type])
+    dims = [t.ne[i] for i in range(4)]
+    while len(dims) > 1 and dims[-1] == 1:
+        dims.pop()
+    count = int(np.prod(dims))
+    buffer = (ctypes.c_uint8 * (count * dtype.itemsize)).from_address(t.data)
+    return np.frombuffer(buffer, dtype).reshape(tuple(reversed(dims)))
+
+
+def new_context(tensors: int):
+    params = g.ggml_init_params(mem_size=g.ggml_tensor_overhead() * tensors
+                                + g.ggml_graph_overhead_custom(4096, False),
+                                mem_buffer=None, no_alloc=True)
+    return g.ggml_init(params)
+
+
+class Graph:
+    """One graph, built once: `build(ctx, inputs)` makes its ops from named input tensors
+    (made here) and returns its named outputs; the graph's inputs, intermediates and outputs
+    get their memory once, and `inputs`/`outputs` are numpy views of it: a run copies new
+    values into the inputs' views, computes, and reads the outputs' views."""
+
+    def __init__(self, inputs: dict[str, tuple[int, Sequence[int]]], build) -> None:
+        self.ctx = new_context(512)
+        made = {}
+        for name, (kind, ne) in inputs.items():
+            t = g.ggml_new_tensor(self.ctx, kind, len(ne),
+                                  (ctypes.c_int64 * len(ne))(*ne))
+            g.ggml_set_input(t)
+            made[name] = t
+        outs = build(self.ctx, made)
+        self.graph = g.ggml_new_graph_custom(self.ctx, 4096, False)
+        for t in outs.values():
+            g.ggml_set_output(t)
+            g.ggml_build_forward_expand(self.graph, t)
+        self.alloc = g.ggml_gallocr_new(cpu().buffer_type)
+        if not g.ggml_gallocr_alloc_graph(self.alloc, self.graph):
+            raise MemoryError("ggml could not allocate a graph")
+        self.inputs = {name: as_array(t) for name, t in made.items()}
+        self.outputs = {name: as_array(t) for name, t in outs.items()}
+
+    def run(self, **values) -> dict[str, np.ndarray]:
+        for name, value in values.items():
+            dst = self.inputs[name]
+            np.copyto(dst, np.reshape(value, dst.shape), casting="unsafe")
+        cpu().compute(self.graph)
+        return self.outputs
+
+    def __del__(self, free_alloc=g.ggml_gallocr_free, free=g.ggml_free) -> None:
+        free_alloc(self.alloc)   # the functions bound early: at exit the module may be gone
+        free(self.ctx)
+
+
+class MappedGGUF:
+    """A GGUF's tensors as ggml tensors over the memory-mapped file: no copy, no conversion,
+    each in the file's own type. Only types in RUNS are accepted."""
+
+    def __init__(self, path: Path) -> None:
+        from river_models.gguf_header import check_gguf
+
+        self.path = Path(path)
+        self.metadata = check_gguf(self.path).metadata   # truncated: one line, before ggml
+        meta = ctypes.c_void_p()
+        params = g.gguf_init_params(no_alloc=True, ctx=ctypes.pointer(meta))
+        self._gguf = g.gguf_init_from_file(str(self.path).encode(), params)
+        if not self._gguf:
+            raise ModelError(f"ggml cannot read GGUF {self.path} (damaged, or a GGUF version "
+                             f"ggml does not know)")
+        self.ctx = meta.value
+        self._file = open(self.path, "rb")
+        self._map = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
+        self._bytes = np.frombuffer(self._map, np.uint8)   # read-only: ggml only reads weights
+        self._base = base = self._bytes.__array_interface__["data"][0]
+        self._buffer = g.lib.ggml_backend_cpu_buffer_from_ptr(base, len(self._map))
+        start = g.gguf_get_data_offset(self._gguf)
+        self.tensors = {}
+        for i in range(g.gguf_get_n_tensors(self._gguf)):
+            name = g.gguf_get_tensor_name(self._gguf, i)
+            t = g.ggml_get_tensor(self.ctx, name)
+            kind = t.contents.type
+            if kind not in NAMES:
+                raise ModelError(f"{self.path.name}: tensor {name.decode()} is of ggml type "
+                                 f"{g.ggml_type_name(kind).decode()}, which the ggml engine "
+                                 f"does not run; it runs {', '.join(RUNS)}")
+            g.ggml_backend_tensor_alloc(self._buffer, t,
+                                        base + start + g.gguf_get_tensor_offset(self._gguf, i))
+            self.tensors[name.decode()] = t
+
+    def get(self, name: str):
+        return self.tensors.get(name)
+
+    def raw(self, name: str) -> np.ndarray:
+        """A tensor's bytes in the file, [rows, row bytes] uint8 (a view of the map)."""
+        t = self.tensors[name].contents
+        rows = int(t.ne[1] * t.ne[2] * t.ne[3])
+        row = g.ggml_row_size(t.type, t.ne[0])
+        offset = t.data - self._base
+        return self._bytes[offset:offset + rows * row].reshape(rows, row)
+
+    def kind(self, name: str) -> str:
+        return NAMES[self.tensors[name].contents.type]
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        t = self.tensors[name].contents
+        return tuple(int(t.ne[i]) for i in range(g.ggml_n_dims(self.tensors[name])))[::-1]
+
+
+class HostTensors:
+    """ggml tensors over numpy arrays this process owns (the K/V cache): ggml writes them in
+    place and numpy reads and indexes them, with no copy either way."""
+
+    def __init__(self, array: np.ndarray) -> None:
+        self.array = array
+        self.ctx = new_context(1024)
+        self._buffer = g.lib.ggml_backend_cpu_buffer_from_ptr(
+            array.__array_interface__["data"][0], array.nbytes)
+
+    def tensor(self, kind: int, ne: Sequence[int], offset: int):
+        t = g.ggml_new_tensor(self.ctx, kind, len(ne), (ctypes.c_int64 * len(ne))(*ne))
+        g.ggml_backend_tensor_alloc(self._buffer, t,
+                                    self.array.__array_interface__["data"][0] + offset)
+        return t
+
+
+def aligned(shape: Sequence[int], dtype) -> np.ndarray:
+    """An uninitialised numpy array whose memory ggml accepts as a buffer (64-byte aligned)."""
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape)) * dtype.itemsize
+    raw = np.empty(nbytes + 64, np.uint8)
+    skip = -raw.__array_interface__["data"][0] % 64
+    return raw[skip:skip + nbytes].view(dtype).reshape(shape)

@@ -1,0 +1,117 @@
+"""Registers the `ggml` backend with River (entry point `ggml` in group `river_core`)."""
+
+from __future__ import annotations
+
+import shutil
+import weakref
+from pathlib import Path
+
+from river_core.backend import ModelShape
+from river_core.config import QuantSpec
+from river_core.errors import CapabilityError, ConfigError, ModelError
+from river_core.hookspecs import BackendPlugin, hookimpl
+
+from . import CAPABILITIES
+
+# the GGUF architectures it runs, and the tiny families whose GGUF River writes for them
+TINY = ("llama3", "qwen2", "phi3")
+
+
+def _binding():
+    try:
+        from . import lib
+    except ImportError:
+        raise CapabilityError("the ggml backend needs ggml-python: pip install "
+                              "'river-llm[ggml]' (it compiles ggml: about a minute)") from None
+    return lib
+
+
+def backbone_gguf(model: str | None) -> Path:
+    """The GGUF the backbone runs from: the user's file in its own types, or for the embedded
+    default (Q4_1) its F16 copy, written once into the user cache as llama.cpp's anchor."""
+    from river_models import default_gguf
+    from river_models.gguf_write import backbone
+
+    if model is None:
+        return backbone(default_gguf(), "F16")
+    path = Path(model).expanduser()
+    if path.suffix != ".gguf" or not path.is_file():
+        raise ModelError(f"the ggml backend runs a .gguf file, not {path}")
+    return path
+
+
+def spec_and_tokenizer(model: str | None):
+    """The model's ModelSpec and tokenizer, from the user cache without torch or transformers
+    once River has converted the model (`cached_spec`, `FileTokenizer`)."""
+    from river_models.source import cached_spec
+    from river_models.tokenizer import FileTokenizer
+
+    folder, spec = cached_spec(model)
+    return spec, FileTokenizer(folder, spec.eos_ids)
+
+
+def load(model: str | None = None, *, device: str = "cpu", dtype: str | None = None,
+         quant: QuantSpec = QuantSpec(), progress: bool = False):
+    """llama.cpp's ggml CPU kernels, layer by layer, over the GGUF's own tensor types; K/V in
+    float16. A 4-bit backbone GGUF runs too, but its 4-bit stand-ins read as many bytes as the
+    backbone, so the river saves nothing there."""
+    if device != "cpu":
+        raise ConfigError(f"the ggml backend runs on the CPU, not {device}")
+    if dtype not in (None, "float32"):
+        raise ConfigError(f"the ggml backend computes in float32 over the GGUF's own tensor "
+                          f"types, not {dtype}")
+    lib = _binding()
+    from .backend import GgmlBackend
+    from .stand_ins import stand_ins
+
+    backbone = lib.MappedGGUF(backbone_gguf(model))
+    spec, tokenizer = spec_and_tokenizer(model)
+    weights, errors = stand_ins(backbone, spec.num_layers, quant)
+    return GgmlBackend(backbone, spec, tokenizer, weights, errors)
+
+
+def tiny_backend(family: str, seed: int, bits: int):
+    """The ggml backend over a tiny random model written as a float32 GGUF as llama.cpp's
+    converter writes it (river_models.tiny_gguf), with the very stand-ins the other engines'
+    factories run (tiny.stand_ins) under the GGUF's names, in a temporary folder."""
+    if family not in TINY:
+        raise CapabilityError(f"the ggml engine's tiny GGUFs are {', '.join(TINY)}; "
+                              f"not {family} yet")
+    lib = _binding()
+    from river_models import QuantWeight, tiny
+    from river_models.tiny_gguf import gguf_file, permuted, projections
+
+    from .backend import GgmlBackend
+    from .stand_ins import Quantized, mapped
+
+    def permute(q: QuantWeight, heads: int) -> QuantWeight:
+        return QuantWeight(*(permuted(a, heads) for a in (q.codes, q.scale, q.zero)), q.bits)
+
+    checkpoint = tiny.checkpoint(family, seed)
+    spec = checkpoint.spec
+    quant = tiny.stand_ins(checkpoint, bits)
+    weights, errors = mapped(Quantized(
+        tuple({f"blk.{i}.{name}": q for name, q in
+               projections(family, spec, layer, permute, QuantWeight.stack).items()}
+              for i, layer in enumerate(quant.layers)), quant.errors, quant.head))
+    backbone = lib.MappedGGUF(gguf_file(seed, family))
+    backend = GgmlBackend(backbone, spec, checkpoint.tokenizer, weights, errors)
+    # the stand-ins' temporary folder lives as long as the backend that maps them
+    weakref.finalize(backend, shutil.rmtree, weights.path.parent, ignore_errors=True)
+    return backend
+
+
+def shape(model: str | None) -> ModelShape | None:
+    from river_models.source import model_shape
+
+    return model_shape(model)
+
+
+@hookimpl
+def river_backends():
+    return {"ggml": BackendPlugin(load, CAPABILITIES, shape)}
+
+
+@hookimpl
+def river_conformance_backends():
+    return {"ggml": tiny_backend}

@@ -1,0 +1,118 @@
+"""The ggml engine (river_ggml) on tiny GGUFs written as llama.cpp's converter writes them:
+parity with transformers, its stand-ins carry River's own quantization, one graph per shape,
+and bad input named in one line. The conformance kit runs it as the `ggml` subject."""
+
+import numpy as np
+import pytest
+
+pytest.importorskip("ggml")
+torch = pytest.importorskip("torch")
+
+from river_core.backend import Step  # noqa: E402
+from river_core.config import QuantSpec  # noqa: E402
+from river_core.errors import CapabilityError, ModelError  # noqa: E402
+from river_models import tiny  # noqa: E402
+from river_models.quant import quantize  # noqa: E402
+from river_models.tiny_gguf import gguf_file  # noqa: E402
+
+from river_ggml.lib import MappedGGUF  # noqa: E402
+from river_ggml.plugin import TINY, tiny_backend  # noqa: E402
+from river_ggml.stand_ins import q4_1, q8_0  # noqa: E402
+
+PROMPT = [5, 9, 23, 40, 7, 11, 3, 30]
+# long enough that ggml's flash attention takes its tiled path for the prompt, which reads the
+# hidden slots of the key bucket too
+LONG = np.random.default_rng(0).integers(3, 90, 80).tolist()
+# float16 K/V and flash attention's float16 products, against transformers' float32 (the
+# kit's float16 precision bounds logits at 3e-2 of their norm)
+RTOL = 3e-2
+
+
+def reference(family: str, ids: list[int]) -> np.ndarray:
+    with torch.no_grad():
+        return tiny.model(family, 0)(torch.tensor([ids])).logits[0].numpy()
+
+
+def close(got: np.ndarray, want: np.ndarray) -> float:
+    return float(np.linalg.norm(got - want) / np.linalg.norm(want))
+
+
+@pytest.mark.parametrize("family", TINY)
+@pytest.mark.parametrize("prompt", [PROMPT, LONG], ids=["short", "long"])
+def test_prefill_and_decode_match_transformers(family, prompt):
+    backend = tiny_backend(family, 0, 4)
+    want = reference(family, prompt)
+    got = backend.prefill([prompt[:-1]], 128).logits[0]
+    assert close(got, want[-2]) < RTOL
+    assert close(backend.decode([prompt[-1]], Step(len(prompt) - 1))[0], want[-1]) < RTOL
+
+
+@pytest.mark.parametrize("family", TINY)
+def test_extend_matches_decoding_token_by_token(family):
+    backend = tiny_backend(family, 0, 4)
+    backend.prefill([PROMPT[:3]], 64)
+    extended = backend.extend(PROMPT[3:], 3)
+    backend.prefill([PROMPT[:3]], 64)
+    stepped = [backend.decode([t], Step(3 + k))[0] for k, t in enumerate(PROMPT[3:])]
+    assert close(extended, np.stack(stepped)) < 5e-3
+
+
+def test_a_layer_graph_is_built_once_per_shape():
+    backend = tiny_backend("qwen2", 0, 4)
+    backend.prefill([PROMPT], 64)
+    for k in range(5):
+        backend.decode([7], Step(len(PROMPT) + k))
+    shapes = [key for key in backend._graphs if key[0] != "head"]
+    # every layer's backbone: one prefill graph, one decode graph (one key bucket)
+    assert len(shapes) == 2 * backend.num_layers
+
+
+def test_the_stand_ins_are_rivers_own_quantization_in_ggml_blocks():
+    from gguf import GGMLQuantizationType as Q
+    from gguf.quants import dequantize
+
+    w = np.random.default_rng(0).standard_normal((16, 128)).astype(np.float32)
+    q4 = quantize(w, QuantSpec(bits=4, group_size=64, method="hqq"))
+    q8 = quantize(w, QuantSpec(bits=8))
+    # the same codes; scales and offsets rounded to float16 (relative 2^-11)
+    assert close(dequantize(q4_1(q4), Q.Q4_1), q4.dequantize()) < 1e-3
+    assert close(dequantize(q8_0(q8), Q.Q8_0), q8.dequantize()) < 1e-3
+
+
+def test_stand_in_errors_are_the_relative_weight_error():
+    backend = tiny_backend("llama3", 0, 4)
+    assert all(0.01 < e < 0.2 for e in backend.stand_in_error)
+
+
+def test_a_family_without_a_tiny_gguf_is_refused_naming_those_it_runs():
+    with pytest.raises(CapabilityError, match="llama3, qwen2, phi3"):
+        tiny_backend("gemma3", 0, 4)
+
+
+def test_a_truncated_gguf_is_named_in_one_line(tmp_path):
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(gguf_file(0, "qwen2").read_bytes()[:-1000])
+    with pytest.raises(ModelError, match="truncated GGUF"):
+        MappedGGUF(cut)
+
+
+def test_an_architecture_ggml_does_not_run_is_refused(tmp_path):
+    from river_ggml.blocks import rope_mode
+
+    with pytest.raises(ModelError, match="runs GGUF architectures llama, qwen2"):
+        rope_mode("mamba")
+
+
+def test_a_tensor_type_it_does_not_run_is_named(tmp_path):
+    import gguf
+
+    path = tmp_path / "iq.gguf"
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_tensor("token_embd.weight", np.zeros((4, 66), np.uint8),
+                 raw_dtype=gguf.GGMLQuantizationType.TQ2_0)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ModelError, match="TQ2_0|tq2_0"):
+        MappedGGUF(path)
