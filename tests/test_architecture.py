@@ -125,40 +125,24 @@ def test_the_base_install_needs_no_torch():
     assert out.stdout.strip() == "False", out.stderr[-2000:]
 
 
-def test_a_warm_cache_onnx_load_imports_neither_torch_nor_transformers(tmp_path):
-    """The onnx engine starts from the cache without torch (2 s to import) or transformers
-    (3-4 s): its export holds the spec, the tokenizer and the graphs (issue 42)."""
+@pytest.mark.parametrize("engine", ["onnx", "ggml"])
+def test_a_warm_cache_load_imports_neither_torch_nor_transformers(engine, tmp_path):
+    """The onnx and ggml engines start from the cache without torch (2 s to import) or
+    transformers (3-4 s): the cache holds the spec, the tokenizer and the engine's weights
+    (onnx: the export; ggml: the user's GGUF and its stand-ins) (issues 41, 42)."""
     import os
     import subprocess
     import sys
 
-    pytest.importorskip("onnxruntime")
-    from river_models import tiny
-
-    folder = tiny.save(tmp_path / "model")
+    pytest.importorskip({"onnx": "onnxruntime", "ggml": "ggml"}[engine])
+    if engine == "onnx":
+        from river_models import tiny
+        model = str(tiny.save(tmp_path / "model"))
+    else:
+        from river_models.tiny_gguf import gguf_file
+        model = str(gguf_file(0, "llama3"))
     job = ("import sys; from river_core import RiverModel; "
-           f"m = RiverModel.from_pretrained({folder!r}, backend='onnx'); "
-           "m.generate('hi', max_new_tokens=2); "
-           "print(sorted({'torch', 'transformers'} & set(sys.modules)))")
-    env = {**os.environ, "RIVER_CACHE": str(tmp_path / "cache")}
-    first, warm = (subprocess.run([sys.executable, "-c", job], capture_output=True, text=True,
-                                  env=env) for _ in range(2))
-    assert first.returncode == 0, first.stderr[-2000:]
-    assert warm.stdout.strip() == "[]", warm.stderr[-2000:]
-
-
-def test_a_warm_cache_ggml_load_imports_neither_torch_nor_transformers(tmp_path):
-    """The ggml engine starts from the user's GGUF and the cache (its spec, tokenizer and
-    stand-ins) without torch or transformers, as the onnx engine does (issues 41, 42)."""
-    import os
-    import subprocess
-    import sys
-
-    pytest.importorskip("ggml")
-    from river_models.tiny_gguf import gguf_file
-
-    job = ("import sys; from river_core import RiverModel; "
-           f"m = RiverModel.from_pretrained({str(gguf_file(0, 'llama3'))!r}, backend='ggml'); "
+           f"m = RiverModel.from_pretrained({model!r}, backend={engine!r}); "
            "m.generate('hi', max_new_tokens=2); "
            "print(sorted({'torch', 'transformers'} & set(sys.modules)))")
     env = {**os.environ, "RIVER_CACHE": str(tmp_path / "cache")}
