@@ -107,8 +107,25 @@ def test_river_inside_vllm_exits_as_rivers_own_engine_does(folders, family):
     vLLM's paged cache: the same tokens as River's hf engine with the same stand-ins."""
     folder = folders(family)
     inside = _vllm_greedy(folder, EXITING)
-    assert inside == _river_greedy(folder, ExitConfig(**EXITING))
+    river = _river_greedy(folder, ExitConfig(**EXITING))
+    assert all(_keeps_to(folder, prompt, got, want)
+               for prompt, got, want in zip(PROMPTS, inside, river))
     assert inside != _river_greedy(folder, ExitConfig(kv="full"))   # the exits changed it
+
+
+def _keeps_to(folder, prompt, got, want) -> bool:
+    """vLLM's CPU kernels and torch's round differently (by the CPU's vector units), and the
+    stand-ins' int4 kernel takes bfloat16 activations, so greedy tokens may part where River's
+    own engine had a near tie within bfloat16's rounding (2^-8): the kit's rule
+    (`Precision.keeps_to`) over River's own logits, teacher-forced along its own tokens. Seen
+    on an AMD EPYC (AVX2): ministral3's last token, top two logits 0.0034 apart of 3.69."""
+    import attrs
+
+    from river_conformance.kit import FLOAT32
+
+    model = RiverModel.from_pretrained(folder)
+    forced = lambda: model.teacher_force([prompt], [want], ExitConfig(**EXITING))[0].logits
+    return attrs.evolve(FLOAT32, near_ties=True).keeps_to(got, want, forced, 2 ** -8)
 
 
 def test_past_phi3s_switch_river_inside_vllm_follows_vllms_longrope_rule(folders):
