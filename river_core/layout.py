@@ -42,6 +42,13 @@ class View:
     plain: tuple            # per layer: its mask is plain causal attention from slot 0 (or
                             # every key for a single query), which an engine may skip
 
+    def converted_masks(self, convert) -> list:
+        """Each layer's mask as `convert` makes it, each distinct mask converted once (the
+        layers of one attention window share one)."""
+        made: dict = {}
+        return [made[id(m)] if id(m) in made else made.setdefault(id(m), convert(m))
+                for m in self.masks]
+
 
 class Layout:
     def __init__(self, lengths: Sequence[int], capacity: int, num_layers: int) -> None:
@@ -74,7 +81,8 @@ class Layout:
         `windowed_reads` False every slot before the step's end, a draft window's apart, and
         the mask keeps the layer's window), its mask over them, and whether that is plain."""
         start, end = step.start, step.end
-        holes = self.holes is not None   # as `mask_key`, inline: every layer of every step
+        # a mask depends on its window, and on its layer once any layer has holes
+        holes = self.holes is not None
         made: dict = {}
         slots, masks, plain = [], [], []
         for i, window in enumerate(windows):
@@ -126,11 +134,6 @@ class Layout:
     def _holes(self, layer: int, slots: slice | np.ndarray) -> np.ndarray | None:
         holes = None if self.holes is None else self.holes[layer][:, slots]
         return holes if holes is not None and holes.any() else None
-
-    def mask_key(self, window: int | None, layer: int) -> tuple:
-        """What a step's mask depends on besides its slots: the window, and the layer once
-        any layer has holes (engines cache converted masks under it)."""
-        return window, layer if self.holes is not None else None
 
     def plain(self, start: int, end: int, window: int | None, layer: int) -> bool:
         """True when `mask` is all-causal attention with the queries starting at slot 0, or

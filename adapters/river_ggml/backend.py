@@ -111,15 +111,13 @@ class GgmlBackend(NumpyArrays, LayerEngine):
                                           else rotary.inv_freq)
                    for key, rotary in self.spec.rotary.items()}
         keys = key_bucket(step.end, self.cache.layout.capacity)
-        made: dict = {}
 
         def bias(attend: np.ndarray) -> np.ndarray:
             mask = np.full((step.tokens, keys), -np.inf, np.float16)
             mask[:, :step.end] = np.where(attend[0], 0, -np.inf)
             return mask
 
-        masks = [made[id(m)] if id(m) in made else made.setdefault(id(m), bias(m))
-                 for m in view.masks]
+        masks = view.converted_masks(bias)
         qs = self.spec.query_scale
         return GgmlPass(step, ids, positions, [factors[k] for k in self.spec.rope_keys],
                         None if qs is None else qs.factors(positions[0]).astype(np.float32),

@@ -172,9 +172,8 @@ class OnnxBackend(NumpyArrays, LayerEngine):
             tables[key] = tuple(np.ascontiguousarray(t[..., :half].reshape(-1, half),
                                                      self.floats) for t in (cos, sin))
         qs = self.spec.query_scale   # Ministral 3: the graphs' qscale input
-        made: dict = {}
-        biases = [made[id(m)] if id(m) in made else made.setdefault(
-            id(m), np.where(m, 0, -np.inf).astype(self.floats)[:, None]) for m in view.masks]
+        biases = view.converted_masks(
+            lambda m: np.where(m, 0, -np.inf).astype(self.floats)[:, None])
         read = view.slots[0]   # the same for every layer (`windowed_reads` False)
         read = None if isinstance(read, slice) else read
         width = view.step.end if read is None else len(read)
