@@ -38,7 +38,9 @@ from pathlib import Path
 
 import numpy as np
 
-from river_core import ExitConfig, GenerationConfig, QuantSpec, RiverModel, Step
+from river_core import ExitConfig, GenerationConfig, RiverModel, Step, default_registry
+from river_core.arguments import add_quant_arguments, quant_spec
+
 
 from .library import anchors, shapes
 from .library.measures import first_divergence
@@ -141,12 +143,12 @@ def load_models(engines: list[str], shape: str, args, loaded: dict | None = None
     """River's engines on `shape` (taken from `loaded`, a cache kept between calls, where
     given)."""
     loaded = {} if loaded is None else loaded
-    quant = QuantSpec(bits=args.bits, method=args.quantizer)
     capacity = max(args.positions) + 4 * args.tokens + 64
     for engine in engines:
         if (engine, shape) not in loaded:
+            own = default_registry().backend(engine.partition(":")[0]).quant
             loaded[(engine, shape)] = shapes.load(engine, shape, args.model, args.device,
-                                                  quant, capacity)
+                                                  quant_spec(args, own), capacity)
     return {engine: loaded[(engine, shape)] for engine in engines}
 
 
@@ -241,9 +243,7 @@ def arguments(ap) -> None:
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
-    ap.add_argument("--bits", type=int, default=4, help="the stand-ins' precision")
-    ap.add_argument("--quantizer", default="hqq", help="the real model's stand-in quantizer "
-                    "(random shapes: rtn)")
+    add_quant_arguments(ap)   # random shapes quantize by RTN where HQQ is asked (shapes.py)
     ap.add_argument("--anchors-python", help="an interpreter with llama-cpp-python and "
                     "onnxruntime-genai (default: an environment of its own in the benchmark "
                     "cache)")

@@ -169,7 +169,8 @@ def _load(args, exit_config: ExitConfig, max_new_tokens: int = 1,
                               f"in the model's context of {shape.max_positions} positions")
     dtype = {} if args.dtype is None else {"dtype": args.dtype}
     model = RiverModel.from_pretrained(args.model, backend=args.backend, device=args.device,
-                                       quant=arguments.quant_spec(args), progress=True,
+                                       quant=arguments.quant_spec(args, backend.quant),
+                                       progress=True,
                                        registry=registry, **dtype)
     found = Profile.find(model.backend, exit_config.policy) if find_profile else None
     if found and not set(found.options) <= set(exit_config.options):
@@ -229,7 +230,8 @@ def _calibrate(args) -> None:
     source = "GSM8K train (bundled)" if args.prompts == GSM8K_TRAIN else str(args.prompts)
     [profile] = calibrate(model, [model.encode(p, not args.no_chat)[0] for p in prompts],
                           exit_config, [args.target], tokens=args.tokens,
-                          layer_prompts=args.layer_prompts, precision=arguments.quant_spec(args).label,
+                          layer_prompts=args.layer_prompts, precision=arguments.quant_spec(
+                              args, default_registry().backend(args.backend).quant).label,
                           model_name=args.model or "default", source=source, progress=True)
     print(_layer_report(profile))
     path = profile.save(args.out or default_path(model.backend, exit_config.policy))

@@ -83,14 +83,20 @@ def exit_config(args: argparse.Namespace, **fields) -> ExitConfig:
 
 
 def add_quant_arguments(parser: argparse.ArgumentParser) -> None:
-    """QuantSpec's fields: the stand-ins' precision."""
-    parser.add_argument("--bits", type=int, default=default(QuantSpec, "bits"),
-                        help="stand-in weight precision: 4 (default) or 8")
-    parser.add_argument("--group-size", type=int, default=default(QuantSpec, "group_size"))
-    parser.add_argument("--quantizer", default=default(QuantSpec, "method"), choices=METHODS,
-                        help="4-bit stand-in quantizer: hqq (default, as the paper) or rtn; "
-                        "hqq-int, rtn-int: zero points rounded to integers (faster on onnx)")
+    """QuantSpec's fields: the stand-ins' precision; each unset one is the backend's own
+    (`BackendPlugin.quant`)."""
+    parser.add_argument("--bits", type=int,
+                        help=f"stand-in weight precision: 4 (default: {default(QuantSpec, 'bits')}) or 8")
+    parser.add_argument("--group-size", type=int,
+                        help="columns per 4-bit scale (default: the backend's; "
+                        f"{default(QuantSpec, 'group_size')} for most)")
+    parser.add_argument("--quantizer", choices=METHODS,
+                        help="4-bit stand-in quantizer (default: the backend's): hqq (as the "
+                        "paper; most backends) or rtn; hqq-int, rtn-int: zero points rounded to "
+                        "integers (faster on onnx); sym: symmetric (ggml's Q4_0, its default)")
 
 
-def quant_spec(args: argparse.Namespace) -> QuantSpec:
-    return QuantSpec(bits=args.bits, group_size=args.group_size, method=args.quantizer)
+def quant_spec(args: argparse.Namespace, backend: QuantSpec = QuantSpec()) -> QuantSpec:
+    """The stand-ins the arguments ask for, over the backend's own (`backend`)."""
+    given = {"bits": args.bits, "group_size": args.group_size, "method": args.quantizer}
+    return attrs.evolve(backend, **{k: v for k, v in given.items() if v is not None})

@@ -52,7 +52,7 @@ def _stops(value: Any) -> tuple[str, ...]:
     return tuple(value)
 
 
-METHODS = ("hqq", "rtn", "hqq-int", "rtn-int")
+METHODS = ("hqq", "rtn", "hqq-int", "rtn-int", "sym")
 
 
 @attrs.frozen

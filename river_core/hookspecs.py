@@ -19,6 +19,7 @@ import attrs
 import pluggy
 
 from .backend import Capabilities, ModelShape
+from .config import QuantSpec
 from .options import NoOptions
 
 PROJECT = "river_core"
@@ -41,6 +42,8 @@ class BackendPlugin:
     shape: Callable[[str | None], ModelShape | None] = _shape_unknown
     """The model's depth and context read cheaply (a config file, a header); None when it
     cannot be read before loading."""
+    quant: QuantSpec = QuantSpec()
+    """The stand-ins it runs when the user names none: the grid its kernels run fastest."""
 
 
 @attrs.frozen

@@ -77,15 +77,16 @@ class RiverModel:
     @classmethod
     def from_pretrained(cls, model: str | None = None, *, backend: str = "hf",
                         device: str = "cpu", dtype: str | None = None,
-                        quant: QuantSpec = QuantSpec(), progress: bool = False,
+                        quant: QuantSpec | None = None, progress: bool = False,
                         registry: Registry | None = None) -> "RiverModel":
         """`model`: a local Hugging Face folder or GGUF file; None for the embedded default.
-        `dtype` None: the backend's default for the device."""
+        `dtype` None: the backend's default for the device; `quant` None: the backend's own
+        stand-ins (`BackendPlugin.quant`)."""
         registry = registry or default_registry()
-        load = registry.backend(backend).load
+        plugin = registry.backend(backend)
         chosen = {} if dtype is None else {"dtype": dtype}
-        return cls(load(model, device=device, quant=quant, progress=progress, **chosen),
-                   registry)
+        return cls(plugin.load(model, device=device, quant=quant or plugin.quant,
+                               progress=progress, **chosen), registry)
 
     @property
     def shape(self) -> ModelShape:

@@ -11,6 +11,10 @@ converts this one form into its own kernel layout, so all engines run the same s
     same start, a few proximal steps move each group's zero point to minimise an l_p (p < 1)
     norm of the weight error, which spends fewer codes on outliers. Same settings and early
     stop as the `hqq` package's `optimize_weights_proximal_legacy` (tested against it).
+  - `sym`: symmetric, the zero point fixed at 8 (codes -8..7 about it), the grid ggml's Q4_0
+    blocks run, 2.2x faster than its Q4_1 on an AVX2 CPU (docs/backends.md): each group's
+    scale the least-squares best of a grid of candidates (llama.cpp's `make_qx_quants` idea),
+    then refitted by least squares to the codes it gives.
 
 `weight_error` is the one definition of a stand-in's relative weight error
 ||Q(W) - W|| / ||W|| over a layer's projections, which the predictor and the K/V bound use.
@@ -101,6 +105,35 @@ def hqq_zero(w: np.ndarray, inverse_scale: np.ndarray, zero: np.ndarray, top: in
     return z[..., 0]
 
 
+def symmetric_scale(wg: np.ndarray, top: int) -> np.ndarray:
+    """Each group's scale for codes round(w / scale) clipped to -(top + 1) / 2 .. top // 2
+    (the zero point fixed at (top + 1) / 2): the candidate of least squared error among
+    -extreme / k for k over a grid about the largest code, each refitted to its own codes.
+    The scale takes the sign that puts the group's extreme on the wider, negative side of the
+    grid (ggml's Q4_0 does the same), so it may be negative."""
+    half = (top + 1) // 2
+    signed = np.take_along_axis(wg, np.abs(wg).argmax(-1)[..., None], -1)   # the extreme, signed
+    best_error, best_scale = None, None
+
+    def keep(scale: np.ndarray) -> np.ndarray:
+        nonlocal best_error, best_scale
+        codes = np.clip(np.round(wg / scale), -half, half - 1)
+        error = ((wg - codes * scale) ** 2).sum(-1, keepdims=True)
+        better = np.isfinite(error) if best_error is None else error < best_error
+        best_error = np.where(better, error, np.inf if best_error is None else best_error)
+        best_scale = np.where(better, scale, 0 if best_scale is None else best_scale)
+        return codes
+
+    with np.errstate(divide="ignore", invalid="ignore"):
+        for k in np.linspace(half - 1.5, half + 0.5, 17):
+            # the extreme on -k (its sign kept): the wider side of the grid; k = half is
+            # ggml's own Q4_0 scale
+            codes = keep(-signed / k)
+            keep((wg * codes).sum(-1, keepdims=True) / (codes * codes).sum(-1, keepdims=True))
+    # an all-zero group: any scale, codes at the zero point
+    return np.where(np.isfinite(best_scale) & (best_scale != 0), best_scale, 1.0)[..., 0]
+
+
 def quantize(w: np.ndarray, spec: QuantSpec) -> QuantWeight:
     """w: float [rows, columns] (y = x w^T)."""
     w = np.asarray(w, dtype=np.float32)
@@ -112,6 +145,11 @@ def quantize(w: np.ndarray, spec: QuantSpec) -> QuantWeight:
     g = group_size(spec.group_size, columns)
     wg = w.reshape(rows, columns // g, g)
     top = 2 ** spec.bits - 1
+    if spec.method == "sym":
+        scale = symmetric_scale(wg, top).astype(np.float32)
+        zero = np.full_like(scale, (top + 1) // 2)
+        codes = np.clip(np.round(wg / scale[..., None]) + zero[..., None], 0, top)
+        return QuantWeight(codes.reshape(rows, columns).astype(np.uint8), scale, zero, spec.bits)
     lo, hi = wg.min(-1), wg.max(-1)
     inverse = (top / np.maximum(hi - lo, 1e-8)).astype(np.float32)
     zero = -lo * inverse

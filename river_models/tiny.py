@@ -156,7 +156,7 @@ def save_mistral3(folder) -> str:
     return str(folder)
 
 
-def stand_ins(checkpoint, bits: int):
+def stand_ins(checkpoint, bits: int, method: str = "hqq"):
     """The stand-ins every backend's conformance factory uses for a tiny model: one setting
     for all, so their cross-engine comparison compares the same weights (groups of 32: the
     tiny widths are 64 and 128); not cached, they take milliseconds."""
@@ -164,4 +164,5 @@ def stand_ins(checkpoint, bits: int):
 
     from .quant import stand_ins as quantized
 
-    return quantized(checkpoint, QuantSpec(bits=bits, group_size=32), cache=False)
+    return quantized(checkpoint, QuantSpec(bits=bits, group_size=32, method=method),
+                     cache=False)

@@ -17,7 +17,7 @@ from river_models.tiny_gguf import gguf_file  # noqa: E402
 
 from river_ggml.lib import MappedGGUF  # noqa: E402
 from river_ggml.plugin import TINY, tiny_backend  # noqa: E402
-from river_ggml.stand_ins import q4_1, q8_0  # noqa: E402
+from river_ggml.stand_ins import q4_0, q4_1, q8_0  # noqa: E402
 
 PROMPT = [5, 9, 23, 40, 7, 11, 3, 30]
 # long enough that ggml's flash attention takes its tiled path for the prompt, which reads the
@@ -63,8 +63,9 @@ def test_a_layer_graph_is_built_once_per_shape():
     for k in range(5):
         backend.decode([7], Step(len(PROMPT) + k))
     shapes = [key for key in backend._graphs if key[0] != "head"]
-    # every layer's backbone: one prefill graph, one decode graph (one key bucket)
-    assert len(shapes) == 2 * backend.num_layers
+    # a graph per layer for the prefill (its cosines are read), and one for the whole
+    # backbone at decode (one key bucket)
+    assert len(shapes) == backend.num_layers + 1
 
 
 def test_the_stand_ins_are_rivers_own_quantization_in_ggml_blocks():
@@ -75,8 +76,46 @@ def test_the_stand_ins_are_rivers_own_quantization_in_ggml_blocks():
     q4 = quantize(w, QuantSpec(bits=4, group_size=64, method="hqq"))
     q8 = quantize(w, QuantSpec(bits=8))
     # the same codes; scales and offsets rounded to float16 (relative 2^-11)
+    sym = quantize(w, QuantSpec(bits=4, group_size=64, method="sym"))
     assert close(dequantize(q4_1(q4), Q.Q4_1), q4.dequantize()) < 1e-3
     assert close(dequantize(q8_0(q8), Q.Q8_0), q8.dequantize()) < 1e-3
+    assert close(dequantize(q4_0(sym), Q.Q4_0), sym.dequantize()) < 1e-3
+
+
+def test_its_own_stand_ins_are_q4_0_repacked_as_llama_cpp_loads_them():
+    from river_ggml.lib import g, repack_buffer_type
+
+    backend = tiny_backend("llama3", 0, 4, method="sym")
+    weights = backend.stand_in_weights
+    g.lib.ggml_backend_buffer_get_type.restype = g.ctypes.c_void_p
+    kinds = {weights.kind(n) for n in weights.tensors if n.startswith("blk.")}
+    assert kinds == {"Q4_0"}
+    if repack_buffer_type() is None or not g.ggml_cpu_has_avx2():
+        pytest.skip("this CPU's ggml repacks no Q4_0")
+    buffers = {g.lib.ggml_backend_buffer_get_type(weights.get(n).contents.buffer)
+               for n in weights.tensors if n.startswith("blk.")}
+    assert buffers == {repack_buffer_type()}
+    # and it runs: the same stand-ins read from the file (the host's copy) agree
+    backend.prefill([PROMPT], 64, prefill_exit=-1)
+    assert np.isfinite(backend.cache.k[:, :, :, :len(PROMPT)]).all()
+
+
+@pytest.mark.parametrize("method", ["hqq", "sym"])
+def test_a_span_of_layers_in_one_graph_is_those_layers_in_turn(method):
+    """The exit river's tail and full depth run as one graph each; the same numbers as the
+    layers one by one, and the same K/V written."""
+    backend = tiny_backend("qwen2", 0, 4, method=method)
+    backend.prefill([PROMPT], 64)
+    p = backend.begin([7], Step(len(PROMPT)))
+    h = backend.embed(p)
+    one_by_one = h
+    for i in range(1, backend.num_layers):
+        one_by_one = backend.stand_in_layer(p, i, one_by_one, None)
+    k = backend.cache.k.copy()
+    backend.cache.k[:, :, :, len(PROMPT)] = 0
+    spanned = backend.stand_in_tail(p, 1, h, None)
+    assert np.array_equal(spanned, one_by_one)
+    assert np.array_equal(backend.cache.k, k)
 
 
 def test_stand_in_errors_are_the_relative_weight_error():

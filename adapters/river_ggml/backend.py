@@ -24,7 +24,7 @@ from river_core.layout import View
 from river_models.spec import ModelSpec
 
 from . import CAPABILITIES
-from .blocks import F16, Layer, frequency_factors, head_graph, rope_mode
+from .blocks import F16, Layer, frequency_factors, head_graph, rope_mode, span_graph
 from .lib import HostTensors, MappedGGUF, aligned, cpu, default_threads
 from .stand_ins import head_name
 
@@ -148,6 +148,34 @@ class GgmlBackend(NumpyArrays, LayerEngine):
         if mids is not None:
             mids.append(out["mid"].reshape(shape).copy())
         return out["out"].reshape(shape).copy()
+
+    def _span(self, p: GgmlPass, start: int, stand_in: bool, x: np.ndarray) -> np.ndarray:
+        """Layers start..L-1 (their stand-ins with `stand_in`) on x [1, tokens, hidden] as
+        one graph, built once per (start, stand_in, tokens, key bucket)."""
+        tokens = p.step.tokens
+        key = ("span", start, stand_in, tokens, p.keys)
+        graph = self._graphs.get(key)
+        if graph is None:
+            graph = self._graphs[key] = span_graph(self._layers[stand_in][start:], tokens,
+                                                   p.keys)
+        values = dict(x=x[0], pos=p.pos, slots=p.writes)
+        for j, i in enumerate(range(start, self.num_layers)):
+            values[f"mask{j}"], values[f"factors{j}"] = p.masks[i], p.rope[i]
+        if p.query_scale is not None:
+            values["qscale"] = p.query_scale
+        cpu().set_threads(self.threads)
+        return graph.run(**values)["out"].reshape(1, tokens, self.spec.hidden).copy()
+
+    def _full_depth(self, p: GgmlPass) -> np.ndarray:
+        return self._span(p, 0, False, self.embed_ids(p.ids))
+
+    def stand_in_tail(self, p: GgmlPass, start: int, h, rows):
+        if start == self.num_layers:
+            return h
+        if rows is None:
+            return self._span(p, start, True, h)
+        idx = p.index(rows, self.make_index)
+        return self.scatter(h, idx, self._span(p, start, True, h[idx]))
 
     def project_kv(self, p: GgmlPass, i: int, h, rows) -> None:
         tokens = p.step.tokens

@@ -92,6 +92,10 @@ class Layer:
         """The block: outputs `out` and `mid` [tokens, hidden]."""
         return Graph(self._inputs(tokens, keys), lambda ctx, t: self._block(ctx, t, tokens, keys))
 
+    def block(self, ctx, t: dict, tokens: int, keys: int) -> dict:
+        """The block's ops in a graph being built (`span_graph`), from inputs `t`."""
+        return self._block(ctx, t, tokens, keys)
+
     def kv_graph(self, tokens: int) -> Graph:
         """The step's K/V of this layer written from x without running it (`propagate`)."""
         return Graph(self._inputs(tokens, None),
@@ -166,6 +170,27 @@ class Layer:
         if self.post_ffn is not None:
             down = self._norm(ctx, down, self.post_ffn)
         return {"out": g.ggml_add(ctx, mid, down), "mid": mid}
+
+
+def span_graph(layers: "list[Layer]", tokens: int, keys: int) -> Graph:
+    """`layers` in turn as one graph, `x` in and `out` [tokens, hidden] out: the exit river's
+    tail or the whole backbone in one compute, where no decision reads the host between
+    layers (a graph a layer costs some tens of microseconds from Python: docs/backends.md).
+    Each layer takes its own mask and frequency factors (`mask{j}`, `factors{j}`, j its place
+    in the span)."""
+    first = layers[0]._inputs(tokens, keys)
+    inputs = {k: v for k, v in first.items() if k not in ("mask", "factors")}
+    for j, layer in enumerate(layers):
+        own = layer._inputs(tokens, keys)
+        inputs[f"mask{j}"], inputs[f"factors{j}"] = own["mask"], own["factors"]
+
+    def build(ctx, t):
+        x = t["x"]
+        for j, layer in enumerate(layers):
+            x = layer.block(ctx, {**t, "x": x, "mask": t[f"mask{j}"],
+                                  "factors": t[f"factors{j}"]}, tokens, keys)["out"]
+        return {"out": x}
+    return Graph(inputs, build)
 
 
 def head_graph(spec: ModelSpec, final_norm, weight, rows: int) -> Graph:

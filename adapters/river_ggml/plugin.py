@@ -15,6 +15,8 @@ from . import CAPABILITIES
 
 # the GGUF architectures it runs, and the tiny families whose GGUF River writes for them
 TINY = ("llama3", "qwen2", "phi3")
+# its stand-ins: symmetric 4-bit groups of 32, ggml's Q4_0 blocks (stand_ins.py)
+STAND_INS = QuantSpec(group_size=32, method="sym")
 
 
 def _binding():
@@ -51,7 +53,7 @@ def spec_and_tokenizer(model: str | None):
 
 
 def load(model: str | None = None, *, device: str = "cpu", dtype: str | None = None,
-         quant: QuantSpec = QuantSpec(), progress: bool = False):
+         quant: QuantSpec = STAND_INS, progress: bool = False):
     """llama.cpp's ggml CPU kernels, layer by layer, over the GGUF's own tensor types; K/V in
     float16. A 4-bit backbone GGUF runs too, but its 4-bit stand-ins read as many bytes as the
     backbone, so the river saves nothing there."""
@@ -70,10 +72,11 @@ def load(model: str | None = None, *, device: str = "cpu", dtype: str | None = N
     return GgmlBackend(backbone, spec, tokenizer, weights, errors)
 
 
-def tiny_backend(family: str, seed: int, bits: int):
+def tiny_backend(family: str, seed: int, bits: int, method: str = "hqq"):
     """The ggml backend over a tiny random model written as a float32 GGUF as llama.cpp's
     converter writes it (river_models.tiny_gguf), with the very stand-ins the other engines'
-    factories run (tiny.stand_ins) under the GGUF's names, in a temporary folder."""
+    factories run (tiny.stand_ins; `method` "sym": this engine's own, as Q4_0) under the
+    GGUF's names, in a temporary folder."""
     if family not in TINY:
         raise CapabilityError(f"the ggml engine's tiny GGUFs are {', '.join(TINY)}; "
                               f"not {family} yet")
@@ -89,7 +92,7 @@ def tiny_backend(family: str, seed: int, bits: int):
 
     checkpoint = tiny.checkpoint(family, seed)
     spec = checkpoint.spec
-    quant = tiny.stand_ins(checkpoint, bits)
+    quant = tiny.stand_ins(checkpoint, bits, method)
     weights, errors = mapped(Quantized(
         tuple({f"blk.{i}.{name}": q for name, q in
                projections(family, spec, layer, permute, QuantWeight.stack).items()}
@@ -109,7 +112,7 @@ def shape(model: str | None) -> ModelShape | None:
 
 @hookimpl
 def river_backends():
-    return {"ggml": BackendPlugin(load, CAPABILITIES, shape)}
+    return {"ggml": BackendPlugin(load, CAPABILITIES, shape, STAND_INS)}
 
 
 @hookimpl

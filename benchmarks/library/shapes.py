@@ -98,12 +98,13 @@ def random_checkpoint(name: str, max_positions: int, seed: int = 0):
 
 
 def shared_stand_ins(checkpoint, quant: QuantSpec):
-    """The stand-ins of a random shape: its one layer quantized once (by RTN), for every layer."""
+    """The stand-ins of a random shape: its one layer quantized once (RTN where HQQ is asked),
+    for every layer."""
     from river_models import StandInWeights
     from river_models.quant import HEAD, quantize, weight_error
     from river_models.spec import PROJECTIONS
 
-    spec = QuantSpec(bits=quant.bits, group_size=quant.group_size, method="rtn")
+    spec = attrs.evolve(quant, method=quant.method.replace("hqq", "rtn"))
     layer = checkpoint.weights.layers[0]
     q = {name: quantize(layer.projections[name], spec) for name in PROJECTIONS}
     n = checkpoint.spec.num_layers
