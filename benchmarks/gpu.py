@@ -99,7 +99,8 @@ def grid_args(args, engines: list[str], shape_list: list[str]) -> argparse.Names
     return argparse.Namespace(engines=engines, configs=list(MODES.values()), shapes=shape_list,
                               positions=args.positions, prompts=args.prompts,
                               tokens=args.tokens, rounds=args.rounds, device=args.device,
-                              bits=4, quantizer="hqq", anchors_python=None, model=args.model)
+                              bits=None, group_size=None, quantizer=None,   # each engine's own
+                              anchors_python=None, model=args.model)
 
 
 def capacity(args) -> int:

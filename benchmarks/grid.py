@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -52,6 +53,10 @@ from .library.timing import machine, median_us
 ANCHORS = ("llamacpp", "genai")
 TRANSFORMERS = "transformers"   # transformers' own generate() on the real model, in process
 CONFIGS = ("backbone", "exit", "lossless", "whole-4bit")
+# seconds between cells: the last engine's worker threads (OpenMP's, llama.cpp's) spin-wait a
+# while after their work, and on a 2-core machine they took the next cell's cores (a tiny
+# model's full depth measured 6x slower right after llama.cpp)
+PARK = 0.2
 
 
 def exit_config(name: str) -> ExitConfig:
@@ -163,8 +168,10 @@ def measure(args, loaded: dict | None = None) -> dict:
     for shape in args.shapes:
         models = load_models(river, shape, args, loaded)
         workers = {e: Transformers(args.model) if e == TRANSFORMERS else
-                   anchors.start(e, python, args.model) for e in args.engines
-                   if is_anchor(e) and shape == shapes.REAL}
+                   anchors.start(e, python, args.model,
+                                 None if shape == shapes.REAL else shape)
+                   for e in args.engines if is_anchor(e)
+                   and (shape == shapes.REAL or e.startswith("llamacpp"))}
         cells = [Cell(e, c, models[e], None) for e in river for c in args.configs] + \
             [Cell(e, "backbone", None, w) for e, w in workers.items()]
         text_model = next(iter(models.values()))
@@ -178,6 +185,7 @@ def measure(args, loaded: dict | None = None) -> dict:
                     print(f"{shape}: round {r + 1}/{args.rounds}, {n} positions, prompt "
                           f"{p + 1}", file=sys.stderr, flush=True)
                     for cell in cells[p % len(cells):] + cells[:p % len(cells)]:
+                        time.sleep(PARK)
                         runs[(cell.engine, cell.config, n)].append(cell.run(ids, args.tokens))
         for worker in workers.values():
             worker.close()

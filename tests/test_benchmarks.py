@@ -136,6 +136,7 @@ def bench(tmp_path_factory):
 
 has_vllm = importlib.util.find_spec("vllm") is not None
 has_lm_eval = importlib.util.find_spec("lm_eval") is not None
+has_ggml = importlib.util.find_spec("ggml") is not None
 TINY = [   # each benchmark at a tiny size, in an order that gives later ones their inputs
     ("tasks", "--configs", "full", "quantized", "river/settled:0.97", "lossless/fixed:-1/3=",
      "--gsm8k-limit", "1", "--humaneval-limit", "1", "--shots", "1", "--max-tokens", "4",
@@ -148,6 +149,12 @@ TINY = [   # each benchmark at a tiny size, in an order that gives later ones th
     ("grid", "--engines", "hf", "onnx", "transformers", "--shapes", "default", "tiny",
      "--configs", "backbone", "exit", "lossless", "whole-4bit", "exit@1", "lossless@8",
      "--positions", "8", "16", "--tokens", "3", "--prompts", "1"),
+    pytest.param(("grid", "--engines", "ggml", "--shapes", "tiny", "--configs", "backbone",
+                  "exit@1", "--positions", "8", "--tokens", "3", "--prompts", "1", "--name",
+                  "grid-ggml"),
+                 marks=pytest.mark.skipif(not has_ggml, reason="needs the ggml extra")),
+    ("projection", "--engine", "hf", "--shape", "tiny", "--positions", "8", "--prompts", "1",
+     "--tokens", "4", "--repeats", "1"),
     ("gpu", "--device", "cpu", "--shapes", "default", "tiny", "--positions", "8", "--prompts",
      "1", "--tokens", "3", "--rounds", "1", "--tests", "tests/test_footprint.py",
      "--concurrency", "1"),

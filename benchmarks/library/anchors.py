@@ -83,12 +83,19 @@ class Worker:
         self.process.wait()
 
 
-def start(engine: str, python: Path, model: str | None) -> Worker:
+def start(engine: str, python: Path, model: str | None, shape: str | None = None) -> Worker:
     """An anchor engine, `llamacpp:KIND` (Q4_1, the embedded GGUF, or one of GGUF_TYPES
-    written from it) or `genai:PRECISION` (GENAI_PRECISIONS), on `model`'s weights."""
+    written from it) or `genai:PRECISION` (GENAI_PRECISIONS), on `model`'s weights; with
+    `shape`, llama.cpp on that random shape's GGUF (F16 or Q4_0: shapes.random_gguf)."""
     from river_models import default_gguf
 
+    from . import shapes
+
     name, _, kind = engine.partition(":")
+    if shape is not None:
+        if name != "llamacpp":
+            raise SystemExit(f"random shapes run on llama.cpp among the anchors, not {name}")
+        return Worker(python, "llamacpp", str(shapes.random_gguf(shape, kind or "F16", python)))
     if name == "llamacpp":
         q4 = default_gguf() if model is None else Path(model)
         if q4.suffix != ".gguf":

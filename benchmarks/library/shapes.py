@@ -10,6 +10,9 @@ the kernels and bytes are the same, and HQQ in NumPy takes minutes per billion w
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import attrs
 import numpy as np
 
@@ -64,6 +67,7 @@ SHAPES = {
 }
 PAPER = ("llama-1b", "llama-8b", "phi-4-mini", "ministral-3-8b")
 REAL = "default"   # the embedded model, or --model
+ROPE_BASE = 500000.0   # Llama 3's
 
 
 class NoText:
@@ -87,7 +91,7 @@ def random_checkpoint(name: str, max_positions: int, seed: int = 0):
     embed = w(s.vocab, s.hidden)
     head = embed if s.tied else embed.copy()
     hd = s.head_dim
-    inv_freq = tuple(float(f) for f in 1.0 / 500000.0 ** (np.arange(0, hd, 2) / hd))
+    inv_freq = tuple(float(f) for f in 1.0 / ROPE_BASE ** (np.arange(0, hd, 2) / hd))
     spec = ModelSpec(family="llama", num_layers=s.layers, hidden=s.hidden,
                      intermediate=s.intermediate, heads=s.heads, kv_heads=s.kv_heads,
                      head_dim=hd, vocab=s.vocab, max_positions=max_positions, eos_ids=(),
@@ -110,6 +114,103 @@ def shared_stand_ins(checkpoint, quant: QuantSpec):
     n = checkpoint.spec.num_layers
     return StandInWeights(spec, (q,) * n, (weight_error(layer, q),) * n,
                     quantize(checkpoint.weights.head, HEAD))
+
+
+GGUF_FORMAT = 1   # bump when random_gguf's file changes
+
+
+def random_gguf(name: str, kind: str, anchors_python=None):
+    """Random shape `name` as a llama GGUF of `kind`, made once into the benchmark cache: F16
+    written here as llama.cpp's converter writes a Llama (Q and K rows permuted, norms F32);
+    Q4_0 made from it by llama.cpp's own quantizer (`llama_model_quantize`, what
+    llama-quantize runs) in the anchors' environment `anchors_python`. The vocabulary is
+    placeholder pieces: a random model decodes ids."""
+    from river_models.cache import cache_root
+
+    folder = cache_root() / "bench"
+    target = folder / f"random-{name}-{kind}-{GGUF_FORMAT}.gguf"
+    if target.is_file():
+        return target
+    folder.mkdir(parents=True, exist_ok=True)
+    partial = target.with_suffix(".partial")
+    if kind == "F16":
+        _write_f16(name, partial)
+    elif kind == "Q4_0":
+        source = random_gguf(name, "F16")
+        quantize = ("import sys, llama_cpp as l; p = l.llama_model_quantize_default_params(); "
+                    "p.ftype = l.LLAMA_FTYPE_MOSTLY_Q4_0; p.nthread = 0; "
+                    "sys.exit(l.llama_model_quantize(sys.argv[1].encode(), "
+                    "sys.argv[2].encode(), p))")
+        subprocess.run([str(anchors_python), "-c", quantize, str(source), str(partial)],
+                       check=True)
+    else:
+        raise SystemExit(f"random shapes are written as F16 or Q4_0 GGUFs, not {kind}")
+    partial.rename(target)
+    return target
+
+
+def _write_f16(name: str, path) -> None:
+    import gguf
+
+    from river_models.tiny_gguf import projections
+
+    checkpoint = random_checkpoint(name, 4096)
+    spec, weights, s = checkpoint.spec, checkpoint.weights, SHAPES[name]
+    print(f"writing {name} as an F16 GGUF ({s.params() * 2 / 1e9:.1f} GB)", file=sys.stderr,
+          flush=True)
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_context_length(131072)
+    w.add_embedding_length(s.hidden)
+    w.add_block_count(s.layers)
+    w.add_feed_forward_length(s.intermediate)
+    w.add_head_count(s.heads)
+    w.add_head_count_kv(s.kv_heads)
+    w.add_rope_dimension_count(s.head_dim)
+    w.add_rope_freq_base(ROPE_BASE)
+    w.add_layer_norm_rms_eps(spec.norm_eps)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    w.add_tokenizer_model("llama")
+    w.add_token_list([f"<{i}>".encode() for i in range(s.vocab)])
+    w.add_token_scores([0.0] * s.vocab)
+    w.add_token_types([gguf.TokenType.CONTROL] * 3 + [gguf.TokenType.NORMAL] * (s.vocab - 3))
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    half = lambda a: a.astype(np.float16)
+    w.add_tensor("token_embd.weight", half(weights.embed))
+    w.add_tensor("output_norm.weight", weights.final_norm)
+    if not s.tied:
+        w.add_tensor("output.weight", half(weights.head))
+    layer = weights.layers[0]   # every layer the same draw, each stored whole
+    tensors = {**{k: half(v) for k, v in projections("llama3", spec, layer.projections).items()},
+               "attn_norm.weight": layer.input_norm, "ffn_norm.weight": layer.pre_mlp_norm}
+    for i in range(s.layers):
+        for tensor, value in tensors.items():
+            w.add_tensor(f"blk.{i}.{tensor}", value)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file(progress=True)
+    w.close()
+
+
+def ggml_backend(name: str, checkpoint, quant: QuantSpec):
+    """The ggml engine on random shape `name`: its F16 GGUF, and the shared stand-ins as the
+    engine's blocks under the GGUF's names (Q and K permuted as the GGUF stores them)."""
+    from river_ggml.backend import GgmlBackend
+    from river_ggml.lib import MappedGGUF
+    from river_ggml.stand_ins import Quantized, mapped
+    from river_models import QuantWeight
+    from river_models.tiny_gguf import permuted, projections
+
+    def permute(q: QuantWeight, heads: int) -> QuantWeight:
+        return QuantWeight(*(permuted(a, heads) for a in (q.codes, q.scale, q.zero)), q.bits)
+
+    quantized = shared_stand_ins(checkpoint, quant)
+    spec = checkpoint.spec
+    layer = projections("llama3", spec, quantized.layers[0], permute)
+    weights, errors = mapped(Quantized(
+        tuple({f"blk.{i}.{n}": q for n, q in layer.items()} for i in range(spec.num_layers)),
+        quantized.errors, quantized.head))
+    return GgmlBackend(MappedGGUF(random_gguf(name, "F16")), spec, NoText(), weights, errors)
 
 
 def load(engine: str, shape: str, model: str | None, device: str, quant: QuantSpec,
@@ -141,4 +242,6 @@ def load(engine: str, shape: str, model: str | None, device: str, quant: QuantSp
         folder = Path(tempfile.mkdtemp(prefix=f"river-{shape}-"))
         manifest = export_model(checkpoint, quantized, folder, progress=True)
         return RiverModel(OnnxBackend(folder, manifest, checkpoint.tokenizer, device))
-    raise SystemExit(f"random shapes run on River's hf and onnx engines, not {backend!r}")
+    if backend == "ggml":
+        return RiverModel(ggml_backend(shape, checkpoint, quant))
+    raise SystemExit(f"random shapes run on River's hf, onnx and ggml engines, not {backend!r}")
