@@ -153,6 +153,9 @@ TINY = [   # each benchmark at a tiny size, in an order that gives later ones th
                   "exit@1", "--positions", "8", "--tokens", "3", "--prompts", "1", "--name",
                   "grid-ggml"),
                  marks=pytest.mark.skipif(not has_ggml, reason="needs the ggml extra")),
+    pytest.param(("ggml_kernels", "--count", "2", "--rows", "64", "--columns", "64",
+                  "--tokens", "1", "2", "--repeats", "1"),
+                 marks=pytest.mark.skipif(not has_ggml, reason="needs the ggml extra")),
     ("projection", "--engine", "hf", "--shape", "tiny", "--positions", "8", "--prompts", "1",
      "--tokens", "4", "--repeats", "1"),
     ("gpu", "--device", "cpu", "--shapes", "default", "tiny", "--positions", "8", "--prompts",
@@ -176,7 +179,7 @@ TINY = [   # each benchmark at a tiny size, in an order that gives later ones th
                  marks=pytest.mark.skipif(not (has_vllm and has_lm_eval),
                                           reason="needs the vllm and eval extras")),
 ]
-NO_MODEL = {"river_kv_error", "paper_models"}
+NO_MODEL = {"river_kv_error", "paper_models", "ggml_kernels"}
 
 
 def test_every_benchmark_runs_in_the_suite():
