@@ -144,10 +144,15 @@ def test_a_warm_cache_load_imports_neither_torch_nor_transformers(engine, tmp_pa
     job = ("import sys; from river_core import RiverModel; "
            f"m = RiverModel.from_pretrained({model!r}, backend={engine!r}); "
            "m.generate('hi', max_new_tokens=2); "
+           "print(sorted(m.backend.load_seconds), file=sys.stderr); "
            "print(sorted({'torch', 'transformers'} & set(sys.modules)))")
     env = {**os.environ, "RIVER_CACHE": str(tmp_path / "cache")}
     first, warm = (subprocess.run([sys.executable, "-c", job], capture_output=True, text=True,
                                   env=env) for _ in range(2))
     assert first.returncode == 0, first.stderr[-2000:]
     assert warm.stdout.strip() == "[]", warm.stderr[-2000:]
+    # each phase of the load timed, for `river generate --json`
+    phases = {"onnx": "['export', 'imports', 'sessions', 'tokenizer']",
+              "ggml": "['backbone', 'imports', 'stand-ins', 'tokenizer']"}[engine]
+    assert warm.stderr.strip().splitlines()[-1] == phases
 

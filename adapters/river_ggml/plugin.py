@@ -56,7 +56,11 @@ def load(model: str | None = None, *, device: str = "cpu", dtype: str | None = N
          quant: QuantSpec = STAND_INS, progress: bool = False):
     """llama.cpp's ggml CPU kernels, layer by layer, over the GGUF's own tensor types; K/V in
     float16. A 4-bit backbone GGUF runs too, but its 4-bit stand-ins read as many bytes as the
-    backbone, so the river saves nothing there."""
+    backbone, so the river saves nothing there. Its phases' wall-clock is the backend's
+    `load_seconds`."""
+    from river_core.phases import Phases
+
+    phases = Phases()
     if device != "cpu":
         raise ConfigError(f"the ggml backend runs on the CPU, not {device}")
     if dtype not in (None, "float32"):
@@ -65,11 +69,17 @@ def load(model: str | None = None, *, device: str = "cpu", dtype: str | None = N
     lib = _binding()
     from .backend import GgmlBackend
     from .stand_ins import stand_ins
+    phases.done("imports")
 
     backbone = lib.MappedGGUF(backbone_gguf(model))
+    phases.done("backbone")   # mapped (its F16 copy made once for the embedded model)
     spec, tokenizer = spec_and_tokenizer(model)
-    weights, errors = stand_ins(backbone, spec.num_layers, quant)
-    return GgmlBackend(backbone, spec, tokenizer, weights, errors)
+    phases.done("tokenizer")
+    weights, errors = stand_ins(backbone, spec.num_layers, quant, progress)
+    phases.done("stand-ins")   # found in the cache, or made; 4-bit ones repacked
+    backend = GgmlBackend(backbone, spec, tokenizer, weights, errors)
+    backend.load_seconds = phases.seconds
+    return backend
 
 
 def tiny_backend(family: str, seed: int, bits: int, method: str = "hqq"):

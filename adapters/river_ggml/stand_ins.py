@@ -111,11 +111,15 @@ class Quantized:
     head: QuantWeight
 
 
-def quantized(source: MappedGGUF, layers: int, spec: QuantSpec) -> Quantized:
+def quantized(source: MappedGGUF, layers: int, spec: QuantSpec,
+              progress: bool = False) -> Quantized:
     """Every projection of the backbone GGUF quantized by River's quantizer, each layer's
     error by river_models.quant.weight_error."""
+    from tqdm import tqdm
+
     out, errors = [], []
-    for i in range(layers):
+    for i in tqdm(range(layers), desc=f"stand-ins ({spec.label})", unit="layer",
+                  disable=not progress):
         weights = {name: floats(source, name) for name in projections(source, i)}
         q = {name: quantize(w, spec) for name, w in weights.items()}
         out.append(q)
@@ -157,13 +161,15 @@ def mapped(stand_ins: Quantized) -> tuple[MappedGGUF, list[float]]:
     return MappedGGUF(path), list(stand_ins.errors)
 
 
-def stand_ins(source: MappedGGUF, layers: int, spec: QuantSpec) -> tuple[MappedGGUF, list[float]]:
+def stand_ins(source: MappedGGUF, layers: int, spec: QuantSpec,
+              progress: bool = False) -> tuple[MappedGGUF, list[float]]:
     """The stand-ins of the backbone GGUF `source` at `spec`, made once into the user cache,
     memory-mapped; and each layer's relative weight error."""
     key = digest(content_key(source.path), FORMAT, spec.bits, spec.group_size, spec.method,
                  version())
     target = cache_root() / "ggml-stand-ins" / f"{source.path.stem}-{key}"
-    cached(target, lambda tmp: write(quantized(source, layers, spec), tmp / "stand-ins.gguf"),
+    cached(target, lambda tmp: write(quantized(source, layers, spec, progress),
+                                     tmp / "stand-ins.gguf"),
            key, source=source.path)
     weights = MappedGGUF(target / "stand-ins.gguf")
     made_by = weights.metadata.get(VERSION)
