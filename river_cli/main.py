@@ -4,6 +4,7 @@ commands plugins add (`river cache` from the model package)."""
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 import time
@@ -30,13 +31,27 @@ def _model_arguments(p: argparse.ArgumentParser, *, speculative: bool) -> None:
     (the settings' own arguments declared once, river_core.arguments)."""
     p.add_argument("--model", help="local Hugging Face folder or .gguf (default: embedded "
                    "SmolLM2-135M-Instruct)")
-    p.add_argument("--backend", default="hf", help="hf, onnx, llamacpp (river plugins)")
+    p.add_argument("--backend", help="ggml, hf, onnx, llamacpp (river plugins); default: ggml "
+                   "for the embedded model or a GGUF on the CPU where it is installed (the "
+                   "fastest there), else hf")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", help="the weights' and activations' type (default: the "
                    "backend's: float32 on the CPU; on CUDA bfloat16 for hf, float16 for onnx)")
     arguments.add_exit_arguments(p, speculative=speculative, prefill=speculative)
     arguments.add_quant_arguments(p)
     p.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
+
+
+def default_backend(model: str | None, device: str, registry) -> str:
+    """The engine `river generate` and `calibrate` run when none is named: ggml, llama.cpp's
+    kernels, the fastest engine at the defaults on the CPU (docs/backends.md), for what it
+    runs (the embedded model, a GGUF) where its extra is installed; else hf, which runs
+    every model and device."""
+    runs_ggml = model is None or model.endswith(".gguf")
+    if device == "cpu" and runs_ggml and "ggml" in registry.entries("backend") \
+            and importlib.util.find_spec("ggml") is not None:
+        return "ggml"
+    return "hf"
 
 
 def _parser(registry) -> argparse.ArgumentParser:
@@ -292,6 +307,8 @@ def _plugins() -> None:
 def main(argv: list[str] | None = None) -> int:
     try:
         args = _parser(default_registry()).parse_args(argv)
+        if getattr(args, "backend", "") is None:
+            args.backend = default_backend(args.model, args.device, default_registry())
         if args.command == "generate":
             _generate(args)
         elif args.command == "calibrate":

@@ -28,7 +28,7 @@ def run(*args):
     (["generate", "   "], "empty prompt"),
     (["generate", "hi", "--model", "/nonexistent/model"], "model not found"),
     (["generate", "hi", "--device", "tpu"], "unknown device 'tpu'"),
-    (["generate", "hi", "--dtype", "int3"], "unknown dtype 'int3'"),
+    (["generate", "hi", "--backend", "hf", "--dtype", "int3"], "unknown dtype 'int3'"),
 ])
 def test_bad_input_gets_one_clear_message(args, message, capsys):
     assert main(args) == 2
@@ -206,3 +206,22 @@ def test_river_serve_without_vllm_says_what_to_install(tiny_folder, monkeypatch,
     assert main(["serve", tiny_folder("llama")]) == 2
     err = capsys.readouterr().err
     assert "river serve runs vLLM, which is not installed: pip install -e '.[vllm]'" in err
+
+
+def test_the_default_engine_is_ggml_where_it_runs_and_is_fastest(monkeypatch):
+    """`river generate` with no --backend: llama.cpp's kernels for the embedded model or a GGUF
+    on the CPU (the fastest engine at the defaults: docs/backends.md), hf for a folder, for a
+    GPU, or without the ggml extra."""
+    import importlib.util
+
+    from river_cli.main import default_backend
+    from river_core import default_registry
+
+    registry = default_registry()
+    has_ggml = importlib.util.find_spec("ggml") is not None
+    assert default_backend(None, "cpu", registry) == ("ggml" if has_ggml else "hf")
+    assert default_backend("model.gguf", "cpu", registry) == ("ggml" if has_ggml else "hf")
+    assert default_backend("a/folder", "cpu", registry) == "hf"
+    assert default_backend(None, "cuda", registry) == "hf"
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    assert default_backend(None, "cpu", registry) == "hf"
