@@ -17,7 +17,8 @@ from .plan import Plan, resolve
 from .plugins import Registry, default_registry
 from .policy import ScriptedExits
 from .sampling import Sampler
-from .speculative import speculative_stream
+from .drafting import DraftStore
+from .speculative import DraftLength, speculative_stream
 
 _EXIT_FIELDS = {f.name for f in attrs.fields(ExitConfig)} - {"options"}
 _GEN_FIELDS = {f.name for f in attrs.fields(GenerationConfig)}
@@ -73,6 +74,10 @@ class RiverModel:
         self.registry = registry or default_registry()
         # a backend owns one KV cache: calls on one model take turns, two models run at once
         self.lock = threading.Lock()
+        # speculative mode's adaptive draft length, kept from one generation to the next of
+        # the same settings and context scale (`_draft_length`), and between processes
+        self._draft_lengths: dict[str, DraftLength] = {}
+        self._draft_store: DraftStore | None = None
 
     @classmethod
     def from_pretrained(cls, model: str | None = None, *, backend: str = "hf",
@@ -174,12 +179,43 @@ class RiverModel:
             if sample is not None or eos is not None:
                 raise ConfigError("speculative mode chooses tokens by its own verification "
                                   "rule: it takes no caller's sampler or EOS set")
+            key = f"{plan.config!r}|{len(prompts[0]).bit_length()}"
+            length = self._draft_length(plan, key, generation_config)
             stream = speculative_stream(self.backend, prompts, generation_config, plan.run(),
-                                        plan.draft_length())
+                                        length)
+            if length is self._draft_lengths.get(key):
+                stream = self._remembered(stream, key, length)
         else:
             stream = stream_ids(self.backend, prompts, generation_config, plan.run(),
                                 plan.config.prefill_exit, sample, eos)
         return _holding(self.lock, stream)
+
+    def _draft_length(self, plan: Plan, key: str, gen: GenerationConfig) -> DraftLength:
+        """The adaptive draft length this model learned on earlier greedy generations of the
+        same settings at contexts of the same power of two (`key`), in this process or, from
+        the user cache, in an earlier one on this CPU (`drafting.py`): what drafts cost and
+        gain there is the machine's and the model's, so a call does not pay the first
+        rounds' trials again (on the ggml engine they cost a 32-token answer up to a tenth).
+        A sampled generation starts afresh, so that its seed draws as before."""
+        if not plan.config.adaptive or gen.temperature > 0:
+            return plan.draft_length()
+        if key not in self._draft_lengths:
+            length = self._draft_lengths[key] = plan.draft_length()
+            stored = self._drafts().read().get(key)
+            if stored is not None:
+                length.resume(stored)
+        return self._draft_lengths[key]
+
+    def _drafts(self) -> DraftStore:
+        if self._draft_store is None:
+            self._draft_store = DraftStore(self.backend)
+        return self._draft_store
+
+    def _remembered(self, stream: Stream, key: str, length: DraftLength) -> Stream:
+        """`stream`, and once it is done, what its draft length measured, in the user cache."""
+        result = yield from stream
+        self._drafts().write(key, length.state())
+        return result
 
     def teacher_force(self, prompts: Sequence[Sequence[int]],
                       continuations: Sequence[Sequence[int]], exit_config: ExitConfig | Plan,

@@ -77,6 +77,20 @@ class DraftLength:
         self._times: dict[bool, list[float]] = {True: [], False: []}
         self._wait, self._since, self._trying = self.PROBE, 0, False
 
+    def state(self) -> dict:
+        """What it has measured and chosen, as JSON (`resume` takes it, in another process:
+        `drafting.DraftStore`)."""
+        return {"drafted": self._times[True], "plain": self._times[False], "next": self._next,
+                "wait": self._wait}
+
+    def resume(self, state: dict) -> None:
+        """Start from `state` (another generation's `state()`): its choice stands from the
+        first round, and it keeps measuring and trying the other way as before."""
+        self._times = {True: list(state["drafted"])[-self.KEEP:],
+                       False: list(state["plain"])[-self.KEEP:]}
+        self._next = min(self.most, max(1, int(state["next"])))
+        self._wait = min(max(self.PROBE, int(state["wait"])), self.LONGEST)
+
     @property
     def acceptance(self) -> float:
         """The share of drafted tokens kept so far."""

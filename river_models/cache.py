@@ -32,18 +32,11 @@ from typing import Callable, Iterator
 import attrs
 
 from river_core.errors import ModelError
+from river_core.user_cache import cache_root  # noqa: F401 (the root, for river_models' users)
 
 FORMAT = 2   # the layout of an entry and its manifest: entries of another format are rebuilt
 MANIFEST = "river-cache.json"
 PARTIAL = ".partial-"
-
-
-def cache_root() -> Path:
-    """River's user cache, one root for converted models, stand-ins and calibration profiles:
-    $RIVER_CACHE, else $XDG_CACHE_HOME/river or ~/.cache/river."""
-    if "RIVER_CACHE" in os.environ:
-        return Path(os.environ["RIVER_CACHE"])
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "river"
 
 
 def digest(*parts: object) -> str:

@@ -1,5 +1,7 @@
 """Speculative (lossless) mode beyond the kit: the sampling rule, the draft length, the API."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -178,3 +180,51 @@ def test_speculative_mode_keeps_stop_strings_and_refuses_unknown_sampling_settin
     assert lossless.text == full[:full.index(stop)]
     with pytest.raises(ConfigError, match="unknown option 'min_p'"):
         model.generate("abc", chat=False, mode="speculative", temperature=1.0, min_p=0.1)
+
+
+def test_a_warm_model_keeps_what_drafting_costs_from_one_greedy_generation_to_the_next(
+        folder, monkeypatch, tmp_path):
+    """The adaptive draft length carries over between greedy generations of the same settings
+    and context scale, so the second does not repeat the first's plain step and trial rounds;
+    text unchanged. Another context scale, or a sampled generation, starts afresh."""
+    from river_core.plan import Plan
+
+    monkeypatch.setenv("RIVER_CACHE", str(tmp_path))   # nothing learned before
+    made = []
+    fresh = Plan.draft_length
+    monkeypatch.setattr(Plan, "draft_length", lambda plan: made.append(1) or fresh(plan))
+    model = RiverModel.from_pretrained(folder)
+    settings = dict(chat=False, max_new_tokens=12, mode="speculative", policy="fixed", layer=0)
+    first, second = (model.generate("abc", **settings) for _ in range(2))
+    assert first.text == second.text and len(made) == 1
+    assert first.stats.drafted[:2] == [0, 2]   # a plain step first, then a trial
+    model.generate("abc" * 40, **settings)
+    model.generate("abc", temperature=1.0, seed=1, **settings)
+    assert len(made) == 3
+
+
+def test_a_new_process_starts_from_what_the_last_one_measured_on_this_cpu(folder, tmp_path,
+                                                                          monkeypatch):
+    """The draft length's measurements go to the user cache after a greedy generation, keyed
+    by engine, model bytes and CPU: the next process's first round follows them (no plain
+    step, no trial); another CPU's entry is not used."""
+    from river_core import machine
+
+    monkeypatch.setenv("RIVER_CACHE", str(tmp_path))
+    settings = dict(chat=False, max_new_tokens=12, mode="speculative", policy="fixed", layer=0)
+    first = RiverModel.from_pretrained(folder).generate("abc", **settings)
+    assert first.stats.drafted[0] == 0   # nothing known: a plain step first
+    [entry] = (tmp_path / "drafts").iterdir()
+    state = next(iter(json.loads(entry.read_text()).values()))
+    assert len(state["plain"]) >= 1 and len(state["drafted"]) >= 2
+    # drafting measured as paying: the next process drafts from its first round
+    state |= {"plain": [1.0], "drafted": [0.001, 0.001]}
+    key = next(iter(json.loads(entry.read_text())))
+    entry.write_text(json.dumps({key: state}))
+    again = RiverModel.from_pretrained(folder).generate("abc", **settings)
+    assert again.stats.drafted[0] > 0 and again.text == first.text
+    # on another CPU the entry is not found: measured afresh
+    monkeypatch.setattr(machine, "cpu_key", lambda: "another-cpu")
+    monkeypatch.setattr("river_core.drafting.cpu_key", lambda: "another-cpu")
+    elsewhere = RiverModel.from_pretrained(folder).generate("abc", **settings)
+    assert elsewhere.stats.drafted[0] == 0
