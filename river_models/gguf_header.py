@@ -73,10 +73,19 @@ class Header:
     needs: int       # the bytes the header declares: tensor data start + the last tensor's end
 
 
-def _tensor_bytes(ggml_type: int, dims: list[int]) -> int:
-    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+# (values a block, bytes a block) of the types River's GGUFs hold, by ggml type number (the
+# GGUF format's table); others are looked up in gguf-py, whose import takes 0.7 s
+BLOCKS = {0: (1, 4), 1: (1, 2), 2: (32, 18), 3: (32, 20), 8: (32, 34), 12: (256, 144),
+          14: (256, 210), 30: (1, 2)}
 
-    block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
+
+def _tensor_bytes(ggml_type: int, dims: list[int]) -> int:
+    if ggml_type in BLOCKS:
+        block, type_size = BLOCKS[ggml_type]
+    else:
+        from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+        block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
     count = 1
     for d in dims:
         count *= d

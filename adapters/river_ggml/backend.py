@@ -125,12 +125,16 @@ class GgmlBackend(NumpyArrays, LayerEngine):
                         writes=np.arange(step.start, step.end, dtype=np.int64), keys=keys)
 
     def embed_ids(self, ids: np.ndarray) -> np.ndarray:
-        from gguf import GGMLQuantizationType
-        from gguf.quants import dequantize
-
         rows = self.backbone.raw("token_embd.weight")[ids.reshape(-1)]
-        kind = GGMLQuantizationType[self.backbone.kind("token_embd.weight")]
-        h = dequantize(rows, kind).astype(np.float32) * np.float32(self.spec.embed_scale)
+        kind = self.backbone.kind("token_embd.weight")
+        if kind in ("F32", "F16"):   # a view, as ggml reads them
+            h = rows.view(np.float32 if kind == "F32" else np.float16).astype(np.float32)
+        else:   # gguf-py's dequantizer (its import takes 0.7 s: only for these)
+            from gguf import GGMLQuantizationType
+            from gguf.quants import dequantize
+
+            h = dequantize(rows, GGMLQuantizationType[kind]).astype(np.float32)
+        h = h * np.float32(self.spec.embed_scale)
         return h.reshape(*ids.shape, self.spec.hidden)
 
     def run_block(self, p: GgmlPass, i: int, x, idx, stand_in: bool, mids):

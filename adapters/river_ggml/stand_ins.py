@@ -180,6 +180,4 @@ def stand_ins(source: MappedGGUF, layers: int, spec: QuantSpec,
 
 
 def errors_of(mapped: MappedGGUF) -> list[float]:
-    from gguf import GGUFReader
-
-    return [float(e) for e in GGUFReader(mapped.path).fields[ERRORS].contents()]
+    return [float(e) for e in mapped.floats(ERRORS)]
