@@ -125,7 +125,7 @@ def symmetric_scale(wg: np.ndarray, top: int) -> np.ndarray:
         return codes
 
     with np.errstate(divide="ignore", invalid="ignore"):
-        for k in np.linspace(half - 1.5, half + 0.5, 17):
+        for k in np.linspace(half - 1.5, half + 0.5, 9):
             # the extreme on -k (its sign kept): the wider side of the grid; k = half is
             # ggml's own Q4_0 scale
             codes = keep(-signed / k)

@@ -71,6 +71,28 @@ def _rope(w, family: str, config, spec) -> None:
         w.add_tensor("rope_freqs.weight", (plain / scaled).astype(np.float32))
 
 
+def add_shape(w, spec, context: int, tokens: list[bytes], file_type) -> None:
+    """A decoder's dimensions and a placeholder SentencePiece-style vocabulary (`tokens`, the
+    first three control tokens, BOS 1) in GGUF writer `w`, as llama.cpp's converter writes
+    them: what llama.cpp needs to load a model it is given ids for."""
+    import gguf
+
+    w.add_context_length(context)
+    w.add_embedding_length(spec.hidden)
+    w.add_block_count(spec.num_layers)
+    w.add_feed_forward_length(spec.intermediate)
+    w.add_head_count(spec.heads)
+    w.add_head_count_kv(spec.kv_heads)
+    w.add_layer_norm_rms_eps(spec.norm_eps)
+    w.add_file_type(file_type)
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores([0.0] * len(tokens))
+    w.add_token_types([gguf.TokenType.CONTROL] * 3
+                      + [gguf.TokenType.NORMAL] * (len(tokens) - 3))
+    w.add_bos_token_id(1)
+
+
 @functools.cache
 def gguf_file(seed: int = 0, family: str = FAMILY) -> Path:
     import gguf
@@ -83,21 +105,10 @@ def gguf_file(seed: int = 0, family: str = FAMILY) -> Path:
     arch = {"llama3": "llama"}.get(family, family)
     path = Path(tempfile.mkdtemp(prefix="river-llamacpp-")) / f"tiny-{family}-{seed}.gguf"
     w = gguf.GGUFWriter(path, arch)
-    w.add_context_length(spec.max_positions)
-    w.add_embedding_length(spec.hidden)
-    w.add_block_count(spec.num_layers)
-    w.add_feed_forward_length(spec.intermediate)
-    w.add_head_count(spec.heads)
-    w.add_head_count_kv(spec.kv_heads)
-    w.add_layer_norm_rms_eps(spec.norm_eps)
-    w.add_file_type(gguf.LlamaFileType.ALL_F32)
-    _rope(w, family, config, spec)
     vocab = tiny.tokenizer().convert_ids_to_tokens(list(range(tiny.VOCAB)))
-    w.add_tokenizer_model("llama")
-    w.add_token_list([t.encode() for t in vocab])
-    w.add_token_scores([0.0] * tiny.VOCAB)
-    w.add_token_types([gguf.TokenType.CONTROL] * 3 + [gguf.TokenType.NORMAL] * (tiny.VOCAB - 3))
-    w.add_bos_token_id(1)
+    add_shape(w, spec, spec.max_positions, [t.encode() for t in vocab],
+              gguf.LlamaFileType.ALL_F32)
+    _rope(w, family, config, spec)
     w.add_eos_token_id(spec.eos_ids[0])
     w.add_tensor("token_embd.weight", weights.embed)
     w.add_tensor("output_norm.weight", weights.final_norm)

