@@ -63,7 +63,8 @@ class HFBackend(TorchArrays, LayerEngine):
         self.capabilities = CAPABILITIES
         self.runs_on = (str(self.device),)
         self.tokenizer = checkpoint.tokenizer
-        self._extends = 0      # verifications so far: the prepacked copy comes at PACK_AFTER
+        self._extends = 0      # verifications of Dense.ROWS tokens so far: the prepacked copy
+                               # comes at PACK_AFTER
 
     # -- numerics for the engine base -------------------------------------------------------
 
@@ -95,11 +96,15 @@ class HFBackend(TorchArrays, LayerEngine):
 
     @torch.inference_mode()
     def extend(self, tokens, start: int) -> np.ndarray:
-        self._extends += 1
-        if self._extends == PACK_AFTER:   # verification runs several rows: from here on in
-            for block in self.blocks:      # oneDNN's prepacked kernel
-                block.pack()
-            self._head.pack()
+        # only verifications the packed kernel would run count: a plain round of lossless
+        # mode (one token, where drafts do not pay) never needs the copy, and paying 0.17 s
+        # for it cost a 31-token answer a tenth (docs/benchmarks.md, "Defaults that never lose")
+        if len(tokens) in Dense.ROWS:
+            self._extends += 1
+            if self._extends == PACK_AFTER:   # from here on in oneDNN's prepacked kernel
+                for block in self.blocks:
+                    block.pack()
+                self._head.pack()
         return super().extend(tokens, start)
 
     @torch.inference_mode()
