@@ -39,8 +39,8 @@ from pathlib import Path
 
 import numpy as np
 
-from river_core import ExitConfig, GenerationConfig, RiverModel, Step, default_registry
-from river_core.arguments import add_quant_arguments, quant_spec
+from river_core import ExitConfig, GenerationConfig, RiverModel, Step
+from river_core.arguments import add_quant_arguments
 
 
 from .library import anchors, shapes
@@ -151,9 +151,8 @@ def load_models(engines: list[str], shape: str, args, loaded: dict | None = None
     capacity = max(args.positions) + 4 * args.tokens + 64
     for engine in engines:
         if (engine, shape) not in loaded:
-            own = default_registry().backend(engine.partition(":")[0]).quant
             loaded[(engine, shape)] = shapes.load(engine, shape, args.model, args.device,
-                                                  quant_spec(args, own), capacity)
+                                                  shapes.engine_quant(engine, args), capacity)
     return {engine: loaded[(engine, shape)] for engine in engines}
 
 

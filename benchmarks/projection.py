@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from river_core import ExitConfig, GenerationConfig, default_registry
-from river_core.arguments import add_quant_arguments, quant_spec
+from river_core import ExitConfig, GenerationConfig
+from river_core.arguments import add_quant_arguments
 
 from .grid import prompts_for
 from .library import shapes
@@ -33,8 +33,8 @@ KS = (1, 2, 3, 4, 6, 8)
 
 def acceptance(engine: str, args) -> dict[int, float]:
     """Mean drafts kept per round at each k, the embedded model's lossless mode (fixed k)."""
-    own = default_registry().backend(engine).quant
-    model = shapes.load(engine, shapes.REAL, args.model, "cpu", quant_spec(args, own), 4096)
+    model = shapes.load(engine, shapes.REAL, args.model, "cpu", shapes.engine_quant(engine, args),
+                        4096)
     prompts = prompts_for(model, shapes.REAL, args.positions, args.prompts)
     kept = {}
     for k in KS:
@@ -50,8 +50,7 @@ def acceptance(engine: str, args) -> dict[int, float]:
 def costs(engine: str, shape: str, args) -> dict:
     """ms of a plain step, a draft step, and verifying k+1 tokens, on `shape`, after a
     prompt of `args.positions` ids (medians of warm repeats)."""
-    own = default_registry().backend(engine).quant
-    model = shapes.load(engine, shape, args.model, "cpu", quant_spec(args, own),
+    model = shapes.load(engine, shape, args.model, "cpu", shapes.engine_quant(engine, args),
                         args.positions + 64)
     [ids] = prompts_for(model, shape, args.positions, 1)
     gen = GenerationConfig(max_new_tokens=args.tokens)

@@ -16,7 +16,7 @@ from .calibrate import calibrate, tuned_option
 from .calibrate import __doc__ as calibrate_doc_text
 from river_core import arguments
 from river_core.arguments import default
-from river_core.config import ExitConfig, GenerationConfig
+from river_core.config import ExitConfig, GenerationConfig, QuantSpec
 from river_core.decode import DecodeResult, check_prompts
 from river_core.errors import ConfigError, RiverError
 from river_core.model import RiverModel, check_text
@@ -52,6 +52,11 @@ def default_backend(model: str | None, device: str, registry) -> str:
             and importlib.util.find_spec("ggml") is not None:
         return "ggml"
     return "hf"
+
+
+def _quant(args) -> QuantSpec:
+    """The stand-ins the command runs: its backend's own, with what the arguments set."""
+    return arguments.quant_spec(args, default_registry().backend(args.backend).quant)
 
 
 def _parser(registry) -> argparse.ArgumentParser:
@@ -184,8 +189,7 @@ def _load(args, exit_config: ExitConfig, max_new_tokens: int = 1,
                               f"in the model's context of {shape.max_positions} positions")
     dtype = {} if args.dtype is None else {"dtype": args.dtype}
     model = RiverModel.from_pretrained(args.model, backend=args.backend, device=args.device,
-                                       quant=arguments.quant_spec(args, backend.quant),
-                                       progress=True,
+                                       quant=_quant(args), progress=True,
                                        registry=registry, **dtype)
     found = Profile.find(model.backend, exit_config.policy) if find_profile else None
     if found and not set(found.options) <= set(exit_config.options):
@@ -245,8 +249,7 @@ def _calibrate(args) -> None:
     source = "GSM8K train (bundled)" if args.prompts == GSM8K_TRAIN else str(args.prompts)
     [profile] = calibrate(model, [model.encode(p, not args.no_chat)[0] for p in prompts],
                           exit_config, [args.target], tokens=args.tokens,
-                          layer_prompts=args.layer_prompts, precision=arguments.quant_spec(
-                              args, default_registry().backend(args.backend).quant).label,
+                          layer_prompts=args.layer_prompts, precision=_quant(args).label,
                           model_name=args.model or "default", source=source, progress=True)
     print(_layer_report(profile))
     path = profile.save(args.out or default_path(model.backend, exit_config.policy))

@@ -87,7 +87,6 @@ def test_its_own_stand_ins_are_q4_0_repacked_as_llama_cpp_loads_them():
 
     backend = tiny_backend("llama3", 0, 4, method="sym")
     weights = backend.stand_in_weights
-    g.lib.ggml_backend_buffer_get_type.restype = g.ctypes.c_void_p
     kinds = {weights.kind(n) for n in weights.tensors if n.startswith("blk.")}
     assert kinds == {"Q4_0"}
     if repack_buffer_type() is None or not g.ggml_cpu_has_avx2():

@@ -62,10 +62,9 @@ def repack_buffer_type() -> int | None:
     if not address:
         return None
     extra = ctypes.CFUNCTYPE(ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p)(address)(device)
-    g.lib.ggml_backend_buft_name.restype = ctypes.c_char_p
     i = 0
     while extra and extra[i]:
-        if g.lib.ggml_backend_buft_name(ctypes.c_void_p(extra[i])) == b"CPU_REPACK":
+        if g.ggml_backend_buft_name(extra[i]) == b"CPU_REPACK":
             return extra[i]
         i += 1
     return None
@@ -178,8 +177,8 @@ class MappedGGUF:
     """A GGUF's tensors as ggml tensors over the memory-mapped file: no copy, no conversion,
     each in the file's own type; only types in RUNS are accepted. The tensors ggml repacks
     (`repacks`) are copied once into its CPU_REPACK buffer instead, as llama.cpp loads them:
-    the layout its fastest 4-bit kernels read (2.5x F16's GEMV speed, against 1.7x for Q4_0
-    as stored: docs/backends.md)."""
+    the layout its fastest 4-bit kernels read (2.5x F16's GEMV speed, against 1.8x for Q4_0
+    as stored: docs/results/ggml/ggml-kernels.md)."""
 
     def __init__(self, path: Path) -> None:
         from river_models.gguf_header import check_gguf
@@ -210,7 +209,7 @@ class MappedGGUF:
                                  f"does not run; it runs {', '.join(RUNS)}")
             offset = start + g.gguf_get_tensor_offset(self._gguf, i)
             if repacks(t):
-                repacked.append(t)
+                repacked.append((t, offset))
             else:
                 g.ggml_backend_tensor_alloc(self._buffer, t, base + offset)
             self.tensors[name.decode()] = t
@@ -218,22 +217,21 @@ class MappedGGUF:
         self._repacked = self._repack(repacked) if repacked else None
 
     def _repack(self, tensors: list):
-        """`tensors` copied from the map into one CPU_REPACK buffer (ggml interleaves each
-        as it is set)."""
+        """`tensors`, (tensor, its offset in the file) pairs, copied from the map into one
+        CPU_REPACK buffer (ggml interleaves each as it is set)."""
         kind = ctypes.c_void_p(repack_buffer_type())
         align = g.ggml_backend_buft_get_alignment(kind)
         sizes = [-(-g.ggml_backend_buft_get_alloc_size(kind, t) // align) * align
-                 for t in tensors]
+                 for t, _ in tensors]
         buffer = g.ggml_backend_buft_alloc_buffer(kind, sum(sizes))
         if not buffer:
             raise MemoryError(f"ggml could not allocate {sum(sizes)} bytes to repack "
                               f"{self.path.name}'s 4-bit tensors")
         at = g.ggml_backend_buffer_get_base(buffer)
-        for t, size in zip(tensors, sizes):
+        for (t, offset), size in zip(tensors, sizes):
             g.ggml_backend_tensor_alloc(buffer, t, at)
-            name = g.ggml_get_name(t).decode()
-            source = self._base + self._offsets[name]
-            g.ggml_backend_tensor_set(t, ctypes.c_void_p(source), 0, g.ggml_nbytes(t))
+            g.ggml_backend_tensor_set(t, ctypes.c_void_p(self._base + offset), 0,
+                                      g.ggml_nbytes(t))
             at += size
         return buffer
 

@@ -4,7 +4,8 @@ Each backbone projection is quantized by River's own quantizer (river_models.qua
 codes and scales written in the ggml block type that holds them exactly, up to fp16 scales (a
 group of 64 is two blocks of 32 with the same scale):
 - the `sym` quantizer (this engine's default) as Q4_0 blocks: 32 codes and an fp16 scale d,
-  w = (code - 8) * d, which ggml runs 2.2x faster than Q4_1 on an AVX2 CPU;
+  w = (code - 8) * d, which ggml repacks for its fastest kernel (1.5x Q4_1's speed on an AVX2
+  CPU: docs/results/ggml/ggml-kernels.md);
 - an asymmetric grid (`hqq`, `rtn`: the other engines' default) as Q4_1 blocks: 32 codes, an
   fp16 scale d and offset m, w = code * d + m, (code - zero) * scale for d = scale,
   m = -zero * scale: the very stand-ins the other engines run.

@@ -202,6 +202,15 @@ def ggml_backend(name: str, checkpoint, quant: QuantSpec):
     return GgmlBackend(MappedGGUF(random_gguf(name, "F16")), spec, NoText(), weights, errors)
 
 
+def engine_quant(engine: str, args) -> QuantSpec:
+    """The stand-ins `engine` (BACKEND[:DTYPE]) runs: its own (`BackendPlugin.quant`) with
+    what the arguments' --bits, --group-size and --quantizer set."""
+    from river_core import default_registry
+    from river_core.arguments import quant_spec
+
+    return quant_spec(args, default_registry().backend(engine.partition(":")[0]).quant)
+
+
 def load(engine: str, shape: str, model: str | None, device: str, quant: QuantSpec,
          max_positions: int) -> RiverModel:
     """River's `engine` (BACKEND[:DTYPE], e.g. hf:bfloat16, onnx:int8) on `shape`: REAL (the
