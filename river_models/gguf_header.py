@@ -17,6 +17,7 @@ MAGIC = b"GGUF"
 SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q",
            12: "d"}
 STRING, ARRAY = 8, 9
+SHORT_ARRAY = 512   # per-layer settings; a vocabulary's scores or types are longer
 DEFAULT_ALIGNMENT = 32
 
 
@@ -55,8 +56,10 @@ class _Cursor:
             return self.take(SCALARS[kind])
         if kind == STRING:
             return self.string()
-        if kind == ARRAY:   # kept as its length: only scalars and strings are needed here
+        if kind == ARRAY:   # kept as its length, but a short one of scalars (a layer pattern)
             item, count = self.take("I"), self.take("Q")
+            if item in SCALARS and count <= SHORT_ARRAY:
+                return tuple(self.take(SCALARS[item]) for _ in range(count))
             if item in SCALARS:
                 self.skip(count * struct.calcsize("<" + SCALARS[item]))
             else:

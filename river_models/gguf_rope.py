@@ -1,8 +1,10 @@
-"""The rotary settings transformers' GGUF loader drops, read back from the GGUF itself.
+"""The settings transformers' GGUF loader drops, read back from the GGUF itself.
 
 transformers (5.19) builds a model's config from a GGUF header by a fixed table of keys, which
-misses what two of the paper's families need, so their converted models would run with the
-wrong rotary and no error:
+misses what some families need, so their converted models would run wrong with no error:
+- Qwen3: `attention.key_length` (its heads are not hidden / heads wide: 128 on Qwen3-0.6B);
+- Gemma 3: `attention.sliding_window_pattern` as a per-layer array (transformers assumes five
+  sliding layers in six);
 - Phi-3 (Phi-4-mini): `rope.dimension_count` (partial rotary: 96 of 128 dims), the LongRoPE
   factors (tensors `rope_factors_long/short`), `rope.scaling.original_context_length`,
   `attention.sliding_window` (the attention factor transformers derives from the two contexts,
@@ -35,8 +37,13 @@ def rope_tensors(path: Path) -> dict[str, np.ndarray]:
 
 
 def complete(config, metadata: dict[str, Any], tensors: dict[str, np.ndarray]) -> None:
-    """Puts into `config` (transformers' reading of a GGUF) the rotary fields it dropped."""
+    """Puts into `config` (transformers' reading of a GGUF) the fields it dropped."""
     arch = metadata["general.architecture"]
+    if f"{arch}.attention.key_length" in metadata and hasattr(config, "head_dim"):
+        config.head_dim = int(metadata[f"{arch}.attention.key_length"])
+    pattern = metadata.get(f"{arch}.attention.sliding_window_pattern")
+    if isinstance(pattern, (list, tuple)) and hasattr(config, "layer_types"):
+        config.layer_types = ["sliding_attention" if s else "full_attention" for s in pattern]
     if arch == "phi3":
         _phi3(config, metadata, tensors)
     elif "rope_freqs.weight" in tensors:

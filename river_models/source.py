@@ -75,8 +75,9 @@ def _convert(gguf: Path, folder: Path) -> None:
     tok.save_pretrained(folder)
 
 
-# bump when the conversion changes (2: the rotary fields of gguf_rope.py): old ones are ignored
-CONVERSION = 2
+# bump when the conversion changes (2: the rotary fields of gguf_rope.py; 3: head_dim and the
+# sliding layers): old ones are ignored
+CONVERSION = 3
 
 
 def _converted(gguf: Path) -> tuple[Path, str]:

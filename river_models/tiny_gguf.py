@@ -1,12 +1,13 @@
 """Tiny random models written as GGUF files the way llama.cpp's converter writes them.
 
-The Qwen2 one runs the conformance kit on llama.cpp (with the Llama 3 and Phi-3 ones, on the
-ggml engine too): llama.cpp rotates its heads like transformers (NeoX style), so its weights go
-in unpermuted; Llama's Q and K rows go in permuted, as llama.cpp's converter writes them. The
-Phi-3 and Llama 3 ones check River's GGUF reader on the header fields and tensors transformers'
-GGUF loader drops (Phi-3's partial rotary and LongRoPE factors, Llama 3's rope frequency
-factors). Float32, so readers
-compute on the very same numbers. The kit feeds token ids; the character vocabulary has no byte
+One per tiny family, under llama.cpp's architecture for it (ARCH). The Qwen2 one runs the
+conformance kit on llama.cpp; all of them run it on the ggml engine. Qwen's and Gemma's heads
+rotate like transformers' (NeoX style), so their weights go in unpermuted; the Llama-class
+architectures' Q and K rows go in permuted, as llama.cpp's converter writes them, and Gemma's
+norm weights go in as 1 + w, as it writes them too. The Phi-3 and Llama 3 ones check River's
+GGUF reader on the header fields and tensors transformers' GGUF loader drops (Phi-3's partial
+rotary and LongRoPE factors, Llama 3's rope frequency factors). Float32, so readers compute on
+the very same numbers. The kit feeds token ids; the character vocabulary has no byte
 tokens, so llama.cpp cannot tokenize text with it.
 """
 
@@ -18,7 +19,12 @@ from pathlib import Path
 
 import numpy as np
 
-FAMILY = "qwen2"   # the conformance kit's
+FAMILY = "qwen2"   # the default: the first family llama.cpp and transformers agreed on
+# llama.cpp's architecture for each tiny family (its converter's model classes)
+ARCH = {"llama": "llama", "mistral": "llama", "llama3": "llama", "qwen2": "qwen2",
+        "qwen3": "qwen3", "gemma3": "gemma3", "phi3": "phi3", "ministral3": "mistral3"}
+# the architectures llama.cpp rotates the normal (GPT-J) way, whose Q/K rows are permuted
+PERMUTED = ("llama", "mistral3")
 SEPARATE = {"attn_q": "q", "attn_k": "k", "attn_v": "v", "attn_output": "o", "ffn_gate": "gate",
             "ffn_up": "up", "ffn_down": "down"}
 
@@ -39,22 +45,34 @@ def projections(family: str, spec, p, permute=permuted, fuse=np.concatenate) -> 
                    "ffn_up": fuse([p["gate"], p["up"]]), "ffn_down": p["down"]}
     else:
         tensors = {short: p[role] for short, role in SEPARATE.items()}
-    if family == "llama3":
+    if ARCH[family] in PERMUTED:
         tensors["attn_q"] = permute(p["q"], spec.heads)
         tensors["attn_k"] = permute(p["k"], spec.kv_heads)
     return {f"{k}.weight": v for k, v in tensors.items()}
 
 
+def _norm(spec, w: np.ndarray) -> np.ndarray:
+    """A norm's weight as llama.cpp multiplies by it: Gemma's 1 + w."""
+    return w + np.float32(1) if spec.norm_offset else w
+
+
 def _layer_tensors(family: str, spec, layer) -> dict[str, np.ndarray]:
     biases = {f"{short}.bias": layer.biases[SEPARATE[short]]
               for short in ("attn_q", "attn_k", "attn_v") if SEPARATE[short] in layer.biases}
+    norms = {"attn_norm": layer.input_norm, "ffn_norm": layer.pre_mlp_norm,
+             "attn_q_norm": layer.q_norm, "attn_k_norm": layer.k_norm,
+             "post_attention_norm": layer.post_attn_norm, "post_ffw_norm": layer.post_mlp_norm}
     return {**projections(family, spec, layer.projections), **biases,
-            "attn_norm.weight": layer.input_norm, "ffn_norm.weight": layer.pre_mlp_norm}
+            **{f"{k}.weight": _norm(spec, v) for k, v in norms.items() if v is not None}}
 
 
 def _rope(w, family: str, config, spec) -> None:
     """The rotary fields llama.cpp's converter writes for `family`."""
+    import gguf
+
     rope = config.rope_parameters
+    if family == "gemma3":   # one table per attention type: the full layers' is the base
+        rope = rope["full_attention"]
     w.add_rope_freq_base(float(rope["rope_theta"]))
     if family == "phi3":
         factor = rope.get("partial_rotary_factor", config.partial_rotary_factor)
@@ -69,6 +87,18 @@ def _rope(w, family: str, config, spec) -> None:
         scaled = np.asarray(spec.rotary[""].inv_freq)
         w.add_rope_dimension_count(spec.head_dim)
         w.add_tensor("rope_freqs.weight", (plain / scaled).astype(np.float32))
+    elif family == "ministral3":   # YaRN and Llama 4's query scaling
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(rope["factor"])
+        w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+        w.add_rope_scaling_yarn_beta_fast(rope["beta_fast"])
+        w.add_rope_scaling_yarn_beta_slow(rope["beta_slow"])
+        w.add_rope_scaling_yarn_log_mul(rope["mscale_all_dim"])
+        w.add_attn_temperature_scale(rope["llama_4_scaling_beta"])
+    if family == "gemma3":   # which layers slide (llama.cpp assumes Gemma 3's five in six)
+        w.add_sliding_window(config.sliding_window)
+        w.add_sliding_window_pattern([t == "sliding_attention" for t in config.layer_types])
+        w.add_rope_freq_base_swa(float(config.rope_parameters["sliding_attention"]["rope_theta"]))
 
 
 def add_shape(w, spec, context: int, tokens: list[bytes], file_type) -> None:
@@ -102,16 +132,17 @@ def gguf_file(seed: int = 0, family: str = FAMILY) -> Path:
     ckpt = tiny.checkpoint(family, seed)
     spec, weights = ckpt.spec, ckpt.weights
     config = tiny.model(family, seed).config
-    arch = {"llama3": "llama"}.get(family, family)
     path = Path(tempfile.mkdtemp(prefix="river-llamacpp-")) / f"tiny-{family}-{seed}.gguf"
-    w = gguf.GGUFWriter(path, arch)
+    w = gguf.GGUFWriter(path, ARCH[family])
     vocab = tiny.tokenizer().convert_ids_to_tokens(list(range(tiny.VOCAB)))
     add_shape(w, spec, spec.max_positions, [t.encode() for t in vocab],
               gguf.LlamaFileType.ALL_F32)
+    w.add_key_length(spec.head_dim)
+    w.add_value_length(spec.head_dim)
     _rope(w, family, config, spec)
     w.add_eos_token_id(spec.eos_ids[0])
     w.add_tensor("token_embd.weight", weights.embed)
-    w.add_tensor("output_norm.weight", weights.final_norm)
+    w.add_tensor("output_norm.weight", _norm(spec, weights.final_norm))
     if weights.head is not weights.embed:   # tied: llama.cpp's converter writes no output
         w.add_tensor("output.weight", weights.head)
     for i, layer in enumerate(weights.layers):

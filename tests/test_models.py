@@ -139,6 +139,31 @@ def test_a_gguf_reads_back_the_rotary_transformers_gguf_loader_drops(family):
         <= FULL_DEPTH_RTOL
 
 
+@pytest.mark.parametrize("family", ["qwen3", "gemma3"])
+def test_a_gguf_reads_back_the_head_width_and_sliding_layers_transformers_drop(family):
+    """Qwen3's key_length (transformers' GGUF config takes hidden / heads) and Gemma 3's
+    per-layer sliding pattern (it assumes five in six), read back by River."""
+    from river_models.tiny_gguf import gguf_file
+    from river_models.source import open_model
+
+    converted, original = open_model(str(gguf_file(0, family))), tiny.checkpoint(family)
+    for field in ("head_dim", "windows", "rope_keys", "attn_scale", "norm_offset"):
+        assert getattr(converted.spec, field) == getattr(original.spec, field), field
+    got = forced_logits(_backend("hf", family, converted), LONG_PROMPT, [], Full())[0]
+    assert relative_error(got.reshape(-1), _reference_logits(family, LONG_PROMPT)[-1]) \
+        <= FULL_DEPTH_RTOL
+
+
+def test_a_ministral_3_gguf_is_refused_in_one_line_naming_the_reader():
+    """transformers reads no `mistral3` GGUF, so River has no ModelSpec for one."""
+    from river_core.errors import ModelError
+    from river_models.source import open_model
+    from river_models.tiny_gguf import gguf_file
+
+    with pytest.raises(ModelError, match="architecture mistral3 is not supported"):
+        open_model(str(gguf_file(0, "ministral3")))
+
+
 def test_rope_frequency_factors_that_are_no_llama3_scaling_are_refused():
     from river_core.errors import ModelError
     from river_models.gguf_rope import _llama3

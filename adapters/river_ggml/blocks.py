@@ -24,19 +24,17 @@ from .lib import Graph, MappedGGUF, g
 
 BASE = 10000.0
 # llama.cpp's rotation per GGUF architecture (src/llama-model.cpp, llama_model_rope_type), for
-# those checked against transformers (tests/test_ggml.py). Qwen3's q/k norms and Gemma 3's
-# sandwich norms are read where a GGUF has them, but no tiny GGUF of theirs is written yet, so
-# those architectures are refused until one checks them.
-ROPE_MODE = {"llama": 0, "qwen2": g.GGML_ROPE_TYPE_NEOX, "phi3": g.GGML_ROPE_TYPE_NEOX}
-NOT_YET = ("qwen3", "gemma3", "mistral3")
+# those checked against transformers on a tiny GGUF of each (tests/test_ggml.py)
+NEOX = g.GGML_ROPE_TYPE_NEOX
+ROPE_MODE = {"llama": 0, "mistral3": 0, "qwen2": NEOX, "qwen3": NEOX, "gemma3": NEOX,
+             "phi3": NEOX}
 F32, F16, I32, I64 = g.GGML_TYPE_F32, g.GGML_TYPE_F16, g.GGML_TYPE_I32, g.GGML_TYPE_I64
 
 
 def rope_mode(arch: str) -> int:
     if arch not in ROPE_MODE:
         raise ModelError(f"the ggml engine runs GGUF architectures {', '.join(ROPE_MODE)}, "
-                         f"not {arch}" + (" yet (the onnx and hf backends run it)"
-                                          if arch in NOT_YET else ""))
+                         f"not {arch}")
     return ROPE_MODE[arch]
 
 

@@ -13,8 +13,6 @@ from river_core.hookspecs import BackendPlugin, hookimpl
 
 from . import CAPABILITIES
 
-# the GGUF architectures it runs, and the tiny families whose GGUF River writes for them
-TINY = ("llama3", "qwen2", "phi3")
 # its stand-ins: symmetric 4-bit groups of 32, ggml's Q4_0 blocks (stand_ins.py)
 STAND_INS = QuantSpec(group_size=32, method="sym")
 
@@ -87,9 +85,6 @@ def tiny_backend(family: str, seed: int, bits: int, method: str = "hqq"):
     converter writes it (river_models.tiny_gguf), with the very stand-ins the other engines'
     factories run (tiny.stand_ins; `method` "sym": this engine's own, as Q4_0) under the
     GGUF's names, in a temporary folder."""
-    if family not in TINY:
-        raise CapabilityError(f"the ggml engine's tiny GGUFs are {', '.join(TINY)}; "
-                              f"not {family} yet")
     lib = _binding()
     from river_models import QuantWeight, tiny
     from river_models.tiny_gguf import gguf_file, permuted, projections

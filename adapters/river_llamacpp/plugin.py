@@ -55,15 +55,25 @@ def load(model: str | None = None, *, device: str = "cpu", dtype: str = "float32
     return LlamaCppBackend(llm, layers, path)
 
 
-def tiny_backend(family: str, seed: int, bits: int):
-    """llama.cpp over the tiny random Qwen2 model written as a float32 GGUF."""
-    from .backend import LlamaCppBackend
-    from river_models.tiny_gguf import FAMILY, gguf_file
+# the tiny families llama.cpp computes otherwise than transformers, and why
+DIFFERS = {"mistral": "its llama architecture has no sliding window",
+           "phi3": "it takes Phi-3's LongRoPE factors by the context allocated, not the "
+                   "position",
+           "gemma3": "it fixes Gemma 3's attention scale at 1/sqrt(head_dim) (the tiny model's "
+                     "query_pre_attn_scalar is 256, not 16)"}
 
-    if family != FAMILY:
-        raise CapabilityError(f"the llamacpp conformance model is the tiny {FAMILY} only")
-    path = gguf_file(seed)
-    llm, layers = _llama(path, 256, exact=True)
+
+def tiny_backend(family: str, seed: int, bits: int, exact: bool = True):
+    """llama.cpp over a tiny random model written as a float32 GGUF as its converter writes
+    it, with float32 K/V (`exact`) or its default float16."""
+    from .backend import LlamaCppBackend
+    from river_models.tiny_gguf import gguf_file
+
+    if family in DIFFERS:
+        raise CapabilityError(f"llama.cpp computes the tiny {family} otherwise than "
+                              f"transformers: {DIFFERS[family]}")
+    path = gguf_file(seed, family)
+    llm, layers = _llama(path, 256, exact)
     return LlamaCppBackend(llm, layers, path)
 
 
