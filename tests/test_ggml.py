@@ -79,6 +79,38 @@ def test_extend_matches_decoding_token_by_token(family):
     assert close(extended, np.stack(stepped)) < 5e-3
 
 
+@pytest.mark.parametrize("family", ["llama3", "phi3"])
+def test_a_batch_prefills_each_row_as_it_runs_alone(family):
+    """Rows of different lengths (left-padded) in one graph; Phi-3's rows past and short of
+    its LongRoPE switch (48) take different rotary tables, so they run row by row."""
+    prompts = [LONG[:60], PROMPT, LONG[:30]]
+    batched = tiny_backend(family, 0, 4).prefill(prompts, 128).logits
+    alone = tiny_backend(family, 0, 4)
+    for row, prompt in enumerate(prompts):
+        assert close(batched[row], alone.prefill([prompt], 128).logits[0]) < 5e-3
+
+
+def test_a_subset_of_rows_runs_row_by_row_as_in_the_whole_batch():
+    """Rows that left at other layers: layer i, the stand-ins' tail and the K/V projection on
+    some rows, each over its own row of the cache, give those rows what the one graph over
+    every row gives them, and leave the others as they were."""
+    backend = tiny_backend("qwen2", 0, 4)
+    backend.prefill([PROMPT, PROMPT[:5], PROMPT[:3]], 64)
+    p = backend.begin([7, 9, 11], Step(len(PROMPT)))
+    h = backend.embed(p)
+    every, _ = backend.layer(p, 0, h, None)
+    some, _ = backend.layer(p, 0, h, [0, 2])
+    assert close(some[[0, 2]], every[[0, 2]]) < 1e-6 and np.array_equal(some[1], h[1])
+    every = backend.stand_in_tail(p, 1, h, None)
+    some = backend.stand_in_tail(p, 1, h, [1])
+    assert close(some[1], every[1]) < 1e-6 and np.array_equal(some[[0, 2]], h[[0, 2]])
+    backend.project_kv(p, 3, h, None)
+    k = backend.cache.k[3].copy()
+    backend.cache.k[3, 1] = 0
+    backend.project_kv(p, 3, h, [1])
+    assert np.array_equal(backend.cache.k[3, 1, :, len(PROMPT)], k[1, :, len(PROMPT)])
+
+
 def test_a_layer_graph_is_built_once_per_shape():
     backend = tiny_backend("qwen2", 0, 4)
     backend.prefill([PROMPT], 64)

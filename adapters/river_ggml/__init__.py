@@ -2,6 +2,6 @@
 
 from river_core.backend import Capabilities
 
-# known before anything loads (no engine imported): one sequence, no windowed drafts
+# known before anything loads (no engine imported): no windowed drafts
 CAPABILITIES = Capabilities(exits=True, stand_in=True, propagate=True, mask=True, recompute=True,
-                            sub_blocks=True, verify=True)
+                            sub_blocks=True, verify=True, batch=True)

@@ -5,9 +5,11 @@ Hidden states are numpy arrays [batch, tokens, hidden] on the host (a layer's ou
 few kilobytes at decode); the cache is two numpy float16 arrays [layers, batch, kv_heads,
 capacity, head_dim] that ggml's graphs write in place (`lib.HostTensors`), so `KVCache`,
 masks and measurement index them as numpy. A layer's graph is built once per (layer,
-backbone or stand-in, tokens, key bucket) and run again with the step's inputs: the keys a
-step attends are the first `keys` slots, `keys` rounded up to KEY_BUCKET, the mask hiding
-the rest.
+backbone or stand-in, rows, tokens, key bucket) and run again with the step's inputs: the
+keys a step attends are the first `keys` slots, `keys` rounded up to KEY_BUCKET, the mask
+hiding the rest. A batch runs as one graph over every row (the rows the graph's batch
+dimension) where the step runs them all with one rotary table; a subset of its rows (rows
+that left at different layers) runs row by row, each over its own row of the cache.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from .lib import HostTensors, MappedGGUF, aligned, cpu, default_threads
 from .stand_ins import head_name
 
 KEY_BUCKET = 256
+EVERY_ROW = (None,)   # one graph over every row
 
 
 def key_bucket(end: int, capacity: int) -> int:
@@ -37,14 +40,33 @@ def key_bucket(end: int, capacity: int) -> int:
 
 @attrs.frozen(eq=False)
 class GgmlPass(Pass):
-    """A step's pass as the layer graphs take it: `masks` per layer [tokens, keys] float16
-    (0 where a token attends a slot, -inf elsewhere, and over the key bucket's unused slots),
-    `rope` per layer its rotary table's frequency factors, and beside the core's fields the
-    graphs' own inputs: the positions as int32, the slots the step writes, the key bucket."""
+    """A step's pass as the layer graphs take it: `masks` per layer [batch, tokens, keys]
+    float16 (0 where a token attends a slot, -inf elsewhere, and over the key bucket's unused
+    slots), `rope` per layer each row's frequency factors [batch, pairs], and beside the
+    core's fields the graphs' own inputs: the positions as int32, the slots the step writes,
+    the key bucket."""
 
-    pos: np.ndarray | None = None      # [tokens] int32
-    writes: np.ndarray | None = None   # [tokens] int64: slots start..end-1
+    pos: np.ndarray | None = None      # [batch, tokens] int32
+    writes: np.ndarray | None = None   # [tokens] int64: slots start..end-1, every row's
     keys: int = 0                      # the key bucket every layer's graph reads
+    together: bool = True              # every row takes the same rotary tables (LongRoPE
+                                       # switches per row): all rows can run as one graph
+
+    def inputs(self, layers: range | int, row: int | None, attends: bool = True) -> dict:
+        """The graph inputs of layer i (`mask`, `factors`) or a span of `layers` (`mask{j}`,
+        `factors{j}`) for every row (None) or one; without `attends` (a K/V-only graph) no
+        mask or query scale."""
+        pick = slice(None) if row is None else slice(row, row + 1)
+        values = dict(pos=self.pos[pick].reshape(-1), slots=self.writes)
+        span = isinstance(layers, range)
+        for j, i in enumerate(layers if span else [layers]):
+            end = str(j) if span else ""
+            values["factors" + end] = self.rope[i][0 if row is None else row]
+            if attends:
+                values["mask" + end] = self.masks[i][pick]
+        if attends and self.query_scale is not None:
+            values["qscale"] = self.query_scale[pick].reshape(-1)
+        return values
 
 
 class GgmlBackend(NumpyArrays, LayerEngine):
@@ -74,6 +96,7 @@ class GgmlBackend(NumpyArrays, LayerEngine):
         self._final_norm = backbone.get("output_norm.weight")
         self._shape = None
         self._graphs: dict = {}
+        self._made: dict = {}   # (stand_in, layer) -> Layer
 
     # -- numerics for the engine base -------------------------------------------------------
 
@@ -83,21 +106,18 @@ class GgmlBackend(NumpyArrays, LayerEngine):
         step of many tokens) multiplies a hidden slot's value by a zero weight, so NaN there
         would poison the row."""
         layers, batch, heads, capacity, dim = shape
-        if batch != 1:
-            raise CapabilityError(f"the ggml engine runs one sequence, not {batch}")
         if shape != self._shape:   # a new shape: new arrays, and graphs over them
             self._graphs.clear()
             self._shape = shape
             self._k, self._v = (aligned(shape, np.float16) for _ in range(2))
-            per = self._k[0].nbytes
-            self._layers = {}
-            host = [HostTensors(a) for a in (self._k, self._v)]
-            caches = [[h.tensor(F16, [dim, capacity, heads, batch], i * per) for h in host]
-                      for i in range(layers)]
-            self._host = host
-            for stand_in, weights in ((False, self.backbone), (True, self.stand_in_weights)):
-                self._layers[stand_in] = [Layer(weights, self.backbone, i, self.spec,
-                                                self.mode, *caches[i]) for i in range(layers)]
+            per, row = self._k[0].nbytes, self._k[0, 0].nbytes
+            self._host = [HostTensors(a, layers * (1 + batch)) for a in (self._k, self._v)]
+            # per layer, K and V of every row (key None) and of each row alone
+            self._caches = [{r: tuple(h.tensor(F16, [dim, capacity, heads, n], i * per + o)
+                                      for h in self._host)
+                             for r, n, o in [(None, batch, 0)]
+                             + [(r, 1, r * row) for r in range(batch)]}
+                            for i in range(layers)]
         self._k.fill(0)
         self._v.fill(0)
         return self._k, self._v
@@ -106,23 +126,27 @@ class GgmlBackend(NumpyArrays, LayerEngine):
         step = view.step
         if step.draft_window is not None:
             raise CapabilityError("the ggml engine does not run windowed drafts")
-        positions = view.positions   # [1, tokens]
-        factors = {key: frequency_factors(rotary.long_inv_freq if rotary.is_long(positions)[0]
-                                          else rotary.inv_freq)
-                   for key, rotary in self.spec.rotary.items()}
+        positions = view.positions   # [batch, tokens]
+        factors, together = {}, True
+        for key, rotary in self.spec.rotary.items():
+            long = rotary.is_long(positions)   # per row
+            factors[key] = np.stack([frequency_factors(rotary.long_inv_freq if b
+                                                       else rotary.inv_freq) for b in long])
+            together &= bool(long.all() or not long.any())
         keys = key_bucket(step.end, self.cache.layout.capacity)
 
         def bias(attend: np.ndarray) -> np.ndarray:
-            mask = np.full((step.tokens, keys), -np.inf, np.float16)
-            mask[:, :step.end] = np.where(attend[0], 0, -np.inf)
+            mask = np.full((len(attend), step.tokens, keys), -np.inf, np.float16)
+            mask[:, :, :step.end] = np.where(attend, 0, -np.inf)
             return mask
 
         masks = view.converted_masks(bias)
         qs = self.spec.query_scale
         return GgmlPass(step, ids, positions, [factors[k] for k in self.spec.rope_keys],
-                        None if qs is None else qs.factors(positions[0]).astype(np.float32),
-                        view.slots, masks, pos=positions[0].astype(np.int32),
-                        writes=np.arange(step.start, step.end, dtype=np.int64), keys=keys)
+                        None if qs is None else qs.factors(positions).astype(np.float32),
+                        view.slots, masks, pos=positions.astype(np.int32),
+                        writes=np.arange(step.start, step.end, dtype=np.int64), keys=keys,
+                        together=together)
 
     def embed_ids(self, ids: np.ndarray) -> np.ndarray:
         rows = self.backbone.raw("token_embd.weight")[ids.reshape(-1)]
@@ -137,38 +161,60 @@ class GgmlBackend(NumpyArrays, LayerEngine):
         h = h * np.float32(self.spec.embed_scale)
         return h.reshape(*ids.shape, self.spec.hidden)
 
-    def run_block(self, p: GgmlPass, i: int, x, idx, stand_in: bool, mids):
-        tokens = p.step.tokens
-        key = (i, stand_in, tokens, p.keys)
-        graph = self._graphs.get(key)
-        if graph is None:
-            graph = self._graphs[key] = self._layers[stand_in][i].graph(tokens, p.keys)
-        values = dict(x=x[0], pos=p.pos, slots=p.writes, mask=p.masks[i], factors=p.rope[i])
-        if p.query_scale is not None:
-            values["qscale"] = p.query_scale
-        cpu().set_threads(self.threads)
-        out = graph.run(**values)
-        shape = (1, tokens, self.spec.hidden)
-        if mids is not None:
-            mids.append(out["mid"].reshape(shape).copy())
-        return out["out"].reshape(shape).copy()
+    def _rows(self, p: GgmlPass, idx) -> list:
+        """The graphs' row keys for rows `idx` (None: all): None for one graph over every row,
+        else each row alone."""
+        if p.together and (idx is None or len(idx) == len(p.pos)):   # sorted, so all rows
+            return EVERY_ROW
+        return range(len(p.pos)) if idx is None else idx
 
-    def _span(self, p: GgmlPass, start: int, stand_in: bool, x: np.ndarray) -> np.ndarray:
-        """Layers start..L-1 (their stand-ins with `stand_in`) on x [1, tokens, hidden] as
-        one graph, built once per (start, stand_in, tokens, key bucket)."""
-        tokens = p.step.tokens
-        key = ("span", start, stand_in, tokens, p.keys)
-        graph = self._graphs.get(key)
-        if graph is None:
-            graph = self._graphs[key] = span_graph(self._layers[stand_in][start:], tokens,
-                                                   p.keys)
-        values = dict(x=x[0], pos=p.pos, slots=p.writes)
-        for j, i in enumerate(range(start, self.num_layers)):
-            values[f"mask{j}"], values[f"factors{j}"] = p.masks[i], p.rope[i]
-        if p.query_scale is not None:
-            values["qscale"] = p.query_scale
+    def _run(self, p: GgmlPass, key: tuple, build, layers: range | int, x, idx,
+             attends: bool = True) -> list[dict]:
+        """The graph `key` of layer i or a span of `layers` (made by `build(caches)` on first
+        use) run on x [rows, tokens, hidden], all rows at once or row by row: its outputs per
+        run."""
+        outs = []
         cpu().set_threads(self.threads)
-        return graph.run(**values)["out"].reshape(1, tokens, self.spec.hidden).copy()
+        for j, row in enumerate(self._rows(p, idx)):
+            graph = self._graphs.get(key + (row,))
+            if graph is None:
+                caches = [self._caches[i][row] for i in
+                          (layers if isinstance(layers, range) else [layers])]
+                graph = self._graphs[key + (row,)] = build(caches)
+            states = x.reshape(-1, self.spec.hidden) if row is None else x[j]
+            outs.append(graph.run(x=states, **p.inputs(layers, row, attends)))
+        return outs
+
+    def _states(self, outs: list[dict], name: str, rows: int, tokens: int) -> np.ndarray:
+        return np.concatenate([o[name] for o in outs]).reshape(rows, tokens, self.spec.hidden)
+
+    def run_block(self, p: GgmlPass, i: int, x, idx, stand_in: bool, mids):
+        tokens, layer = p.step.tokens, self._layer(stand_in, i)
+        outs = self._run(p, (i, stand_in, tokens, p.keys),
+                         lambda caches: layer.graph(tokens, p.keys, caches[0]),
+                         i, x, idx)
+        if mids is not None:
+            mids.append(self._states(outs, "mid", len(x), tokens))
+        return self._states(outs, "out", len(x), tokens)
+
+    def _layer(self, stand_in: bool, i: int) -> Layer:
+        """Layer i's tensors (its stand-in's with `stand_in`), made once."""
+        layer = self._made.get((stand_in, i))
+        if layer is None:
+            weights = self.stand_in_weights if stand_in else self.backbone
+            layer = self._made[(stand_in, i)] = Layer(weights, self.backbone, i, self.spec,
+                                                      self.mode)
+        return layer
+
+    def _span(self, p: GgmlPass, start: int, stand_in: bool, x: np.ndarray,
+              idx=None) -> np.ndarray:
+        """Layers start..L-1 (their stand-ins with `stand_in`) on x [rows, tokens, hidden] as
+        one graph, built once per (start, stand_in, tokens, key bucket, rows)."""
+        tokens, layers = p.step.tokens, range(start, self.num_layers)
+        span = [self._layer(stand_in, i) for i in layers]
+        outs = self._run(p, ("span", start, stand_in, tokens, p.keys),
+                         lambda caches: span_graph(span, tokens, p.keys, caches), layers, x, idx)
+        return self._states(outs, "out", len(x), tokens)
 
     def _full_depth(self, p: GgmlPass) -> np.ndarray:
         return self._span(p, 0, False, self.embed_ids(p.ids))
@@ -179,16 +225,13 @@ class GgmlBackend(NumpyArrays, LayerEngine):
         if rows is None:
             return self._span(p, start, True, h)
         idx = p.index(rows, self.make_index)
-        return self.scatter(h, idx, self._span(p, start, True, h[idx]))
+        return self.scatter(h, idx, self._span(p, start, True, h[idx], idx))
 
     def project_kv(self, p: GgmlPass, i: int, h, rows) -> None:
-        tokens = p.step.tokens
-        key = ("kv", i, tokens)
-        graph = self._graphs.get(key)
-        if graph is None:
-            graph = self._graphs[key] = self._layers[False][i].kv_graph(tokens)
-        cpu().set_threads(self.threads)
-        graph.run(x=h[0], pos=p.pos, slots=p.writes, factors=p.rope[i])
+        tokens, layer = p.step.tokens, self._layer(False, i)
+        idx = None if rows is None else p.index(rows, self.make_index)
+        self._run(p, ("kv", i, tokens), lambda caches: layer.kv_graph(tokens, caches[0]),
+                  i, h if idx is None else h[idx], idx, attends=False)
 
     def head(self, x, stand_in: bool = False) -> np.ndarray:
         flat = x.reshape(-1, x.shape[-1])

@@ -1,11 +1,14 @@
 """A decoder block and the head as ggml graphs over a GGUF's tensors, llama.cpp's way.
 
-A block's graph takes one step's states x [tokens, hidden] and its per-step inputs (positions,
-the slots it writes, the attention mask over the first `keys` slots, the rotary frequency
-factors, Ministral 3's query scale), writes the step's K/V into the layer's F16 cache with
+A block's graph takes one step's states x [rows * tokens, hidden] of `rows` sequences and its
+per-step inputs (each token's position, the slots it writes (the same for every row: the
+layout left-pads), each row's attention mask over the first `keys` slots, the rotary frequency
+factors, Ministral 3's query scale), writes the step's K/V into the F16 cache it is given
+(`cache`: K and V [head_dim, capacity, kv_heads, rows], the whole batch's or one row's) with
 `set_rows` (slots are an input, so one graph serves every step of its shape) and attends the
-first `keys` slots with `flash_attn_ext`. Its outputs are the block's output and the state
-between attention and MLP (what the paper's exit rule compares).
+first `keys` slots with `flash_attn_ext`, rows as its batch dimension. Its outputs are the
+block's output and the state between attention and MLP (what the paper's exit rule
+compares).
 
 Rotary: every table of the ModelSpec is given to ggml as frequency factors over a fixed base
 (factor_i = BASE^(-2i/d) / inv_freq_i), so one path runs plain, llama3-scaled, LongRoPE and
@@ -49,7 +52,7 @@ class Layer:
     """One layer's tensors (the backbone's or its stand-in's) and its fixed settings."""
 
     def __init__(self, weights: MappedGGUF, norms: MappedGGUF, i: int, spec: ModelSpec,
-                 mode: int, cache_k, cache_v) -> None:
+                 mode: int) -> None:
         def w(source: MappedGGUF, name: str, required: bool = True):
             t = source.get(f"blk.{i}.{name}")
             if t is None and required:
@@ -69,71 +72,73 @@ class Layer:
             w(norms, "attn_k_norm.weight", False)
         self.post_attn = w(norms, "post_attention_norm.weight", False)
         self.post_ffn = w(norms, "post_ffw_norm.weight", False)
-        self.cache_k, self.cache_v = cache_k, cache_v
 
-    def _inputs(self, tokens: int, keys: int | None) -> dict:
+    def _inputs(self, tokens: int, keys: int | None, rows: int) -> dict:
         """A graph's inputs; with `keys` (attention over that many slots) the mask and the
         query scale too."""
-        s = self.spec
-        inputs = {"x": (F32, [s.hidden, tokens]), "pos": (I32, [tokens]),
+        s, n = self.spec, tokens * rows
+        inputs = {"x": (F32, [s.hidden, n]), "pos": (I32, [n]),
                   "slots": (I64, [tokens]), "factors": (F32, [self._rotary_pairs()])}
         if keys is not None:
-            inputs["mask"] = (F16, [keys, tokens])
+            inputs["mask"] = (F16, [keys, tokens, 1, rows])
             if s.query_scale is not None:
-                inputs["qscale"] = (F32, [1, 1, tokens])
+                inputs["qscale"] = (F32, [1, 1, n])
         return inputs
 
     def _rotary_pairs(self) -> int:
         return len(self.spec.rotary[self.spec.rope_keys[self.i]].inv_freq)
 
-    def graph(self, tokens: int, keys: int) -> Graph:
-        """The block: outputs `out` and `mid` [tokens, hidden]."""
-        return Graph(self._inputs(tokens, keys), lambda ctx, t: self._block(ctx, t, tokens, keys))
+    def graph(self, tokens: int, keys: int, cache) -> Graph:
+        """The block: outputs `out` and `mid` [rows * tokens, hidden]."""
+        return Graph(self._inputs(tokens, keys, rows_of(cache)),
+                     lambda ctx, t: self._block(ctx, t, tokens, keys, cache))
 
-    def block(self, ctx, t: dict, tokens: int, keys: int) -> dict:
+    def block(self, ctx, t: dict, tokens: int, keys: int, cache) -> dict:
         """The block's ops in a graph being built (`span_graph`), from inputs `t`."""
-        return self._block(ctx, t, tokens, keys)
+        return self._block(ctx, t, tokens, keys, cache)
 
-    def kv_graph(self, tokens: int) -> Graph:
+    def kv_graph(self, tokens: int, cache) -> Graph:
         """The step's K/V of this layer written from x without running it (`propagate`)."""
-        return Graph(self._inputs(tokens, None),
-                     lambda ctx, t: dict(zip("kv", self._kv(ctx, t, tokens, False)[1:])))
+        return Graph(self._inputs(tokens, None, rows_of(cache)),
+                     lambda ctx, t: dict(zip("kv", self._kv(ctx, t, tokens, False, cache)[1:])))
 
     def _norm(self, ctx, a, weight):
         return g.ggml_mul(ctx, g.ggml_rms_norm(ctx, a, self.spec.norm_eps), weight)
 
-    def _kv(self, ctx, t, tokens: int, queries: bool):
-        """(q or None, K and V as written into the cache): the projections of the normed
-        input, rotated, the step's K/V stored in its slots."""
-        s, hd = self.spec, self.spec.head_dim
+    def _kv(self, ctx, t, tokens: int, queries: bool, cache):
+        """(q [head_dim, tokens, heads, rows] or None, K and V as written into the cache):
+        the projections of the normed input, rotated, the step's K/V stored in its slots."""
+        s, hd, rows = self.spec, self.spec.head_dim, rows_of(cache)
+        n = tokens * rows
         h = self._norm(ctx, t["x"], self.attn_norm)
         if self.fused_qkv is not None:
             qkv = g.ggml_mul_mat(ctx, self.fused_qkv, h)
             sizes = [s.heads * hd, s.kv_heads * hd, s.kv_heads * hd]
             offsets = np.cumsum([0] + sizes[:-1])
-            q, k, v = (g.ggml_cont(ctx, g.ggml_view_2d(ctx, qkv, n, tokens, qkv.contents.nb[1],
+            q, k, v = (g.ggml_cont(ctx, g.ggml_view_2d(ctx, qkv, m, n, qkv.contents.nb[1],
                                                         int(o) * 4))
-                       for n, o in zip(sizes, offsets))
+                       for m, o in zip(sizes, offsets))
         else:
             q = g.ggml_mul_mat(ctx, self.q, h) if queries else None
             k, v = (g.ggml_mul_mat(ctx, m, h) for m in (self.k, self.v))
         q, k, v = (a if a is None or b is None else g.ggml_add(ctx, a, b)
                    for a, b in zip((q, k, v), self.qkv_bias))
-        k = g.ggml_reshape_3d(ctx, k, hd, s.kv_heads, tokens)
-        v = g.ggml_reshape_3d(ctx, v, hd, s.kv_heads, tokens)
+        k = g.ggml_reshape_3d(ctx, k, hd, s.kv_heads, n)
+        v = g.ggml_reshape_3d(ctx, v, hd, s.kv_heads, n)
         if self.k_norm is not None:
             k = self._norm(ctx, k, self.k_norm)
         k = self._rope(ctx, t, k)
         if queries:
-            q = g.ggml_reshape_3d(ctx, q, hd, s.heads, tokens)
+            q = g.ggml_reshape_3d(ctx, q, hd, s.heads, n)
             if self.q_norm is not None:
                 q = self._norm(ctx, q, self.q_norm)
             q = self._rope(ctx, t, q)
             if "qscale" in t:
                 q = g.ggml_mul(ctx, q, t["qscale"])
-        # the step's K/V into its slots of the layer's cache [hd, capacity, kv_heads]
-        kw = g.ggml_set_rows(ctx, self.cache_k, g.ggml_permute(ctx, k, 0, 2, 1, 3), t["slots"])
-        vw = g.ggml_set_rows(ctx, self.cache_v, g.ggml_permute(ctx, v, 0, 2, 1, 3), t["slots"])
+            q = by_row(ctx, q, tokens, rows)
+        # the step's K/V into its slots of the cache [hd, capacity, kv_heads, rows]
+        kw, vw = (g.ggml_set_rows(ctx, c, by_row(ctx, a, tokens, rows), t["slots"])
+                  for c, a in zip(cache, (k, v)))
         return (q if queries else None), kw, vw
 
     def _rope(self, ctx, t, a):
@@ -141,25 +146,27 @@ class Layer:
         return g.ggml_rope_ext(ctx, a, t["pos"], t["factors"], 2 * self._rotary_pairs(),
                                self.mode, 0, BASE, 1.0, 0.0, rotary.scaling, 32.0, 1.0)
 
-    def _block(self, ctx, t, tokens: int, keys: int) -> dict:
-        s, hd = self.spec, self.spec.head_dim
+    def _block(self, ctx, t, tokens: int, keys: int, cache) -> dict:
+        s, hd, rows = self.spec, self.spec.head_dim, rows_of(cache)
+        n = tokens * rows
         x = t["x"]
-        q, kw, vw = self._kv(ctx, t, tokens, True)
-        c = self.cache_k.contents
-        kv = [g.ggml_view_3d(ctx, a, hd, keys, s.kv_heads, c.nb[1], c.nb[2], 0) for a in (kw, vw)]
-        attn = g.ggml_flash_attn_ext(ctx, g.ggml_permute(ctx, q, 0, 2, 1, 3), kv[0], kv[1],
-                                     t["mask"], s.attn_scale, 0.0, 0.0)
+        q, kw, vw = self._kv(ctx, t, tokens, True, cache)
+        c = cache[0].contents
+        kv = [g.ggml_view_4d(ctx, a, hd, keys, s.kv_heads, rows, c.nb[1], c.nb[2], c.nb[3], 0)
+              for a in (kw, vw)]
+        # [hd, heads, tokens, rows] out: each row's tokens in turn, as x holds them
+        attn = g.ggml_flash_attn_ext(ctx, q, kv[0], kv[1], t["mask"], s.attn_scale, 0.0, 0.0)
         g.ggml_flash_attn_ext_set_prec(attn, g.GGML_PREC_F32)
-        attn = g.ggml_mul_mat(ctx, self.o, g.ggml_reshape_2d(ctx, attn, hd * s.heads, tokens))
+        attn = g.ggml_mul_mat(ctx, self.o, g.ggml_reshape_2d(ctx, attn, hd * s.heads, n))
         if self.post_attn is not None:
             attn = self._norm(ctx, attn, self.post_attn)
         mid = g.ggml_add(ctx, x, attn)
         h = self._norm(ctx, mid, self.ffn_norm)
         if self.gate is None:
             gate_up = g.ggml_mul_mat(ctx, self.up, h)
-            n = s.intermediate
-            gate, up = (g.ggml_cont(ctx, g.ggml_view_2d(ctx, gate_up, n, tokens,
-                                                        gate_up.contents.nb[1], o * n * 4))
+            m = s.intermediate
+            gate, up = (g.ggml_cont(ctx, g.ggml_view_2d(ctx, gate_up, m, n,
+                                                        gate_up.contents.nb[1], o * m * 4))
                         for o in (0, 1))
         else:
             gate, up = g.ggml_mul_mat(ctx, self.gate, h), g.ggml_mul_mat(ctx, self.up, h)
@@ -170,23 +177,36 @@ class Layer:
         return {"out": g.ggml_add(ctx, mid, down), "mid": mid}
 
 
-def span_graph(layers: "list[Layer]", tokens: int, keys: int) -> Graph:
-    """`layers` in turn as one graph, `x` in and `out` [tokens, hidden] out: the exit river's
-    tail or the whole backbone in one compute, where no decision reads the host between
-    layers (a graph a layer costs some tens of microseconds from Python: docs/backends.md).
-    Each layer takes its own mask and frequency factors (`mask{j}`, `factors{j}`, j its place
-    in the span)."""
-    first = layers[0]._inputs(tokens, keys)
+def rows_of(cache) -> int:
+    """The sequences a graph over `cache` (K and V [hd, capacity, kv_heads, rows]) runs."""
+    return cache[0].contents.ne[3]
+
+
+def by_row(ctx, a, tokens: int, rows: int):
+    """[hd, heads, rows * tokens] as [hd, tokens, heads, rows]: the cache's and attention's
+    order."""
+    return g.ggml_permute(ctx, g.ggml_reshape_4d(ctx, a, a.contents.ne[0], a.contents.ne[1],
+                                                 tokens, rows), 0, 2, 1, 3)
+
+
+def span_graph(layers: "list[Layer]", tokens: int, keys: int, caches: list) -> Graph:
+    """`layers` in turn as one graph over their `caches`, `x` in and `out` [rows * tokens,
+    hidden] out: the exit river's tail or the whole backbone in one compute, where no decision
+    reads the host between layers (a graph a layer costs some tens of microseconds from
+    Python: docs/backends.md). Each layer takes its own mask and frequency factors
+    (`mask{j}`, `factors{j}`, j its place in the span)."""
+    rows = rows_of(caches[0])
+    first = layers[0]._inputs(tokens, keys, rows)
     inputs = {k: v for k, v in first.items() if k not in ("mask", "factors")}
     for j, layer in enumerate(layers):
-        own = layer._inputs(tokens, keys)
+        own = layer._inputs(tokens, keys, rows)
         inputs[f"mask{j}"], inputs[f"factors{j}"] = own["mask"], own["factors"]
 
     def build(ctx, t):
         x = t["x"]
-        for j, layer in enumerate(layers):
+        for j, (layer, cache) in enumerate(zip(layers, caches)):
             x = layer.block(ctx, {**t, "x": x, "mask": t[f"mask{j}"],
-                                  "factors": t[f"factors{j}"]}, tokens, keys)["out"]
+                                  "factors": t[f"factors{j}"]}, tokens, keys, cache)["out"]
         return {"out": x}
     return Graph(inputs, build)
 

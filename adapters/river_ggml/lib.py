@@ -271,9 +271,9 @@ class HostTensors:
     """ggml tensors over numpy arrays this process owns (the K/V cache): ggml writes them in
     place and numpy reads and indexes them, with no copy either way."""
 
-    def __init__(self, array: np.ndarray) -> None:
+    def __init__(self, array: np.ndarray, tensors: int) -> None:
         self.array = array
-        self.ctx = new_context(1024)
+        self.ctx = new_context(tensors)
         self._buffer = g.lib.ggml_backend_cpu_buffer_from_ptr(
             array.__array_interface__["data"][0], array.nbytes)
 
