@@ -14,6 +14,8 @@ that left at different layers) runs row by row, each over its own row of the cac
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import numpy as np
 
 import attrs
@@ -161,7 +163,7 @@ class GgmlBackend(NumpyArrays, LayerEngine):
         h = h * np.float32(self.spec.embed_scale)
         return h.reshape(*ids.shape, self.spec.hidden)
 
-    def _rows(self, p: GgmlPass, idx) -> list:
+    def _rows(self, p: GgmlPass, idx) -> Sequence[int | None]:
         """The graphs' row keys for rows `idx` (None: all): None for one graph over every row,
         else each row alone."""
         if p.together and (idx is None or len(idx) == len(p.pos)):   # sorted, so all rows
