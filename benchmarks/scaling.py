@@ -12,8 +12,8 @@ there, from `river bench tasks --report`). Batch: B sequences decoding together,
 token's exit drawn independently from the profile; a backbone layer's weights are read once a
 step if any row runs it, a stand-in's if any row left before it; every row reads its own K/V
 in every layer (the river attends at every layer). --measure also times decode steps of the
-model at batch 1, 2, 4 and 8 on this CPU (hf engine, full depth and the paper's rule; the
-first GSM8K train questions, one a row).
+model at batch 1, 2, 4 and 8 on this CPU (an engine's steps, hf unless --backend says, full
+depth and the paper's rule; the first GSM8K train questions, one a row).
 """
 
 from __future__ import annotations
@@ -134,10 +134,11 @@ def table(shape: Shape, found: dict, tokens_per_round: float) -> list[dict]:
     return rows
 
 
-def measure(model_path: str | None, batches=(1, 2, 4, 8), tokens: int = 24) -> dict:
+def measure(model_path: str | None, batches=(1, 2, 4, 8), tokens: int = 24,
+            backend: str = "hf") -> dict:
     from river_core import ExitConfig, GenerationConfig, RiverModel
 
-    model = RiverModel.from_pretrained(model_path, backend="hf", progress=True)
+    model = RiverModel.from_pretrained(model_path, backend=backend, progress=True)
     tok = model.backend.tokenizer
     questions = gsm8k_questions(GSM8K_TRAIN, max(batches))   # rows that exit differently
     prompts = [tok.encode(f"Question: {q}\nAnswer:") for q in questions]
@@ -161,6 +162,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--measure", action="store_true",
                     help="also time batched decode steps of the model on this CPU")
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4, 8])
+    ap.add_argument("--backend", default="hf", help="the engine --measure times (default hf)")
     args = ap.parse_args(argv)
     out = Output(args)
     info = machine()
@@ -191,16 +193,19 @@ def main(argv: list[str] | None = None) -> None:
                          + " | ".join(cells) + " |")
         lines.append("")
     if args.measure:
-        measured = measure(args.model, tuple(args.batches))
+        measured = measure(args.model, tuple(args.batches), backend=args.backend)
         payload["measured_ms_per_step"] = measured
-        lines += ["## Measured here: decode step time against batch (hf engine, default model)",
+        lines += [f"## Measured here: decode step time against batch ({args.backend} engine, "
+                  "default model)",
                   "", f"Machine: {info['cpu']}, {info['cores']} cores.", "",
                   "| batch | full depth ms/step | paper's rule ms/step | rule / full |",
                   "|---|---|---|---|"]
         for batch, t in measured.items():
             lines.append(f"| {batch} | {t['full depth']:.1f} | {t[RULE]:.1f} | "
                          f"{t[RULE] / t['full depth']:.2f} |")
-    out.write("scaling", payload, "\n".join(lines) + "\n")
+    # another engine's measurement beside the hf one's
+    name = "scaling" if args.backend == "hf" else f"scaling-{args.backend}"
+    out.write(name, payload, "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

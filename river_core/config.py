@@ -65,7 +65,8 @@ class QuantSpec:
     suffix "-int" ("hqq-int", "rtn-int") the zero points are then rounded to integers, the grid
     ONNX Runtime's MatMulNBits runs without a correction (fewer nodes a stand-in, a little more
     weight error).
-    bits=8: symmetric, one scale per output row (`group_size` and `method` do not apply).
+    bits=8: symmetric, one scale per output row; with `method` "sym" one per `group_size`
+    input columns (ggml's Q8_0 at 32).
     """
 
     bits: int = 4

@@ -187,6 +187,9 @@ def packed(q: QuantWeight, bias: np.ndarray | None, dtype, device) -> Callable:
             return Dense(q.dequantize(), bias, dtype, device)
         mm, args, nbytes = _int4_tinygemm(q, device)
     elif q.bits == 8:
+        if q.scale.shape[1] != 1:
+            raise CapabilityError("aten's int8 kernel takes one scale per row, not per group: "
+                                  "8-bit stand-ins with the sym quantizer are the ggml engine's")
         w = torch.from_numpy(q.codes.astype(np.int16) - 128).to(torch.int8)
         s = torch.from_numpy(q.scale[:, 0]).to(torch.bfloat16)
         mm, args = torch.ops.aten._weight_int8pack_mm, (w, s)

@@ -203,3 +203,19 @@ def test_a_tensor_type_it_does_not_run_is_named(tmp_path):
     w.close()
     with pytest.raises(ModelError, match="TQ2_0|tq2_0"):
         MappedGGUF(path)
+
+
+def test_its_head_stand_in_is_ggml_q8_0_with_a_scale_per_block():
+    """A head's columns differ in range, so a scale per block of 32 (ggml's own Q8_0) holds it
+    far closer than one per row; the blocks are ggml's Q8_0 rounding of the same weights."""
+    from gguf import GGMLQuantizationType as Q
+    from gguf.quants import dequantize, quantize as ggml_quantize
+
+    from river_ggml.stand_ins import HEAD
+
+    w = np.random.default_rng(0).standard_normal((64, 256)).astype(np.float32)
+    w[:, 5] *= 30   # one outlying column, as token embeddings have
+    ours = q8_0(quantize(w, HEAD))
+    per_row = q8_0(quantize(w, QuantSpec(bits=8)))
+    assert close(dequantize(ours, Q.Q8_0), w) < close(dequantize(per_row, Q.Q8_0), w) / 2
+    assert np.array_equal(dequantize(ours, Q.Q8_0), dequantize(ggml_quantize(w, Q.Q8_0), Q.Q8_0))

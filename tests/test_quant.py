@@ -179,3 +179,17 @@ def test_a_cuda_export_splits_groups_into_blocks_cudas_matmulnbits_takes(bits, t
     onnx.save_model(g.model(), tmp_path / "linear.onnx")
     y = sessions_for("cpu")(tmp_path / "linear.onnx").run(None, {"x": x})[0]
     assert np.abs(y - want).max() <= 1e-5 * np.abs(want).max()
+
+
+def test_8_bit_groups_are_refused_by_aten_s_int8_kernel_in_one_line():
+    """The `sym` quantizer's 8 bits hold a scale per group (ggml's Q8_0); aten's int8 kernel
+    takes one per row, so the torch engine refuses them instead of reading the first group's."""
+    torch = pytest.importorskip("torch")
+    from river_core.errors import CapabilityError
+    from river_models.torch_blocks import packed
+
+    w = np.random.default_rng(0).standard_normal((8, 64)).astype(np.float32)
+    grouped = quantize(w, QuantSpec(bits=8, group_size=32, method="sym"))
+    assert grouped.scale.shape == (8, 2)
+    with pytest.raises(CapabilityError, match="one scale per row"):
+        packed(grouped, None, torch.bfloat16, torch.device("cpu"))
