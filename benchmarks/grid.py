@@ -13,8 +13,9 @@ Runtime GenAI (`genai:fp32`, `genai:int4`, built by its own model builder from t
 weights); and `transformers`, transformers' own greedy generate() in this process (a step:
 between consecutive logits-processor calls). They decode at full depth, on the real model only. Configurations (River's
 engines): backbone (full depth), exit (exit mode at the paper's rule, ExitConfig()), lossless
-(lossless mode, River's defaults), whole-4bit (every layer a stand-in), exit@K (every token
-leaves after layer K), lossless@W (drafts attend the last W positions), lossless/D (D drafts a
+(lossless mode, River's defaults), whole-4bit (every layer a stand-in), exit+stand-in-head
+(exit mode, exited tokens on the head's 8-bit stand-in), exit@K (every token leaves after
+layer K), lossless@W (drafts attend the last W positions), lossless/D (D drafts a
 round). Shapes: `default` (the
 embedded model, or --model) and random-weight models of known shapes (library/shapes.py:
 tiny, llama-1b, llama-8b), for speed alone.
@@ -63,7 +64,8 @@ def exit_config(name: str) -> ExitConfig:
     """A configuration's name (the docstring's list) as River's ExitConfig."""
     known = {"backbone": ExitConfig(kv="full"), "exit": ExitConfig(),
              "lossless": ExitConfig(mode="speculative"),
-             "whole-4bit": ExitConfig(policy="fixed", options={"layer": -1})}
+             "whole-4bit": ExitConfig(policy="fixed", options={"layer": -1}),
+             "exit+stand-in-head": ExitConfig(exit_head="stand-in")}
     numbered = {"exit@": lambda k: ExitConfig(policy="fixed", options={"layer": k}),
                 "lossless@": lambda w: ExitConfig(mode="speculative", draft_window=w),
                 "lossless/": lambda d: ExitConfig(mode="speculative", draft_tokens=d)}
@@ -73,7 +75,7 @@ def exit_config(name: str) -> ExitConfig:
         number = name.removeprefix(prefix)
         if number != name and number.lstrip("-").isdigit():
             return make(int(number))
-    raise SystemExit(f"unknown configuration {name!r}: use {', '.join(CONFIGS)}, exit@K, "
+    raise SystemExit(f"unknown configuration {name!r}: use {', '.join(known)}, exit@K, "
                      "lossless@W or lossless/D")
 
 

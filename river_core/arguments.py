@@ -9,7 +9,7 @@ from typing import Any
 
 import attrs
 
-from .config import DRAFT_WINDOW, MODES, METHODS, ExitConfig, QuantSpec, mode_policy
+from .config import DRAFT_WINDOW, EXIT_HEADS, MODES, METHODS, ExitConfig, QuantSpec, mode_policy
 from .layout import SINKS
 from .options import parse
 
@@ -33,6 +33,10 @@ def add_exit_arguments(parser: argparse.ArgumentParser, *, speculative: bool = T
     parser.add_argument("-o", "--option", action="append", default=[], metavar="KEY=VALUE",
                         help="an option of the chosen policy, predictor or KV strategy, e.g. "
                         "-o tau=0.95 (repeatable; river plugins lists them)")
+    parser.add_argument("--exit-head", default=default(ExitConfig, "exit_head"),
+                        choices=EXIT_HEADS, help="exit mode: the head a token that exited "
+                        "takes: the model's own (the paper) or its 8-bit stand-in (fewer bytes, "
+                        "a quality trade)")
     if prefill:
         parser.add_argument("--prefill-exit", type=int, metavar="K",
                             help="run the prompt's layers past K as stand-ins (sequence-level "
@@ -74,6 +78,7 @@ def exit_config(args: argparse.Namespace, **fields) -> ExitConfig:
     if args.option:
         given["options"] = parse(args.option)
     for field, name in (("prefill_exit", "prefill_exit"), ("mode", "mode"),
+                        ("exit_head", "exit_head"),
                         ("draft_tokens", "draft_tokens"), ("adaptive", "adaptive_draft"),
                         ("draft_window", "draft_window"),
                         ("step_aside_above", "step_aside_above")):

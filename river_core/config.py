@@ -95,6 +95,7 @@ class Mode(enum.StrEnum):
 
 
 MODES = tuple(m.value for m in Mode)
+EXIT_HEADS = ("backbone", "stand-in")
 DRAFT_WINDOW = 256
 """Speculative mode's default draft window: shorter contexts are read whole, so drafts change
 only past it (docs/benchmarks.md, "Lossless mode at long contexts and short answers")."""
@@ -155,6 +156,11 @@ class ExitConfig:
     full depth, speculative mode drafts nothing for it (None: never). Where per-token exits
     stop paying depends on the machine and the engine: `river bench vllm` measures the
     crossover (docs/scaling.md)."""
+    exit_head: str = "backbone"
+    """Exit mode: the head a token that exited takes. "backbone": the model's own LM head,
+    as the paper (and every token at full depth); "stand-in": the head's 8-bit stand-in,
+    which reads half of an F16 head's bytes (on a small model the head is a large share of
+    what an exited token reads: docs/benchmarks.md), a quality trade like the river's."""
     draft_window: int | None = None
     """Speculative mode: drafts attend the context's first 4 positions and its last
     `draft_window`. The backbone's verification keeps the output exact, so only how many
@@ -179,6 +185,8 @@ class ExitConfig:
             _integer("draft_window", self.draft_window, 1, " or None")
         if self.step_aside_above is not None:
             _integer("step_aside_above", self.step_aside_above, 0, " or None")
+        _check(self.exit_head in EXIT_HEADS, f"exit_head must be one of {', '.join(EXIT_HEADS)}, "
+               f"got {self.exit_head!r}")
 
 
 def _options(options: Any) -> dict:

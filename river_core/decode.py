@@ -126,8 +126,9 @@ class DecodeResult:
 class Run:
     """What one generation runs: a fresh KV strategy (strategies may keep state across steps),
     the exit policy, the predictor factory, (stand_in_error, prompt_similarity) -> predictor,
-    the rows per step above which River steps aside (ExitConfig.step_aside_above) and the
-    drafts' attention window (ExitConfig.draft_window).
+    the rows per step above which River steps aside (ExitConfig.step_aside_above), the
+    drafts' attention window (ExitConfig.draft_window) and whether exited tokens take the
+    head's stand-in (ExitConfig.exit_head).
     `Plan.run()` makes one; tests and measurements may build their own."""
 
     strategy: KVStrategy
@@ -135,6 +136,7 @@ class Run:
     new_predictor: PredictorFactory
     step_aside_above: int | None = None
     draft_window: int | None = None
+    stand_in_head: bool = False
 
     def steps_aside(self, rows: int) -> bool:
         """Whether a step of `rows` decoding rows runs at full depth, drafting nothing."""
@@ -276,9 +278,25 @@ def decode_step(backend: Backend, tokens: Sequence[int], run: Run, rows: list[Ro
     p = backend.begin(tokens, at)
     walk = Walk(backend, p, run, movable, step, len(tokens))
     h = walk.through(backend.embed(p))
-    logits = (backend.stand_in_logits if at.draft and caps.stand_in else backend.logits)(h)
+    if at.draft and caps.stand_in:
+        logits = backend.stand_in_logits(h)
+    elif run.stand_in_head and caps.stand_in:
+        logits = _exit_heads(backend, h, walk.exits)
+    else:
+        logits = backend.logits(h)
     walk.finish(logits)
     return logits, walk.exits
+
+
+def _exit_heads(backend: Backend, h, exits: list[int]) -> np.ndarray:
+    """Logits of rows that exited from the head's stand-in, of the others from the head."""
+    exited = np.array(exits) < backend.num_layers - 1
+    if exited.all():
+        return backend.stand_in_logits(h)
+    logits = backend.logits(h)
+    if exited.any():
+        logits[exited] = backend.stand_in_logits(h)[exited]
+    return logits
 
 
 def stand_in_error(backend: Backend) -> Sequence[float]:

@@ -43,7 +43,8 @@ class Plan:
     def run(self) -> Run:
         return Run(self.kv_plugin.make(self.kv_options), self.policy,
                    functools.partial(self.predictor_plugin.make, self.predictor_options),
-                   self.config.step_aside_above, self.draft_window)
+                   self.config.step_aside_above, self.draft_window,
+                   self.config.exit_head == "stand-in" and not self.config.lossless)
 
     def draft_length(self) -> DraftLength:
         """Speculative mode's draft length rule, fresh for a generation."""

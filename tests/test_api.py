@@ -58,6 +58,8 @@ def test_bad_options(folder):
         model.generate("a" * 250, chat=False, max_new_tokens=10)
     with pytest.raises(ConfigError, match="fixed policy needs a layer"):
         model.generate("abc", exit_config=ExitConfig(policy="fixed"))
+    with pytest.raises(ConfigError, match="exit_head must be one of backbone, stand-in"):
+        model.generate("abc", exit_head="8bit")
 
 
 def test_cli_generate_prints_text_and_stats(folder, capsys):

@@ -105,3 +105,24 @@ def test_a_batch_above_the_step_aside_threshold_runs_at_full_depth():
     assert aside.tokens == full.tokens and set(aside.exit_layers[0]) == {5}
     exits = model.generate_ids(rows, ExitConfig(**exiting, step_aside_above=3), gen)
     assert set(exits.exit_layers[0]) == {1}
+
+
+def test_exited_rows_take_the_heads_stand_in_when_asked_and_the_others_the_head():
+    """ExitConfig.exit_head "stand-in": a row that left takes the head's stand-in (here
+    marked: it always says token 5), a row at full depth the model's own head, in one step."""
+    import numpy as np
+
+    b = tiny_backend("qwen3", 0, 8)
+    own = [1, None, 2]
+    plain = generate_ids(b, PROMPTS, GEN, Run(River(), PerRow(own), TransitionPredictor))
+
+    def marked(h):
+        logits = np.zeros((len(h), tiny.VOCAB), np.float32)
+        logits[:, 5] = 1
+        return logits
+
+    b.stand_in_logits = marked
+    heads = generate_ids(b, PROMPTS, GEN, Run(River(), PerRow(own), TransitionPredictor,
+                                              stand_in_head=True))
+    assert heads.tokens[0][1:] == heads.tokens[2][1:] == [5] * (GEN.max_new_tokens - 1)
+    assert heads.tokens[1] == plain.tokens[1] and 5 not in plain.tokens[1]

@@ -74,8 +74,10 @@ def test_task_configs_name_exit_and_speculative_modes():
                                            options={"layer": -1}, draft_tokens=4,
                                            adaptive=False)
     assert (adaptive.exit_config.draft_tokens, adaptive.exit_config.adaptive) == (6, True)
+    assert Config.parse("river/settled:0.95+stand-in-head").exit_config == \
+        ExitConfig(kv="river", policy="settled", options={"tau": 0.95}, exit_head="stand-in")
     for bad in ("full:0.2", "river:0.2@int2", "river/teleport:1", "lossless/fixed:-1",
-                "lossless/teleport:1/4", "lossless/fixed:-1/x"):
+                "lossless/teleport:1/4", "lossless/fixed:-1/x", "river+head8"):
         with pytest.raises(ConfigError):
             Config.parse(bad)
 

@@ -197,6 +197,7 @@ def test_river_inside_vllm_walks_the_cores_walk_with_every_policy_it_allows(fold
     ({"policy": "cascade"}, "reruns doubtful tokens"),
     ({"kv": "propagate"}, "does not support the 'propagate' kv strategy"),
     ({"bitz": 4}, "unknown River settings ['bitz']"),
+    ({"exit_head": "stand-in"}, "gives every token the model's own head"),
 ])
 def test_what_vllm_cannot_honour_is_refused_before_it_starts(river, message):
     """Refused by the same resolution as in River's own engines, against vLLM's declared

@@ -43,6 +43,9 @@ def settings(river: Mapping[str, Any] | None) -> tuple[ExitConfig, QuantSpec]:
     if unknown:
         raise ConfigError(f"unknown River settings {unknown} in the model config; it takes "
                           f"{', '.join(sorted(_EXIT | _QUANT))}")
+    if river.get("exit_head", "backbone") != "backbone":
+        raise ConfigError("River inside vLLM gives every token the model's own head "
+                          "(exit_head 'backbone'): vLLM computes a step's logits in one call")
     mode = river.get("mode", ExitConfig().mode)
     river.setdefault("step_aside_above", STEP_ASIDE_ABOVE.get(mode))
     return (ExitConfig(**{k: v for k, v in river.items() if k in _EXIT}),

@@ -28,7 +28,9 @@ class Config:
     - `KV[/POLICY]:VALUE[@int8|@int4]`: the same under an exit policy (similarity unless named)
       at VALUE of its main option (MAIN_OPTION);
     - `lossless/POLICY:VALUE/G[=]`: speculative mode, the river drafting under that policy, at
-      most G tokens per verification, adaptive (a trailing `=`: exactly G every round).
+      most G tokens per verification, adaptive (a trailing `=`: exactly G every round);
+    - an exit-mode config with `+stand-in-head`: exited tokens take the head's 8-bit stand-in
+      (ExitConfig.exit_head).
 
     Stand-ins are 4-bit HQQ unless @int8."""
 
@@ -43,6 +45,13 @@ class Config:
             return cls(text, ExitConfig(kv="full"), backend="llamacpp")
         if text.startswith("lossless/"):
             return cls(text, _speculative(text))
+        base, plus, extra = text.partition("+")
+        if plus and extra != "stand-in-head":
+            raise ConfigError(f"{text}: the one suffix is +stand-in-head")
+        if plus:
+            parsed = cls.parse(base)
+            return attrs.evolve(parsed, label=text, exit_config=attrs.evolve(
+                parsed.exit_config, exit_head="stand-in"))
         body, _, bits = text.partition("@")
         if bits not in ("", "int8", "int4"):
             raise ConfigError(f"{text}: stand-in precision is @int8 or @int4")
