@@ -215,8 +215,9 @@ def tabulate(shape: str, runs: dict, models: dict, bandwidth: float,
         if engine in models and exits:
             footprint = models[engine].backend.footprint()
             row["mean_layers_run"] = float(np.mean(exits)) + 1
+            head = exit_config(config).exit_head == "stand-in"
             row["bytes_per_token"] = float(np.mean(
-                [footprint.bytes_per_token(k, n + i) for r in rs
+                [footprint.bytes_per_token(k, n + i, stand_in_head=head) for r in rs
                  for i, k in enumerate(r["exits"])]))
             row["limit_ms_per_token"] = row["bytes_per_token"] / bandwidth * 1e3
         if "peak_rss_mb" in rs[0]:

@@ -60,13 +60,13 @@ def bytes_read(model: RiverModel, config: Config, prompt_tokens: int, out: Decod
     exits = out.exit_layers[0]
     if not out.speculative:
         reads = default_registry().kv_strategy(config.exit_config.kv).make.skipped_reads
-        return sum(foot.bytes_per_token(k, prompt_tokens + i, reads)
+        head = config.exit_config.exit_head == "stand-in"
+        return sum(foot.bytes_per_token(k, prompt_tokens + i, reads, head)
                    for i, k in enumerate(exits))
     total, step, position = 0.0, 0, prompt_tokens
     for drafted, accepted in zip(out.drafted, out.accepted):
         for i in range(drafted):
-            total += foot.bytes_per_token(exits[step], position + i, "stand_in") \
-                - foot.head_bytes + foot.stand_in_head_bytes
+            total += foot.bytes_per_token(exits[step], position + i, "stand_in", True)
             step += 1
         total += foot.bytes_per_token(model.backend.num_layers - 1, position + drafted,
                                       "nothing")

@@ -16,3 +16,11 @@ def test_a_token_reads_its_backbone_layers_the_head_and_what_its_strategy_reads_
 def test_full_depth_reads_the_same_whatever_the_strategy():
     full = 30 + 5 + 4 * 3
     assert {F.bytes_per_token(2, 4, r) for r in ("stand_in", "kv_projection", "nothing")} == {full}
+
+
+def test_a_token_that_left_reads_the_heads_stand_in_when_it_takes_it():
+    f = Footprint((10, 10, 10), (3, 3, 3), (2, 2, 2), head_bytes=5, kv_bytes_per_position=1,
+                  stand_in_head_bytes=2)
+    assert f.bytes_per_token(0, 4, "stand_in", stand_in_head=True) == 10 + 2 * 3 + 2 + 4 * 3
+    # at full depth the token takes the model's own head (ExitConfig.exit_head)
+    assert f.bytes_per_token(2, 4, stand_in_head=True) == f.bytes_per_token(2, 4)
