@@ -20,7 +20,7 @@ import numpy as np
 
 from river_cli.calibrate import calibrate
 from river_cli.profile import Target
-from river_core import ExitConfig, QuantSpec, RiverModel
+from river_core import ExitConfig, RiverModel
 from river_core.options import tuned
 
 from . import tasks
@@ -60,7 +60,8 @@ def main(argv: list[str] | None = None) -> None:
     default = attrs.fields_dict(options)[option].default
     start = time.perf_counter()
     profiles = calibrate(model, prompts, config, args.targets, tokens=args.tokens,
-                         layer_prompts=args.layer_prompts, model_name=args.model or "default", precision=QuantSpec().label,
+                         layer_prompts=args.layer_prompts, model_name=args.model or "default",
+                         precision=model.registry.backend(args.backend).quant.label,
                          source=f"GSM8K train {gsm8k.SHOTS}..{gsm8k.SHOTS + args.prompts - 1} "
                          f"({args.shots}-shot)", progress=True)
     seconds = time.perf_counter() - start

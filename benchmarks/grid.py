@@ -13,10 +13,10 @@ Runtime GenAI (`genai:fp32`, `genai:int4`, built by its own model builder from t
 weights); and `transformers`, transformers' own greedy generate() in this process (a step:
 between consecutive logits-processor calls). They decode at full depth, on the real model only. Configurations (River's
 engines): backbone (full depth), exit (exit mode at the paper's rule, ExitConfig()), lossless
-(lossless mode, River's defaults), whole-4bit (every layer a stand-in), exit+stand-in-head
-(exit mode, exited tokens on the head's 8-bit stand-in), exit@K (every token leaves after
-layer K), lossless@W (drafts attend the last W positions), lossless/D (D drafts a
-round). Shapes: `default` (the
+(lossless mode, River's defaults), whole-4bit (every layer a stand-in), exit@K (every token
+leaves after layer K), lossless@W (drafts attend the last W positions), lossless/D (D drafts a
+round); an exit-mode name + "+stand-in-head" (exit+stand-in-head, exit@3+stand-in-head): its
+exited tokens take the head's 8-bit stand-in (ExitConfig.exit_head). Shapes: `default` (the
 embedded model, or --model) and random-weight models of known shapes (library/shapes.py:
 tiny, llama-1b, llama-8b), for speed alone.
 
@@ -38,6 +38,7 @@ import sys
 import time
 from pathlib import Path
 
+import attrs
 import numpy as np
 
 from river_core import ExitConfig, GenerationConfig, RiverModel, Step
@@ -54,6 +55,7 @@ from .library.timing import machine, median_us
 ANCHORS = ("llamacpp", "genai")
 TRANSFORMERS = "transformers"   # transformers' own generate() on the real model, in process
 CONFIGS = ("backbone", "exit", "lossless", "whole-4bit")
+HEAD_SUFFIX = "+stand-in-head"
 # seconds between cells: the last engine's worker threads (OpenMP's, llama.cpp's) spin-wait a
 # while after their work, and on a 2-core machine they took the next cell's cores (a tiny
 # model's full depth measured 6x slower right after llama.cpp)
@@ -62,10 +64,11 @@ PARK = 0.2
 
 def exit_config(name: str) -> ExitConfig:
     """A configuration's name (the docstring's list) as River's ExitConfig."""
+    if name.endswith(HEAD_SUFFIX):
+        return attrs.evolve(exit_config(name.removesuffix(HEAD_SUFFIX)), exit_head="stand-in")
     known = {"backbone": ExitConfig(kv="full"), "exit": ExitConfig(),
              "lossless": ExitConfig(mode="speculative"),
-             "whole-4bit": ExitConfig(policy="fixed", options={"layer": -1}),
-             "exit+stand-in-head": ExitConfig(exit_head="stand-in")}
+             "whole-4bit": ExitConfig(policy="fixed", options={"layer": -1})}
     numbered = {"exit@": lambda k: ExitConfig(policy="fixed", options={"layer": k}),
                 "lossless@": lambda w: ExitConfig(mode="speculative", draft_window=w),
                 "lossless/": lambda d: ExitConfig(mode="speculative", draft_tokens=d)}
@@ -76,7 +79,7 @@ def exit_config(name: str) -> ExitConfig:
         if number != name and number.lstrip("-").isdigit():
             return make(int(number))
     raise SystemExit(f"unknown configuration {name!r}: use {', '.join(known)}, exit@K, "
-                     "lossless@W or lossless/D")
+                     f"lossless@W or lossless/D, an exit mode's with {HEAD_SUFFIX}")
 
 
 def is_anchor(engine: str) -> bool:

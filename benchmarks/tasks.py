@@ -34,10 +34,11 @@ import math
 import resource
 import sys
 
+import attrs
 import numpy as np
 from tqdm import tqdm
 
-from river_core import CapabilityError, ConfigError, GenerationConfig, QuantSpec, RiverModel
+from river_core import CapabilityError, ConfigError, GenerationConfig, RiverModel
 from river_core.decode import DecodeResult
 from river_core.plugins import default_registry
 
@@ -315,9 +316,10 @@ def load_models(args, configs: list[Config]) -> dict[tuple[str, int], RiverModel
     models = {}
     for name, bits in sorted({c.model_key(args.backend) for c in configs}):
         try:
+            own = default_registry().backend(name).quant   # the engine's own stand-ins
             models[name, bits] = RiverModel.from_pretrained(args.model, backend=name,
                                                             progress=True,
-                                                            quant=QuantSpec(bits=bits))
+                                                            quant=attrs.evolve(own, bits=bits))
         except CapabilityError as e:
             if name == args.backend:
                 raise

@@ -32,7 +32,7 @@ class Config:
     - an exit-mode config with `+stand-in-head`: exited tokens take the head's 8-bit stand-in
       (ExitConfig.exit_head).
 
-    Stand-ins are 4-bit HQQ unless @int8."""
+    Stand-ins are the engine's own (`BackendPlugin.quant`), at 4 bits unless @int8."""
 
     label: str
     exit_config: ExitConfig
