@@ -158,6 +158,8 @@ TINY = [   # each benchmark at a tiny size, in an order that gives later ones th
     pytest.param(("ggml_kernels", "--count", "2", "--rows", "64", "--columns", "64",
                   "--tokens", "1", "2", "--repeats", "1"),
                  marks=pytest.mark.skipif(not has_ggml, reason="needs the ggml extra")),
+    pytest.param(("kit_margins", "--subject", "ggml", "--prompts", "1"),
+                 marks=pytest.mark.skipif(not has_ggml, reason="needs the ggml extra")),
     ("projection", "--engine", "hf", "--shape", "tiny", "--positions", "8", "--prompts", "1",
      "--tokens", "4", "--repeats", "1"),
     # parts 1-5 at a random tiny shape (the suite's budget: part 6 starts vLLM, whose sizing
@@ -183,7 +185,7 @@ TINY = [   # each benchmark at a tiny size, in an order that gives later ones th
                  marks=pytest.mark.skipif(not (has_vllm and has_lm_eval),
                                           reason="needs the vllm and eval extras")),
 ]
-NO_MODEL = {"river_kv_error", "paper_models", "ggml_kernels"}
+NO_MODEL = {"river_kv_error", "paper_models", "ggml_kernels", "kit_margins"}
 
 
 def test_every_benchmark_runs_in_the_suite():
