@@ -175,6 +175,26 @@ def test_no_tail_session_is_built_off_the_cpu():
     assert tail_sessions(manifest, "cuda") == ()
 
 
+def test_drafts_read_the_whole_context_off_the_cpu_and_a_window_is_refused():
+    """A windowed draft runs on a host copy of the window's slots, a whole layer at a time:
+    on CUDA that is PCIe traffic per layer per draft, so the engine promises no windows there;
+    lossless mode's plan then gives drafts the whole context, and an explicit window is
+    refused in one line."""
+    from river_core import ModelShape, default_registry, resolve
+    from river_core.config import DRAFT_WINDOW, ExitConfig
+    from river_onnx.backend import capabilities
+
+    assert capabilities("cpu").windowed_drafts and not capabilities("cuda").windowed_drafts
+    shape, registry = ModelShape(tiny.LAYERS, 256), default_registry()
+    lossless = ExitConfig(mode="speculative")
+    assert resolve(lossless, registry, capabilities("cpu"), shape, "onnx").draft_window == \
+        DRAFT_WINDOW
+    assert resolve(lossless, registry, capabilities("cuda"), shape, "onnx").draft_window is None
+    with pytest.raises(CapabilityError, match="cannot give drafts a window"):
+        resolve(ExitConfig(mode="speculative", draft_window=64), registry,
+                capabilities("cuda"), shape, "onnx")
+
+
 def test_no_session_falls_back_to_the_cpu_when_its_provider_fails_at_run_time(monkeypatch):
     """ONNX Runtime's Python `run` answers a provider's failure (EPFail) by moving the session
     to the CPU and retrying, printing only to stdout; every session River makes fails

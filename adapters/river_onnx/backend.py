@@ -17,7 +17,7 @@ import attrs
 import numpy as np
 import onnxruntime as ort
 
-from river_core.backend import Pass
+from river_core.backend import Capabilities, Pass
 from river_core.errors import CapabilityError
 from river_core.footprint import Footprint
 from river_core.layer_engine import LayerEngine, NumpyArrays
@@ -106,6 +106,15 @@ def tail_sessions(manifest: Manifest, device: str) -> tuple[int, ...]:
     return manifest.tails if device == "cpu" else ()
 
 
+def capabilities(device: str) -> Capabilities:
+    """What the engine promises on `device`. Off the CPU no windowed drafts: a draft window's
+    step runs on a copy of the window's slots, read and written back through the host a whole
+    layer at a time, which on a GPU would move each layer's cache over PCIe for every draft
+    token (issue 43); there lossless mode's drafts read the whole context, as the plan's
+    default then gives them, and a draft_window is refused in one line."""
+    return CAPABILITIES if device == "cpu" else attrs.evolve(CAPABILITIES, windowed_drafts=False)
+
+
 @attrs.frozen(eq=False)
 class OnnxPass(Pass):
     """A step's pass as the graphs take it. `positions` index the rows of each layer's rotary
@@ -151,7 +160,7 @@ class OnnxBackend(NumpyArrays, LayerEngine):
         self.switch_at = spec.switch_at
         self.stand_in_error = list(manifest.stand_in_error)
         self.kv_heads, self.head_dim, self.windows = spec.kv_heads, spec.head_dim, spec.windows
-        self.capabilities = CAPABILITIES
+        self.capabilities = capabilities(device)
         self.tokenizer = tokenizer
 
     # -- numerics for the engine base -------------------------------------------------------
