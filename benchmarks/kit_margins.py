@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 from tqdm import tqdm
 
-from river_conformance.kit import Subject, _reference
+from river_conformance.kit import Subject
 from river_conformance.scripted import forced_logits
 from river_core.backend import Step
 from river_core.kv import Full
@@ -98,7 +98,8 @@ def cosine_error(b, ref, prompt, cont) -> float:
 
 def measure(subject: Subject, family: str, prompts: int, seed: int) -> dict:
     rng = np.random.default_rng(seed)
-    b, ref = subject.backend(family), _reference(family)
+    # against the kit's reference engine, hf
+    b, ref = subject.backend(family), Subject.registered("hf").backend(family)
     caps = b.capabilities
     worst = {f"{m} {part}": 0.0 for m in ("reference", "own order", "fused tail")
              for part in ("logits", "K/V")} | {"cosines": 0.0}
