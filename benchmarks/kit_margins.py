@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 from tqdm import tqdm
 
-from river_conformance.kit import Subject
+from river_conformance.kit import Subject, tail_both_ways
 from river_conformance.scripted import forced_logits
 from river_core.backend import Step
 from river_core.kv import Full
@@ -65,20 +65,10 @@ def fused_tail_error(b, prompt) -> tuple[float, float]:
     """The stand-ins' tail as one call against its layers one by one, from every start."""
     worst = [0.0, 0.0]
     for start in range(b.num_layers):
-        results = []
-        for fused in (True, False):
-            b.prefill([prompt], len(prompt) + 1)
-            p = b.begin([7], Step(len(prompt)))
-            h = b.embed(p)
-            if fused:
-                h = b.stand_in_tail(p, start, h, None)
-            else:
-                for i in range(start, b.num_layers):
-                    h = b.stand_in_layer(p, i, h, None)
-            results.append((b.logits(h), _kv(b)[start:]))
-        (fl, fkv), (l, kv) = results
+        (fl, fkv), (l, kv) = tail_both_ways(b, prompt, start)
         worst[0] = max(worst[0], relative_error(fl, l))
-        worst[1] = max(worst[1], _kv_error(fkv, kv, len(prompt) + 1))
+        # layers before `start` hold no entry for the step's slot
+        worst[1] = max(worst[1], _kv_error(fkv[start:], kv[start:], len(prompt) + 1))
     return worst[0], worst[1]
 
 

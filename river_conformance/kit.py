@@ -468,11 +468,9 @@ def test_prefill_exit_runs_the_prompts_deep_layers_as_stand_ins(conformance_back
                 assert relative_error(got, want) <= STAND_IN_BOUND_C * b.stand_in_error[i] * (i - k)
 
 
-@given(prompt=prompts, data=st.data())
-def test_a_stand_in_tail_equals_its_layers_one_by_one(conformance_backend, prompt, data):
-    b = conformance_backend.backend(conformance_backend.family(data))
-    _needs(b, "stand_in")
-    start = data.draw(st.integers(0, b.num_layers - 1), label="start")
+def tail_both_ways(b, prompt, start: int) -> list[tuple[np.ndarray, list]]:
+    """A decode step after `prompt` whose token runs the stand-ins from layer `start` on, as
+    one `stand_in_tail` call and as its layers one by one: (logits, every layer's K/V) each."""
     results = []
     for fused in (True, False):
         b.prefill([prompt], len(prompt) + 1)
@@ -484,7 +482,15 @@ def test_a_stand_in_tail_equals_its_layers_one_by_one(conformance_backend, promp
             for i in range(start, b.num_layers):
                 h = b.stand_in_layer(p, i, h, None)
         results.append((b.logits(h), [b.read_kv(i) for i in range(b.num_layers)]))
-    (fused_logits, fused_kv), (logits, kv) = results
+    return results
+
+
+@given(prompt=prompts, data=st.data())
+def test_a_stand_in_tail_equals_its_layers_one_by_one(conformance_backend, prompt, data):
+    b = conformance_backend.backend(conformance_backend.family(data))
+    _needs(b, "stand_in")
+    start = data.draw(st.integers(0, b.num_layers - 1), label="start")
+    (fused_logits, fused_kv), (logits, kv) = tail_both_ways(b, prompt, start)
     rtol = conformance_backend.precision.fused_rtol
     assert relative_error(fused_logits, logits) <= rtol
     # layers before `start` hold no entry for this step's slot: nothing ran them
