@@ -160,7 +160,8 @@ class ExitConfig:
     """Exit mode: the head a token that exited takes. "backbone": the model's own LM head,
     as the paper (and every token at full depth); "stand-in": the head's 8-bit stand-in,
     which reads half of an F16 head's bytes (on a small model the head is a large share of
-    what an exited token reads: docs/benchmarks.md), a quality trade like the river's."""
+    what an exited token reads), a quality trade like the river's: measured on the ggml
+    engine in docs/backends.md."""
     draft_window: int | None = None
     """Speculative mode: drafts attend the context's first 4 positions and its last
     `draft_window`. The backbone's verification keeps the output exact, so only how many
