@@ -50,12 +50,12 @@ from .library.measures import first_divergence
 from .library.output import Output, parser
 from .library.output import command as run_command
 from .library.prompts import prompt_of
+from .library.runs import HEAD_SUFFIX
 from .library.timing import machine, median_us
 
 ANCHORS = ("llamacpp", "genai")
 TRANSFORMERS = "transformers"   # transformers' own generate() on the real model, in process
 CONFIGS = ("backbone", "exit", "lossless", "whole-4bit")
-HEAD_SUFFIX = "+stand-in-head"
 # seconds between cells: the last engine's worker threads (OpenMP's, llama.cpp's) spin-wait a
 # while after their work, and on a 2-core machine they took the next cell's cores (a tiny
 # model's full depth measured 6x slower right after llama.cpp)
@@ -218,7 +218,7 @@ def tabulate(shape: str, runs: dict, models: dict, bandwidth: float,
         if engine in models and exits:
             footprint = models[engine].backend.footprint()
             row["mean_layers_run"] = float(np.mean(exits)) + 1
-            head = exit_config(config).exit_head == "stand-in"
+            head = exit_config(config).stand_in_head
             row["bytes_per_token"] = float(np.mean(
                 [footprint.bytes_per_token(k, n + i, stand_in_head=head) for r in rs
                  for i, k in enumerate(r["exits"])]))

@@ -61,7 +61,7 @@ def bytes_read(model: RiverModel, config: Config, prompt_tokens: int, out: Decod
     exits = out.exit_layers[0]
     if not out.speculative:
         reads = default_registry().kv_strategy(config.exit_config.kv).make.skipped_reads
-        head = config.exit_config.exit_head == "stand-in"
+        head = config.exit_config.stand_in_head
         return sum(foot.bytes_per_token(k, prompt_tokens + i, reads, head)
                    for i, k in enumerate(exits))
     total, step, position = 0.0, 0, prompt_tokens

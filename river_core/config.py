@@ -174,6 +174,11 @@ class ExitConfig:
         """Speculative mode: the backbone verifies what the river drafts."""
         return self.mode is Mode.SPECULATIVE
 
+    @property
+    def stand_in_head(self) -> bool:
+        """Exit mode's exited tokens take the head's stand-in (`exit_head`)."""
+        return self.exit_head == "stand-in"
+
     def __attrs_post_init__(self) -> None:
         for name in ("policy", "kv", "predictor"):
             _text(name, getattr(self, name))

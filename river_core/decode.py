@@ -280,7 +280,7 @@ def decode_step(backend: Backend, tokens: Sequence[int], run: Run, rows: list[Ro
     h = walk.through(backend.embed(p))
     if at.draft and caps.stand_in:
         logits = backend.stand_in_logits(h)
-    elif run.stand_in_head and caps.stand_in:
+    elif run.stand_in_head:   # the plan checked the backend has a head's stand-in
         logits = _exit_heads(backend, h, walk.exits)
     else:
         logits = backend.logits(h)

@@ -44,7 +44,7 @@ class Plan:
         return Run(self.kv_plugin.make(self.kv_options), self.policy,
                    functools.partial(self.predictor_plugin.make, self.predictor_options),
                    self.config.step_aside_above, self.draft_window,
-                   self.config.exit_head == "stand-in" and not self.config.lossless)
+                   self.config.stand_in_head)
 
     def draft_length(self) -> DraftLength:
         """Speculative mode's draft length rule, fresh for a generation."""
@@ -106,6 +106,14 @@ def _check(config: ExitConfig, strategy, policy: ExitPolicy, caps: Capabilities,
         if config.prefill_exit >= shape.num_layers:
             raise ConfigError(f"prefill_exit {config.prefill_exit} is past the model's last "
                               f"layer ({shape.num_layers - 1})")
+    if config.stand_in_head:
+        if config.lossless:
+            raise ConfigError("exit_head is the head of exit mode's exited tokens: speculative "
+                              "mode's drafts take the head's stand-in, its output the model's "
+                              "own head")
+        if not caps.stand_in:
+            raise CapabilityError(f"backend {backend!r} has no stand-in for the head; use "
+                                  f"exit_head 'backbone'")
     if config.draft_window is not None and not config.lossless:
         raise ConfigError("draft_window is the drafts' attention window: it applies to "
                           "speculative mode")

@@ -138,14 +138,14 @@ def quantize(w: np.ndarray, spec: QuantSpec) -> QuantWeight:
     """w: float [rows, columns] (y = x w^T)."""
     w = np.asarray(w, dtype=np.float32)
     rows, columns = w.shape
-    g = group_size(spec.group_size, columns)
     if spec.bits == 8:   # one scale per row; with `sym` per group (ggml's Q8_0 at 32)
-        width = g if spec.method == "sym" else columns
+        width = group_size(spec.group_size, columns) if spec.method == "sym" else columns
         wg = w.reshape(rows, columns // width, width)
         scale = np.maximum(np.abs(wg).max(-1) / 127, 1e-12).astype(np.float32)
         codes = np.clip(np.round(wg / scale[..., None]) + 128, 1, 255).astype(np.uint8)
         return QuantWeight(codes.reshape(rows, columns), scale,
                            np.full_like(scale, 128), 8)
+    g = group_size(spec.group_size, columns)
     wg = w.reshape(rows, columns // g, g)
     top = 2 ** spec.bits - 1
     if spec.method == "sym":

@@ -60,6 +60,18 @@ def test_bad_options(folder):
         model.generate("abc", exit_config=ExitConfig(policy="fixed"))
     with pytest.raises(ConfigError, match="exit_head must be one of backbone, stand-in"):
         model.generate("abc", exit_head="8bit")
+    with pytest.raises(ConfigError, match="exit_head is the head of exit mode's exited tokens"):
+        model.generate("abc", mode="speculative", exit_head="stand-in")
+
+
+def test_the_heads_stand_in_is_refused_where_the_backend_has_none():
+    from river_core import CapabilityError, ModelShape, default_registry, resolve
+    from river_core.backend import Capabilities
+
+    with pytest.raises(CapabilityError, match="has no stand-in for the head"):
+        resolve(ExitConfig(kv="propagate", exit_head="stand-in"), default_registry(),
+                Capabilities(exits=True, propagate=True, sub_blocks=True), ModelShape(6, 256),
+                "example")
 
 
 def test_cli_generate_prints_text_and_stats(folder, capsys):

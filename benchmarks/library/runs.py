@@ -13,6 +13,7 @@ from river_core import ConfigError, ExitConfig
 from .timing import machine
 
 
+HEAD_SUFFIX = "+stand-in-head"   # an exit-mode config's exited tokens on the head's stand-in
 MAIN_OPTION = {"similarity": "threshold", "settled": "tau", "fixed": "layer", "cascade": "margin"}
 
 
@@ -46,8 +47,8 @@ class Config:
         if text.startswith("lossless/"):
             return cls(text, _speculative(text))
         base, plus, extra = text.partition("+")
-        if plus and extra != "stand-in-head":
-            raise ConfigError(f"{text}: the one suffix is +stand-in-head")
+        if plus and plus + extra != HEAD_SUFFIX:
+            raise ConfigError(f"{text}: the one suffix is {HEAD_SUFFIX}")
         if plus:
             parsed = cls.parse(base)
             return attrs.evolve(parsed, label=text, exit_config=attrs.evolve(
