@@ -161,7 +161,7 @@ class ExitConfig:
     as the paper (and every token at full depth); "stand-in": the head's 8-bit stand-in,
     which reads half of an F16 head's bytes (on a small model the head is a large share of
     what an exited token reads), a quality trade like the river's: measured on the ggml
-    engine in docs/backends.md."""
+    engine in docs/backends.md. Exit mode only, on a backend with a head's stand-in."""
     draft_window: int | None = None
     """Speculative mode: drafts attend the context's first 4 positions and its last
     `draft_window`. The backbone's verification keeps the output exact, so only how many
