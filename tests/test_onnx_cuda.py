@@ -46,6 +46,9 @@ CUDA_KERNELS = {
     # registers it for T = float, double, MLFloat16 and BFloat16 (core/providers/cuda/nn/
     # layer_norm.cc instantiates LayerNorm<BFloat16, float, BFloat16, simplified=true>)
     ("", "SimplifiedLayerNormalization"): [(1, None, {0: FLOATS, 1: FLOATS})],
+    # core/providers/cuda/controlflow/if.cc: 'cond' on the host (a bool scalar River feeds),
+    # outputs of every fixed-size type; each branch's nodes are checked as the graph's
+    ("", "If"): [(1, None, {0: {"bool"}})],
     ("com.microsoft", "GroupQueryAttention"): [
         (1, None, {0: {"float16", "bfloat16"}, 3: {"float16", "bfloat16", "int8"},
                    5: {"int32"}})],
@@ -62,15 +65,20 @@ def _type(elem: int) -> str:
 
 
 def _no_cuda_kernel(path) -> list[str]:
-    """'graph: op(input types)' for each node of the graph at `path` no CUDA kernel takes.
-    Types are carried from the graph's inputs and weights through the nodes: every op River
-    uses gives its outputs its first input's type, but Cast."""
+    """'graph: op(input types)' for each node of the graph at `path` (its If branches' too) no
+    CUDA kernel takes. Types are carried from the graph's inputs and weights through the
+    nodes: every op River uses gives its outputs its first input's type, but Cast and If."""
     model = onnx.load(str(path), load_external_data=False)
     opsets = {o.domain: o.version for o in model.opset_import}
     g = model.graph
     types = {v.name: _type(v.type.tensor_type.elem_type) for v in g.input}
     types.update({t.name: _type(t.data_type) for t in g.initializer})
     missing = []
+    _check_nodes(g, types, opsets, f"{path.stem}", missing)
+    return missing
+
+
+def _check_nodes(g, types: dict, opsets: dict, where: str, missing: list) -> None:
     for node in g.node:
         seen = {i: types[name] for i, name in enumerate(node.input) if name}
         since = onnx.defs.get_schema(node.op_type, opsets[""]).since_version \
@@ -79,11 +87,19 @@ def _no_cuda_kernel(path) -> list[str]:
         if not any(lo <= since and (hi is None or since <= hi)
                    and all(seen.get(i) in allowed for i, allowed in inputs.items())
                    for lo, hi, inputs in rows):
-            missing.append(f"{path.stem}: {node.op_type}({', '.join(seen.values())})")
+            missing.append(f"{where}: {node.op_type}({', '.join(seen.values())})")
+        if node.op_type == "If":
+            outs = set()
+            for branch in (a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH):
+                inner = dict(types)
+                _check_nodes(branch, inner, opsets, f"{where}/{branch.name}", missing)
+                outs.add(tuple(inner[o.name] for o in branch.output))
+            assert len(outs) == 1, f"{where}: If's branches give different types {outs}"
+            types.update(zip(node.output, outs.pop()))
+            continue
         out = _type(next(a.i for a in node.attribute if a.name == "to")) \
             if node.op_type == "Cast" else seen[0]
         types.update({name: out for name in node.output if name})
-    return missing
 
 
 def _export(tmp_path, family: str, floats: str):
@@ -248,3 +264,68 @@ def test_cuda_sessions_share_one_device_allocator_that_grows_by_what_is_asked(mo
     assert provider == "CUDAExecutionProvider" and options == {"device_id": "0"}
     assert arena.arena_extend_strategy == 1
     allocator.shared_device_allocator.cache_clear()
+
+
+def _masked(p) -> list[bool]:
+    """Per layer, whether its graphs run the masked attention branch in pass `p`."""
+    return [m is not None for m in p.masks]
+
+
+def test_attention_takes_a_bias_only_where_the_step_needs_a_mask():
+    """A bias, even all zeros, keeps CUDA's GroupQueryAttention off its fused kernels (issue
+    43); it is bound only for padding, a window's edge and holes. A prefill, a decode step and
+    a verification of one unpadded row over full layers need none."""
+    from river_core.backend import Step
+    from river_onnx.plugin import tiny_backend
+
+    b = tiny_backend("llama", 0, 4, "float16")   # the export CUDA runs
+    b.prefill([[1, 5, 6, 7]], 32)
+    assert _masked(b.begin([9], Step(4, 1))) == [False] * tiny.LAYERS
+    b.trim(4)
+    verify = b._pass(np.array([[9, 10, 11]]), Step(4, 3))
+    assert _masked(verify) == [False] * tiny.LAYERS
+    b.skip(verify, 2, None)   # the `mask` strategy's hole, at layer 2 only
+    assert _masked(b.begin([12], Step(7, 1))) == [i == 2 for i in range(tiny.LAYERS)]
+
+    b.prefill([[1, 5, 6, 7], [1, 8]], 32)   # padded rows
+    assert _masked(b.begin([9, 9], Step(4, 1))) == [True] * tiny.LAYERS
+
+    gemma = tiny_backend("gemma3", 0, 4, "float16")   # window 6 on even layers
+    gemma.prefill([[1, 5, 6, 7]], 32)
+    assert _masked(gemma.begin([9], Step(4, 1))) == [False] * tiny.LAYERS
+    gemma.prefill([list(range(1, 9))], 32)
+    assert _masked(gemma.begin([9], Step(8, 1))) == [i % 2 == 0 for i in range(tiny.LAYERS)]
+
+
+def test_the_causal_branch_computes_what_the_masked_one_does_with_a_causal_bias():
+    """The graph's two attention branches, on the same step: no bias, and the bias a causal
+    mask makes (what every step bound before)."""
+    from river_core.backend import Step
+    from river_onnx.backend import layer_feeds
+    from river_onnx.plugin import tiny_backend
+
+    b = tiny_backend("qwen3", 0, 4, "float16")
+    b.prefill([[1, 5, 6, 7, 8]], 16)
+    p = b._pass(np.array([[9, 10]]), Step(5, 2))
+    h = b.embed_ids(p.ids)
+    layer = b._layers[1]
+    causal = layer_feeds(p, 1, h, None)
+    bias = np.where(np.arange(7)[None, :] <= np.arange(5, 7)[:, None], 0, -np.inf)
+    masked = dict(causal, masked=np.array(True), bias=bias[None, None].astype(np.float16))
+    out = {}
+    for name, feeds in (("causal", causal), ("masked", masked)):
+        cache = [np.array(b.cache.k[1]), np.array(b.cache.v[1])]
+        out[name] = layer.run(["h_out"], dict(feeds, past_k=cache[0], past_v=cache[1]))[0]
+    assert not causal["masked"] and np.allclose(out["causal"], out["masked"], atol=1e-2)
+
+
+def test_the_cpus_float32_graphs_always_take_the_bias():
+    """No causal branch where nothing gains from it: the CPU's GroupQueryAttention runs the
+    same kernel either way, and the If's subgraph call per layer costs time there."""
+    from river_core.backend import Step
+    from river_onnx.plugin import tiny_backend
+
+    b = tiny_backend("llama", 0, 4)
+    b.prefill([[1, 5, 6, 7]], 32)
+    assert _masked(b.begin([9], Step(4, 1))) == [True] * tiny.LAYERS
+    assert "masked" not in {i.name for i in b._layers[0].get_inputs()}

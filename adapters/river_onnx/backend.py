@@ -22,10 +22,13 @@ from river_core.errors import CapabilityError
 from river_core.footprint import Footprint
 from river_core.layer_engine import LayerEngine, NumpyArrays
 from river_core.layout import View
+from river_models import ModelSpec
 
 from . import allocator
+from .activations import check_float16
 from .device_kv import OrtLayers
 from .export import Manifest, weight_bytes
+from .half import HALVES
 from . import CAPABILITIES, sessions
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
@@ -124,9 +127,82 @@ class OnnxPass(Pass):
     draft window's slots, which the graphs then read from a copy, `_bound`)."""
 
     read: np.ndarray | None = None
+    causal_branch: bool = False   # the graphs': a layer whose mask is causal has none (None)
     seqlens: np.ndarray | None = None   # GroupQueryAttention's: every row reads all the slots
     total: np.ndarray | None = None     # bound (the bias masks what a row may not see) and
                                         # writes the new tokens in the last T of them
+
+
+def step_pass(spec: ModelSpec, floats: np.dtype, view: View, ids,
+              causal_branch: bool) -> OnnxPass:
+    """A step's `OnnxPass` from the layout's `view`: the tables every layer's graphs take, in
+    the graphs' float type `floats`; with `causal_branch` (graphs.Graph's), no bias for a
+    layer whose mask is causal."""
+    positions = view.positions
+    tables = {}   # per rotary table: one row of cos and of sin per (row, token)
+    for key, rotary in spec.rotary.items():
+        cos, sin = rotary.angles(positions)
+        half = cos.shape[-1] // 2
+        tables[key] = tuple(np.ascontiguousarray(t[..., :half].reshape(-1, half),
+                                                 floats) for t in (cos, sin))
+    qs = spec.query_scale   # Ministral 3: the graphs' qscale input
+    biases = view.converted_masks(
+        lambda m: None if causal_branch and causal(m) else
+        np.where(m, 0, -np.inf).astype(floats)[:, None])
+    read = view.slots[0]   # the same for every layer (`windowed_reads` False)
+    read = None if isinstance(read, slice) else read
+    width = view.step.end if read is None else len(read)
+    return OnnxPass(view.step, ids,
+                    np.arange(positions.size, dtype=np.int64).reshape(positions.shape),
+                    [tables[k] for k in spec.rope_keys],
+                    None if qs is None else
+                    qs.factors(positions)[..., None].astype(floats),
+                    view.slots, biases, read=read, causal_branch=causal_branch,
+                    seqlens=np.full(positions.shape[0], width - 1, np.int32),
+                    total=np.array(width, np.int32))
+
+
+def layer_feeds(p: OnnxPass, i: int, x: np.ndarray, idx, attention: bool = True) -> dict:
+    """Inputs of layer i's graphs for `x`, the states of rows `idx`: per row, all but the
+    rotary tables (the rows' positions keep pointing into the whole step's) and the
+    step's total."""
+    rows = {"positions": p.positions}
+    if attention:
+        rows["seqlens"] = p.seqlens
+        if p.masks[i] is not None:
+            rows["bias"] = p.masks[i]
+        if p.query_scale is not None:
+            rows["qscale"] = p.query_scale
+    if idx is not None:
+        rows = {k: v[idx] for k, v in rows.items()}
+    cos, sin = p.rope[i]
+    feeds = {"h": x, **rows, "cos": cos, "sin": sin}
+    if attention:
+        feeds.update(total=p.total, **attention_mask(p, i))
+    return feeds
+
+
+def causal(mask: np.ndarray) -> bool:
+    """Whether `mask` [batch, tokens, keys] is causal attention over all its keys, the
+    tokens being the last keys: what GroupQueryAttention does with no bias."""
+    _, tokens, keys = mask.shape
+    plain = np.arange(keys)[None, :] <= np.arange(keys - tokens, keys)[:, None]
+    return bool((mask == plain).all())
+
+
+# the bias input of a step that needs none: the graph's causal branch never reads it (its
+# shape, one slot, is not checked against the step's)
+NO_BIAS = {np.dtype(t): np.zeros((1, 1, 1, 1), t) for t in (np.float32, np.float16)}
+
+
+def attention_mask(p: OnnxPass, i: int, suffix: str = "") -> dict:
+    """Layer i's `masked` flag, and its bias input where it needs none (graphs with a causal
+    branch)."""
+    if not p.causal_branch:
+        return {}
+    if p.masks[i] is not None:
+        return {f"masked{suffix}": np.array(True)}
+    return {f"masked{suffix}": np.array(False), f"bias{suffix}": NO_BIAS[p.rope[i][0].dtype]}
 
 
 class OnnxBackend(NumpyArrays, LayerEngine):
@@ -142,8 +218,11 @@ class OnnxBackend(NumpyArrays, LayerEngine):
         (sessions.optimized_entry; None: graphs optimized in memory on every load)."""
         self.spec = spec = manifest.spec
         self.floats = np.dtype(manifest.floats)   # of hidden states, the cache, the tables
+        self._causal_branch = manifest.floats in HALVES   # export.export_model's graphs
         self._folder = folder
         self.model_name = folder.name   # the export, named after the model
+        if manifest.floats == "float16":
+            check_float16(manifest.activations, self.model_name)
         self._device = device
         layers = range(spec.num_layers)
         kinds = {"layer": layers, "stand_in": layers, "kv": layers,
@@ -173,34 +252,14 @@ class OnnxBackend(NumpyArrays, LayerEngine):
                 OrtLayers(shape, self.floats, self._device))
 
     def make_pass(self, view: View, ids) -> OnnxPass:
-        positions = view.positions
-        tables = {}   # per rotary table: one row of cos and of sin per (row, token)
-        for key, rotary in self.spec.rotary.items():
-            cos, sin = rotary.angles(positions)
-            half = cos.shape[-1] // 2
-            tables[key] = tuple(np.ascontiguousarray(t[..., :half].reshape(-1, half),
-                                                     self.floats) for t in (cos, sin))
-        qs = self.spec.query_scale   # Ministral 3: the graphs' qscale input
-        biases = view.converted_masks(
-            lambda m: np.where(m, 0, -np.inf).astype(self.floats)[:, None])
-        read = view.slots[0]   # the same for every layer (`windowed_reads` False)
-        read = None if isinstance(read, slice) else read
-        width = view.step.end if read is None else len(read)
-        return OnnxPass(view.step, ids,
-                        np.arange(positions.size, dtype=np.int64).reshape(positions.shape),
-                        [tables[k] for k in self.spec.rope_keys],
-                        None if qs is None else
-                        qs.factors(positions)[..., None].astype(self.floats),
-                        view.slots, biases, read=read,
-                        seqlens=np.full(positions.shape[0], width - 1, np.int32),
-                        total=np.array(width, np.int32))
+        return step_pass(self.spec, self.floats, view, ids, self._causal_branch)
 
     def embed_ids(self, ids: np.ndarray) -> np.ndarray:
         return self._embed.run(None, {"ids": ids})[0]
 
     def run_block(self, p: OnnxPass, i: int, x, idx, stand_in: bool, mids):
         sess = (self._stand_ins if stand_in else self._layers)[i]
-        out, mid = self._run_in_place(sess, self._feeds(p, i, x, idx), {"": i}, idx,
+        out, mid = self._run_in_place(sess, layer_feeds(p, i, x, idx), {"": i}, idx,
                                       ["h_out", "mid"], p)
         if mids is not None:
             mids.append(mid)
@@ -212,23 +271,6 @@ class OnnxBackend(NumpyArrays, LayerEngine):
         return out.reshape(*x.shape[:-1], out.shape[-1])
 
     # -- what the ONNX engine does beyond the base ------------------------------------------
-
-    def _feeds(self, p: OnnxPass, i: int, x: np.ndarray, idx, attention: bool = True) -> dict:
-        """Inputs of layer i's graphs for `x`, the states of rows `idx`: per row, all but the
-        rotary tables (the rows' positions keep pointing into the whole step's) and the
-        step's total."""
-        rows = {"positions": p.positions}
-        if attention:
-            rows.update(seqlens=p.seqlens, bias=p.masks[i])
-            if p.query_scale is not None:
-                rows["qscale"] = p.query_scale
-        if idx is not None:
-            rows = {k: v[idx] for k, v in rows.items()}
-        cos, sin = p.rope[i]
-        feeds = {"h": x, **rows, "cos": cos, "sin": sin}
-        if attention:
-            feeds["total"] = p.total
-        return feeds
 
     def _run_in_place(self, sess, feeds: dict, layers: dict[str, int], idx,
                       outputs: list[str], p: OnnxPass) -> list[np.ndarray]:
@@ -265,10 +307,13 @@ class OnnxBackend(NumpyArrays, LayerEngine):
         if p.query_scale is not None:
             feeds["qscale"] = p.query_scale
         layers = dict(enumerate(range(start, self.num_layers)))
-        feeds.update({f"bias_{j}": p.masks[i] for j, i in layers.items()})
+        feeds.update({f"bias_{j}": p.masks[i] for j, i in layers.items()
+                      if p.masks[i] is not None})
         if idx is not None:
             feeds = {name: value[idx] for name, value in feeds.items()}
         feeds["total"] = p.total
+        for j, i in layers.items():
+            feeds.update(attention_mask(p, i, f"_{j}"))
         for i in layers.values():
             key = self.spec.rope_keys[i]
             feeds.update({f"cos{key}": p.rope[i][0], f"sin{key}": p.rope[i][1]})
@@ -283,7 +328,7 @@ class OnnxBackend(NumpyArrays, LayerEngine):
     def project_kv(self, p: OnnxPass, i: int, h, rows) -> None:
         idx = None if rows is None else p.index(rows, self.make_index)
         x = h if idx is None else h[idx]
-        k, v = self._kv_proj[i].run(None, self._feeds(p, i, x, idx, attention=False))
+        k, v = self._kv_proj[i].run(None, layer_feeds(p, i, x, idx, attention=False))
         self.cache.write(i, idx, k, v, p.step.start, p.step.end)
 
     def footprint(self) -> Footprint:

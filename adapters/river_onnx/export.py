@@ -29,9 +29,10 @@ from river_models.quant import FORMAT as QUANT_FORMAT
 from river_models.source import locate, open_model
 
 from . import graphs
+from .activations import Meter
 from .half import HALVES, to_half
 
-FORMAT = 12   # bump when the graphs change: old exports are then ignored
+FORMAT = 13   # bump when the graphs change: old exports are then ignored
 
 
 def tail_starts(num_layers: int) -> tuple[int, ...]:
@@ -46,17 +47,21 @@ class Manifest:
     stand_in_error: tuple[float, ...]
     tails: tuple[int, ...]
     floats: str   # the graphs' float type: float32, float16 or bfloat16 (half.py)
+    # each layer's largest activation in float32 (activations.py), measured for the half
+    # precision exports; None for float32 ones
+    activations: tuple[float, ...] | None = None
 
     def save(self, folder: Path) -> None:
         (folder / "manifest.json").write_text(json.dumps(
             {"spec": self.spec.to_json(), "stand_in_error": list(self.stand_in_error),
-             "tails": list(self.tails), "floats": self.floats}))
+             "tails": list(self.tails), "floats": self.floats,
+             "activations": None if self.activations is None else list(self.activations)}))
 
     @classmethod
     def read(cls, folder: Path) -> "Manifest":
         d = json.loads((folder / "manifest.json").read_text())
         return cls(ModelSpec.from_json(d["spec"]), tuple(d["stand_in_error"]), tuple(d["tails"]),
-                   d["floats"])
+                   d["floats"], None if d["activations"] is None else tuple(d["activations"]))
 
 
 class SharedWeights:
@@ -111,19 +116,24 @@ def export_model(checkpoint: Checkpoint, stand_ins: StandInWeights, folder: Path
     head stay float. `floats`: the graphs' float type, float32, float16 or bfloat16."""
     spec, w = checkpoint.spec, checkpoint.weights
     weights = SharedWeights(folder, floats)
-    cuda = floats in HALVES   # the exports CUDA runs: MatMulNBits in blocks it takes
+    # the exports CUDA runs: MatMulNBits in blocks it takes, attention's causal branch
+    cuda = floats in HALVES
     layers = tqdm(list(enumerate(w.layers)), desc="exporting layers to ONNX",
                   disable=not progress, unit="layer")
     quantized = []
+    meter = Meter(checkpoint) if cuda else None
     for i, layer in layers:
         full = graphs.BlockWeights.of(layer, spec, None if backbone is None else backbone.layers[i])
         quantized.append(graphs.BlockWeights.of(layer, spec, stand_ins.layers[i], cuda))
-        weights.save(graphs.block(full), f"layer_{i}")
-        weights.save(graphs.block(quantized[i]), f"stand_in_{i}")
+        block = graphs.block(full, cuda)
+        if meter is not None:
+            meter.layer(i, block)
+        weights.save(block, f"layer_{i}")
+        weights.save(graphs.block(quantized[i], cuda), f"stand_in_{i}")
         weights.save(graphs.kv_projection(full), f"kv_{i}")
     tails = tail_starts(spec.num_layers)
     for start in tails:
-        weights.save(graphs.tail(quantized[start:], list(spec.rope_keys[start:])),
+        weights.save(graphs.tail(quantized[start:], list(spec.rope_keys[start:]), cuda),
                      f"tail_{start}")
     weights.save(graphs.embedding(w.embed, spec.embed_scale), "embed")
     norm = graphs.Norm.of(w.final_norm, spec)
@@ -133,7 +143,8 @@ def export_model(checkpoint: Checkpoint, stand_ins: StandInWeights, folder: Path
     weights.close()
     if hasattr(checkpoint.tokenizer, "hf"):   # a model for speed only may have no text
         checkpoint.tokenizer.hf.save_pretrained(folder / "tokenizer")
-    manifest = Manifest(spec, stand_ins.errors, tails, floats)
+    manifest = Manifest(spec, stand_ins.errors, tails, floats,
+                        None if meter is None else tuple(meter.peaks))
     manifest.save(folder)
     return manifest
 

@@ -85,7 +85,10 @@ class BlockWeights:
 class Graph:
     """A graph under construction: every helper returns the name of the tensor it made."""
 
-    def __init__(self) -> None:
+    def __init__(self, causal_branch: bool = False) -> None:
+        """`causal_branch`: each attention is two branches, masked and causal, chosen by the
+        step (`LayerInputs.masked`); else it always takes the bias."""
+        self.causal_branch = causal_branch
         self.nodes: list = []
         self.initializers: list = []
         self.inputs: list = []
@@ -186,10 +189,28 @@ class Graph:
         the graph's outputs present_k/present_v are the cache itself when the caller binds
         them to the buffers it passes as past_k/past_v."""
         q, k, v = self.project_qkv(x, b, rope)
-        out = self.ops("GroupQueryAttention", 1, q, k, v, layer.past_k, layer.past_v,
-                       layer.seqlens, layer.total, "", "", "", layer.bias, domain="com.microsoft",
-                       num_heads=b.heads, kv_num_heads=b.kv_heads, scale=b.scaling,
-                       names=[None, f"present_k{suffix}", f"present_v{suffix}"])[0]
+        inputs = [q, k, v, layer.past_k, layer.past_v, layer.seqlens, layer.total]
+        attributes = dict(domain="com.microsoft", num_heads=b.heads, kv_num_heads=b.kv_heads,
+                          scale=b.scaling)
+        presents = [f"present_k{suffix}", f"present_v{suffix}"]
+        masked = inputs + ["", "", "", layer.bias]
+        if not self.causal_branch:
+            out = self.ops("GroupQueryAttention", 1, *masked, names=[None, *presents],
+                           **attributes)[0]
+        else:
+            def branch(tag: str, attention_inputs: list[str]) -> onnx.GraphProto:
+                names = [f"{name}_{tag}" for name in [f"attention{suffix}", *presents]]
+                node = helper.make_node("GroupQueryAttention", attention_inputs, names,
+                                        **attributes)
+                return helper.make_graph([node], f"attention{suffix}_{tag}", [],
+                                         [onnx.ValueInfoProto(name=name) for name in names])
+            # a bias, even all zeros, keeps CUDA's GroupQueryAttention off its fused kernels
+            # (flash / memory-efficient attention): a step that needs none runs the causal
+            # branch. Not in the CPU's float32 graphs: its kernel gains nothing, and the If's
+            # subgraph call per layer cost ~1 of 20 ms a token (docs/backends.md)
+            out = self.ops("If", 1, layer.masked, names=[None, *presents],
+                           then_branch=branch("masked", masked),
+                           else_branch=branch("causal", inputs))[0]
         self.outputs += [helper.make_tensor_value_info(f"present_{kv}{suffix}", FLOAT, None)
                          for kv in "kv"]
         return self.linear(out, b.proj["o"])
@@ -233,13 +254,16 @@ class Rope:
 @attrs.frozen
 class LayerInputs:
     """The names of one layer's attention inputs: its whole cache [B, Hkv, capacity, hd] and
-    bias [B, 1, T, total], additive (0 or -inf: padding, holes, windows, future slots); and the
+    bias [B, 1, T, total], additive (0 or -inf: padding, holes, windows, future slots); in a
+    graph with a causal branch, `masked` (bool scalar) chooses between that bias and plain
+    causal attention over the slots (else ""); and the
     step's lengths, one pair per graph: seqlens (int32 [B], every row total-1) and total (int32
     scalar: the slots a step reads)."""
 
     past_k: str
     past_v: str
     bias: str
+    masked: str
     seqlens: str
     total: str
 
@@ -253,7 +277,9 @@ class LayerInputs:
                 suffix: str = "") -> "LayerInputs":
         cache = ["batch", b.kv_heads, "capacity", b.head_dim]
         return cls(g.input(f"past_k{suffix}", cache), g.input(f"past_v{suffix}", cache),
-                   g.input(f"bias{suffix}", ["batch", 1, "tokens", "total"]), *lengths)
+                   g.input(f"bias{suffix}", ["batch", 1, "tokens", "total"]),
+                   g.input(f"masked{suffix}", [], TensorProto.BOOL) if g.causal_branch else "",
+                   *lengths)
 
 
 def _decoder_block(g: Graph, b: BlockWeights, h: str, rope: Rope, layer: LayerInputs,
@@ -269,11 +295,11 @@ def _decoder_block(g: Graph, b: BlockWeights, h: str, rope: Rope, layer: LayerIn
     return g.op("Add", mid, m), mid
 
 
-def block(b: BlockWeights) -> onnx.ModelProto:
+def block(b: BlockWeights, causal_branch: bool = False) -> onnx.ModelProto:
     """(h, Rope, LayerInputs) -> (h_out, mid, present_k, present_v).
 
     mid [B, 1, D]: the last token's state between the attention and MLP sub-blocks."""
-    g = Graph()
+    g = Graph(causal_branch)
     h = g.input("h", ["batch", "tokens", "hidden"])
     layer = LayerInputs.declare(g, b, LayerInputs.lengths(g))
     h, mid = _decoder_block(g, b, h, Rope.declare(g, query_scale=Rope.query_scale_input(g, b)),
@@ -285,12 +311,13 @@ def block(b: BlockWeights) -> onnx.ModelProto:
     return g.model()
 
 
-def tail(blocks: list[BlockWeights], rope_keys: list[str]) -> onnx.ModelProto:
+def tail(blocks: list[BlockWeights], rope_keys: list[str],
+         causal_branch: bool = False) -> onnx.ModelProto:
     """Several blocks in a row as one graph (the stand-ins of layers start..L-1, one session
     run for a token's whole exit river): h, positions, seqlens, total, then per block j its
     cache and bias and the outputs present_k, present_v, suffixed _j; one cos/sin pair per
     rotary table, named cos<key>, sin<key>."""
-    g = Graph()
+    g = Graph(causal_branch)
     h = g.input("h", ["batch", "tokens", "hidden"])
     positions = g.input("positions", ["batch", "tokens"], TensorProto.INT64)
     lengths = LayerInputs.lengths(g)
