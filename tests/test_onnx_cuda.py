@@ -26,6 +26,7 @@ ANY = FLOATS | {"int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", 
 CUDA_KERNELS = {
     ("", "Add"): [(14, None, {0: ANY - {"bool"}})],
     ("", "Cast"): [(21, 22, {0: ANY})],
+    ("", "Concat"): [(13, None, {0: ANY})],
     ("", "Div"): [(14, None, {0: ANY - {"bool"}})],
     ("", "Gather"): [(13, None, {0: ANY, 1: {"int32", "int64"}})],
     ("", "Gelu"): [(20, None, {0: FLOATS})],
@@ -36,6 +37,7 @@ CUDA_KERNELS = {
     ("", "ReduceMean"): [(18, None, {0: {"double", "float", "float16", "int32"}})],
     ("", "ReduceSum"): [(13, None, {0: FLOATS | {"int32", "int64"}})],
     ("", "Reshape"): [(21, 22, {0: ANY})],
+    ("", "ScatterND"): [(13, None, {0: ANY, 1: {"int64"}})],
     ("", "Sigmoid"): [(13, None, {0: FLOATS})],
     ("", "Slice"): [(13, None, {0: ANY})],
     ("", "Split"): [(18, None, {0: ANY})],
@@ -100,6 +102,29 @@ def _check_nodes(g, types: dict, opsets: dict, where: str, missing: list) -> Non
         out = _type(next(a.i for a in node.attribute if a.name == "to")) \
             if node.op_type == "Cast" else seen[0]
         types.update({name: out for name in node.output if name})
+
+
+def _state_graphs(tmp_path, floats: str) -> list:
+    """Every one-node graph `OnnxDeviceBackend` runs on its states, for `floats`, saved."""
+    from onnx import TensorProto
+    from river_onnx.states import DeviceOps
+
+    elem = {"float16": TensorProto.FLOAT16, "float32": TensorProto.FLOAT}[floats]
+    ops = DeviceOps("cuda", elem, None)
+    made = {"take": ops._take_graph(), "scatter": ops._scatter_graph(),
+            "reshape": ops._reshape_graph(elem), "concat": ops._concat_graph(elem, 3, 1),
+            "cosines": ops._cosines_graph(2)}
+    paths = []
+    for name, model in made.items():
+        paths.append(tmp_path / f"states_{name}.onnx")
+        paths[-1].write_bytes(model)
+    return paths
+
+
+def test_every_node_of_the_device_states_graphs_has_a_cuda_kernel(tmp_path):
+    """The graphs that index, join and compare hidden states on the device (issue 43)."""
+    assert [m for path in _state_graphs(tmp_path, "float16") for m in _no_cuda_kernel(path)] \
+        == []
 
 
 def _export(tmp_path, family: str, floats: str):
@@ -233,6 +258,10 @@ def test_no_session_falls_back_to_the_cpu_when_its_provider_fails_at_run_time(mo
                 self.failed = True
                 raise EPFail("the provider failed")
             return self.inner.run(*args)
+
+        def run_with_iobinding(self, *args):   # what the engine calls
+            return self.run(*args) if not self.failed else \
+                self.inner.run_with_iobinding(*args)
 
         def __getattr__(self, name):
             return getattr(self.inner, name)

@@ -6,6 +6,8 @@ Under that, the whole conformance kit runs on the onnx backend, and a step over 
 shown to move no byte of the cache to the host, while a subset of rows goes through it.
 """
 
+import functools
+
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -26,9 +28,15 @@ def host_copies():
         yield
 
 
-@pytest.fixture(scope="module")
-def conformance_backend():
-    return Subject.registered("onnx")
+@pytest.fixture(scope="module", params=["host states", "device states"])
+def conformance_backend(request):
+    """The engine as on the CPU, and as off it: hidden states kept as OrtValues between
+    layers (`OnnxDeviceBackend`)."""
+    if request.param == "host states":
+        return Subject.registered("onnx")
+    from river_onnx.plugin import tiny_backend
+    return Subject.of("onnx-device-states", functools.partial(tiny_backend,
+                                                              states_on_device=True))
 
 
 class Transfers:
@@ -105,3 +113,49 @@ def test_a_subset_of_rows_round_trips_only_its_layer_through_the_host(conformanc
     assert sorted(set(transfers.of(b))) == [
         ("numpy", "k", 2), ("numpy", "v", 2), ("ortvalue_from_numpy", "", -1),
         ("update_inplace", "k", 2), ("update_inplace", "v", 2)]
+
+
+@pytest.mark.parametrize("on_device", [False, True], ids=["host states", "device states"])
+def test_off_the_cpu_a_decode_step_keeps_hidden_states_on_the_device(monkeypatch, on_device):
+    """Issue 43: off the CPU the engine keeps hidden states as OrtValues from layer to layer,
+    so a full-depth decode step sends the device no state and reads back only the logits;
+    host states (the CPU's, where that copies nothing) send every layer its input."""
+    from river_onnx.plugin import tiny_backend
+
+    b = tiny_backend("llama", 0, 8, states_on_device=on_device)
+    b.prefill(PROMPTS[:1], 16)
+    sent, read = [], []
+    bind, numpy = ort.IOBinding.bind_cpu_input, ort.OrtValue.numpy
+    monkeypatch.setattr(ort.IOBinding, "bind_cpu_input",
+                        lambda self, name, value: sent.append(name) or bind(self, name, value))
+    monkeypatch.setattr(ort.OrtValue, "numpy",
+                        lambda self: read.append(tuple(self.shape())) or numpy(self))
+    b.decode([9], Step(b.offset, 1))
+    vocab = b.spec.vocab
+    if on_device:
+        assert "h" not in sent and read == [(1, vocab)]
+    else:
+        # the head's input too; read: the embedding, each layer's output and mid state, logits
+        assert sent.count("h") == 1 + b.num_layers and len(read) == 2 * b.num_layers + 2
+
+
+@pytest.mark.parametrize("mode", ["full", "exit", "speculative"])
+def test_the_float16_engine_as_cuda_runs_it_decodes_what_the_cpus_does(mode):
+    """The configuration CUDA runs, on the CPU: the float16 graphs with their causal attention
+    branch and the hidden states kept as OrtValues, against the same graphs with host
+    states: the same tokens in every mode, and the same exits (speculative mode's draft
+    lengths follow the measured step times, so only its tokens are compared)."""
+    from river_core import ExitConfig, GenerationConfig, RiverModel
+    from river_onnx.plugin import tiny_backend
+
+    config = {"full": ExitConfig(kv="full"), "exit": ExitConfig(),
+              "speculative": ExitConfig(mode="speculative")}[mode]
+    prompts = [[1, 20, 21, 22]] if mode == "speculative" else [[1, 20, 21, 22], [1, 30]]
+    outputs = [RiverModel(tiny_backend("qwen3", 0, 4, "float16", states_on_device=on))
+               .generate_ids(prompts, config,
+                             GenerationConfig(max_new_tokens=8))
+               for on in (False, True)]
+    host, device = outputs
+    assert host.tokens == device.tokens
+    if mode != "speculative":
+        assert host.exit_layers == device.exit_layers

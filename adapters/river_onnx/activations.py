@@ -41,7 +41,7 @@ def calibration_ids(checkpoint: Checkpoint) -> np.ndarray:
     speed only) takes ids spread over its vocabulary."""
     encode = getattr(checkpoint.tokenizer, "encode", None)
     ids = encode(TEXT) if encode is not None else \
-        np.linspace(1, checkpoint.spec.vocab_size - 1, 48).astype(np.int64)
+        np.linspace(1, checkpoint.spec.vocab - 1, 48).astype(np.int64)
     return np.asarray([ids], dtype=np.int64)
 
 

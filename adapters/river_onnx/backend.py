@@ -29,6 +29,7 @@ from .activations import check_float16
 from .device_kv import OrtLayers
 from .export import Manifest, weight_bytes
 from .half import HALVES
+from .states import ELEMENTS, DeviceArrays, DeviceOps, States
 from . import CAPABILITIES, sessions
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
@@ -211,6 +212,9 @@ class OnnxBackend(NumpyArrays, LayerEngine):
 
     name = "onnx"
     windowed_reads = False   # the graphs read every slot bound; the bias keeps the window
+    # hidden states between layers: host arrays here, OrtValues on the device in
+    # `OnnxDeviceBackend`
+    states_on_device = False
 
     def __init__(self, folder: Path, manifest: Manifest, tokenizer, device: str = "cpu",
                  optimized: tuple[Path, str] | None = None) -> None:
@@ -241,6 +245,10 @@ class OnnxBackend(NumpyArrays, LayerEngine):
         self.kv_heads, self.head_dim, self.windows = spec.kv_heads, spec.head_dim, spec.windows
         self.capabilities = capabilities(device)
         self.tokenizer = tokenizer
+        if self.states_on_device:
+            self._ops = DeviceOps(device, ELEMENTS[self.floats], functools.partial(
+                ort.InferenceSession, sess_options=session_options(device),
+                providers=[PROVIDERS[device]], enable_fallback=0))
 
     # -- numerics for the engine base -------------------------------------------------------
 
@@ -254,8 +262,8 @@ class OnnxBackend(NumpyArrays, LayerEngine):
     def make_pass(self, view: View, ids) -> OnnxPass:
         return step_pass(self.spec, self.floats, view, ids, self._causal_branch)
 
-    def embed_ids(self, ids: np.ndarray) -> np.ndarray:
-        return self._embed.run(None, {"ids": ids})[0]
+    def embed_ids(self, ids: np.ndarray):
+        return self._run(self._embed, {"ids": ids}, ["h_out"])[0]
 
     def run_block(self, p: OnnxPass, i: int, x, idx, stand_in: bool, mids):
         sess = (self._stand_ins if stand_in else self._layers)[i]
@@ -265,25 +273,49 @@ class OnnxBackend(NumpyArrays, LayerEngine):
             mids.append(mid)
         return out
 
-    def head(self, x, stand_in: bool = False) -> np.ndarray:
+    def head(self, x, stand_in: bool = False):
         sess = self._stand_in_head if stand_in else self._head
-        out = sess.run(None, {"h": np.ascontiguousarray(x.reshape(1, -1, x.shape[-1]))})[0]
+        out, = self._run(sess, {"h": x.reshape(1, -1, x.shape[-1])}, ["logits"])
         return out.reshape(*x.shape[:-1], out.shape[-1])
 
     # -- what the ONNX engine does beyond the base ------------------------------------------
+
+    def _bind(self, binding: ort.IOBinding, feeds: dict, outputs: list[str],
+              on_host: bool) -> None:
+        """Binds `feeds` (host arrays, or `States` already on the device) and `outputs`,
+        which stay on the device where the engine keeps its states there (`on_host`: read
+        them on the host anyway)."""
+        for name, value in feeds.items():
+            if isinstance(value, States):
+                binding.bind_ortvalue_input(name, value.value)
+            else:
+                binding.bind_cpu_input(name, np.ascontiguousarray(value))
+        for name in outputs:
+            if self.states_on_device and not on_host:
+                binding.bind_output(name, self._device)
+            else:
+                binding.bind_output(name)
+
+    def _results(self, binding: ort.IOBinding, count: int, on_host: bool) -> list:
+        values = binding.get_outputs()[:count]
+        if self.states_on_device and not on_host:
+            return [States(value, self._ops) for value in values]
+        return [value.numpy() for value in values]
+
+    def _run(self, sess, feeds: dict, outputs: list[str], on_host: bool = False) -> list:
+        binding = sess.io_binding()
+        self._bind(binding, feeds, outputs, on_host)
+        sess.run_with_iobinding(binding)
+        return self._results(binding, len(outputs), on_host)
 
     def _run_in_place(self, sess, feeds: dict, layers: dict[str, int], idx,
                       outputs: list[str], p: OnnxPass) -> list[np.ndarray]:
         """Runs `sess` with each layer's cache (by the suffix of its inputs) bound as both past
         and present K/V, so the graph writes the new tokens' K/V into the cache itself, on its
         device. Rows `idx`, or a draft window's slots, run on a copy made through the host,
-        whose new slots go back through the host. The feeds and outputs (hidden states, the
-        step's tables) are host arrays: ONNX Runtime copies them to and from the device."""
+        whose new slots go back through the host."""
         binding = sess.io_binding()
-        for name, value in feeds.items():
-            binding.bind_cpu_input(name, np.ascontiguousarray(value))
-        for name in outputs:
-            binding.bind_output(name)
+        self._bind(binding, feeds, outputs, on_host=False)
         copies = []
         for suffix, i in layers.items():
             for kv, cache in (("k", self.cache.k), ("v", self.cache.v)):
@@ -297,7 +329,7 @@ class OnnxBackend(NumpyArrays, LayerEngine):
         sess.run_with_iobinding(binding)
         for cache, i, value in copies:
             _write_back(cache, i, value.numpy(), idx, p)
-        return [value.numpy() for value in binding.get_outputs()[:len(outputs)]]
+        return self._results(binding, len(outputs), on_host=False)
 
     def stand_in_tail(self, p: OnnxPass, start: int, h, rows):
         if start not in self._tails:
@@ -319,16 +351,13 @@ class OnnxBackend(NumpyArrays, LayerEngine):
             feeds.update({f"cos{key}": p.rope[i][0], f"sin{key}": p.rope[i][1]})
         out, = self._run_in_place(self._tails[start], feeds,
                                   {f"_{j}": i for j, i in layers.items()}, idx, ["h_out"], p)
-        if idx is None:
-            return out
-        full = h.copy()
-        full[idx] = out
-        return full
+        return out if idx is None else self.scatter(h, idx, out)
 
     def project_kv(self, p: OnnxPass, i: int, h, rows) -> None:
         idx = None if rows is None else p.index(rows, self.make_index)
         x = h if idx is None else h[idx]
-        k, v = self._kv_proj[i].run(None, layer_feeds(p, i, x, idx, attention=False))
+        k, v = self._run(self._kv_proj[i], layer_feeds(p, i, x, idx, attention=False),
+                         ["k", "v"], on_host=True)
         self.cache.write(i, idx, k, v, p.step.start, p.step.end)
 
     def footprint(self) -> Footprint:
@@ -342,6 +371,18 @@ class OnnxBackend(NumpyArrays, LayerEngine):
                          tuple(size(f"kv_{i}") for i in layers), size("head"),
                          2 * self.spec.kv_heads * self.spec.head_dim * self.floats.itemsize,
                          size("stand_in_head"))
+
+
+class OnnxDeviceBackend(DeviceArrays, OnnxBackend):
+    """The engine off the CPU: hidden states stay on the sessions' device between layers
+    (`states.States`), so a step sends the device token ids and its small tables and reads
+    back only logits and the cosines an exit policy needs."""
+
+    states_on_device = True
+
+
+def backend_class(device: str) -> type[OnnxBackend]:
+    return OnnxBackend if device == "cpu" else OnnxDeviceBackend
 
 
 def _bound(layer: np.ndarray, idx, slots: np.ndarray | None) -> np.ndarray:

@@ -23,7 +23,7 @@ def load(model: str | None = None, *, device: str = "cpu", dtype: str | None = N
     phases = Phases()
     from river_models.tokenizer import FileTokenizer
 
-    from .backend import PROVIDERS, OnnxBackend, sessions_for
+    from .backend import PROVIDERS, backend_class, sessions_for
     from .export import DTYPES, Manifest, default_dtype, exported
     from .sessions import optimized_entry
     phases.done("imports")
@@ -42,8 +42,8 @@ def load(model: str | None = None, *, device: str = "cpu", dtype: str | None = N
     phases.done("export")   # found in the cache (its manifest, its files' sizes), or made
     tokenizer = FileTokenizer(folder / "tokenizer", manifest.spec.eos_ids)
     phases.done("tokenizer")
-    backend = OnnxBackend(folder, manifest, tokenizer, device,
-                          optimized_entry(folder) if device == "cpu" else None)
+    backend = backend_class(device)(folder, manifest, tokenizer, device,
+                                    optimized_entry(folder) if device == "cpu" else None)
     phases.done("sessions")   # the weights mapped, the graphs loaded or optimized
     backend.load_seconds = phases.seconds
     return backend
@@ -54,10 +54,13 @@ def load(model: str | None = None, *, device: str = "cpu", dtype: str | None = N
 TEST_DEVICE = "RIVER_TEST_DEVICE"
 
 
-def tiny_backend(family: str, seed: int, bits: int, floats: str = "float32"):
+def tiny_backend(family: str, seed: int, bits: int, floats: str = "float32",
+                 states_on_device: bool | None = None):
     """The onnx backend over a tiny random model, exported on the fly; the half-precision
     exports on $RIVER_TEST_DEVICE's kind (cpu, or cuda: `river bench gpu`'s kit run), the
-    float32 one on the CPU (CUDA has no float32 GroupQueryAttention)."""
+    float32 one on the CPU (CUDA has no float32 GroupQueryAttention). `states_on_device`:
+    hidden states as OrtValues between layers even on the CPU (None: where the device has
+    them, off the CPU), as tests/test_onnx_device_cache.py runs the engine."""
     import os
     import shutil
     import tempfile
@@ -66,7 +69,7 @@ def tiny_backend(family: str, seed: int, bits: int, floats: str = "float32"):
 
     from river_models import tiny
 
-    from .backend import OnnxBackend
+    from .backend import backend_class
     from .export import export_model
 
     checkpoint = tiny.checkpoint(family, seed)
@@ -75,7 +78,9 @@ def tiny_backend(family: str, seed: int, bits: int, floats: str = "float32"):
                             floats=floats)
     device = "cpu" if floats == "float32" else \
         os.environ.get(TEST_DEVICE, "cpu").partition(":")[0]
-    backend = OnnxBackend(folder, manifest, checkpoint.tokenizer, device)
+    kind = backend_class(device) if states_on_device is None else \
+        backend_class("cuda" if states_on_device else "cpu")
+    backend = kind(folder, manifest, checkpoint.tokenizer, device)
     # its footprint reads the graphs' files: the export lives as long as its backend
     weakref.finalize(backend, shutil.rmtree, folder, ignore_errors=True)
     return backend
