@@ -269,3 +269,19 @@ def test_the_drafter_and_the_model_classes_numerics_stay_on_the_steps_device(
         assert not cosines and ran == count * rows
     else:   # one read per layer and draft while rows may leave; the rows leave one by one
         assert 0 < len(cosines) <= count * LAYERS and ran == count * (1 + 2 + 3)
+
+
+def test_a_plain_round_copies_no_context(monkeypatch):
+    """Where drafts do not pay the draft length is 0 and vLLM's step is a plain one: the
+    proposal then reads no page (before, it still copied every layer's context into a draft
+    buffer, at every step, for no draft: part of lossless mode's 0.93x of vLLM plain at one
+    request)."""
+    drafter = RiverDrafter(types.SimpleNamespace(
+        speculative_config=types.SimpleNamespace(num_speculative_tokens=2),
+        model_config=types.SimpleNamespace(max_model_len=256)))
+    drafter.model = types.SimpleNamespace(
+        river_step=types.SimpleNamespace(block_table=[None]),
+        river_run=types.SimpleNamespace(steps_aside=lambda rows: False))
+    drafter.length = types.SimpleNamespace(next=lambda: 0, update=lambda r: None)
+    monkeypatch.setattr(drafter, "draft", lambda *a: pytest.fail("a plain round drafted"))
+    assert drafter.propose([[5]], [10], None) == [[]]

@@ -71,7 +71,8 @@ class RiverDrafter:
         count = self.length.next()
         rows = [row for row, sampled in enumerate(sampled_token_ids)
                 if sampled and num_tokens_no_spec[row] + count <= self.max_len]
-        if rows and not self.model.river_run.steps_aside(len(rows)):
+        # a plain step (count 0) reads no pages: DraftKV copies every layer's context
+        if count and rows and not self.model.river_run.steps_aside(len(rows)):
             # the sampled token is the last of a row's tokens: it drafts from its position
             made = self.draft([sampled_token_ids[r][-1] for r in rows],
                               [int(num_tokens_no_spec[r]) - 1 for r in rows],
