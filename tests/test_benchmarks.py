@@ -167,7 +167,7 @@ TINY = [   # each benchmark at a tiny size, in an order that gives later ones th
     ("gpu", "--device", "cpu", "--shapes", "tiny", "--positions", "8", "--prompts", "1",
      "--tokens", "3", "--rounds", "1", "--tests", "tests/test_footprint.py", "--parts", "1",
      "2", "3", "4", "5"),
-    ("first_contact", "--engines", "hf", "onnx", "--short", "1", "--long", "0",
+    ("first_contact", "--engines", "onnx", "--repeats", "2", "--short", "1", "--long", "0",
      "--short-tokens", "3", "--llamacpp", "none"),
     ("levers",),
     ("predictor_fidelity", "--prompts", "1", "--tokens", "2"),
