@@ -221,7 +221,7 @@ def summarize(calls: dict, engines: list[str]) -> dict:
                 if decoded else None}
     medians = {name: per_question(rs) for name, rs in calls.items()}
     ratios = {engine: {mode: [
-        {"question": q, "decoded": m["decoded"], "wall": m["wall_s"] / b["wall_s"],
+        {"question": q, "decoded": b["decoded"], "wall": b["wall_s"] / m["wall_s"],
          "ms_per_token": _over(b["ms_per_token"], m["ms_per_token"]),
          "identical": m["text"] == b["text"],
          "vs_llamacpp_f16": _over(medians[LLAMACPP[0]][q]["ms_per_token"], m["ms_per_token"])

@@ -57,7 +57,10 @@ class DraftLength:
     And it steps aside where drafts do not pay (a CPU whose low-bit kernel is slower than the
     float one, docs/benchmarks.md "Defaults that never lose"): it keeps the time per token of
     the last KEEP rounds that drafted and of plain steps (a round of no drafts: the backbone's
-    next token alone) and drafts only while drafting's median is the lower. The first round
+    next token alone) and drafts only while drafting's median is lower by MARGIN at least:
+    where the two ways cost about the same, a call-to-call spread of a few percent would
+    otherwise choose drafting half the time and lose as often as it wins, while a plain step
+    is full depth's own (first contact, hf: 0.96x). The first round
     is a plain step and the next TRIAL rounds draft, so by round TRIAL + 2 it has chosen. Then
     it tries the other way after PROBE rounds, and after twice as many each time that way
     still loses (at most LONGEST): a losing way costs ever fewer rounds. A try that beats the
@@ -69,6 +72,7 @@ class DraftLength:
     PROBE = 4
     LONGEST = 64
     KEEP = 5
+    MARGIN = 0.05   # of a plain step's time per token
 
     def __init__(self, most: int, adaptive: bool = False) -> None:
         self.most, self.adaptive = most, adaptive
@@ -104,7 +108,11 @@ class DraftLength:
     @property
     def drafting_pays(self) -> bool:
         drafted, plain = self.seconds_per_token[True], self.seconds_per_token[False]
-        return drafted is None or plain is None or drafted <= plain
+        return drafted is None or plain is None or self._pays(drafted, plain)
+
+    def _pays(self, drafted: float, plain: float) -> bool:
+        """Whether drafting at `drafted` seconds a token beats plain steps at `plain`."""
+        return drafted <= (1 - self.MARGIN) * plain
 
     def next(self) -> int:
         if not self.adaptive:
@@ -134,7 +142,8 @@ class DraftLength:
             self._since += decided
             return
         self._trying, self._since = False, 0   # a try of the losing way
-        if per_token < self.seconds_per_token[chosen]:
+        kept = self.seconds_per_token[chosen]
+        if self._pays(per_token, kept) if drafted else not self._pays(kept, per_token):
             self._times[drafted], self._wait = [per_token], self.PROBE
         else:
             self._times[drafted] = (self._times[drafted] + [per_token])[-self.KEEP:]

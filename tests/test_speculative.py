@@ -246,3 +246,12 @@ def test_hf_prepacks_its_backbone_only_for_verifications_that_run_the_packed_ker
         backend.extend([5, 6, 7, 8], 3)
         backend.trim(3)
     assert backend._head._packed is not None
+
+
+@pytest.mark.parametrize("drafted, chosen", [(0.0098, "plain"), (0.0090, "drafting")])
+def test_drafting_is_chosen_only_where_it_saves_a_margin(drafted, chosen):
+    """Plain steps at 10 ms a token: drafting at 9.8 ms (a 2% gain, inside a call's spread)
+    is not taken, so lossless mode runs full depth's own steps; at 9 ms (10%) it is."""
+    length = DraftLength(4, adaptive=True)
+    _run(length, 12, plain=0.010, drafted=drafted)
+    assert length.drafting_pays == (chosen == "drafting")
