@@ -84,24 +84,40 @@ def server_command(name: str, folder: str, port: int, context: int) -> list[str]
 def serving(command: list[str], port: int, log: Path, env: dict | None = None):
     """A server on loopback for the block's duration (its output in `log`); stops with its log
     if it never answers."""
-    env = env or {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get(
-        "VLLM_CPU_KVCACHE_SPACE", "2")}
-    with log.open("w") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
+    with servers([(command, port, log, env)]):
+        yield
+
+
+@contextlib.contextmanager
+def servers(specs: list[tuple[list[str], int, Path, dict | None]]):
+    """Servers (command, port, log, env) started together, each a process of its own, for the
+    block's duration: their starts (imports, the engine's load) overlap on a multi-core
+    machine. Stops with a server's log if it never answers."""
+    processes = []
     try:
+        for command, port, log, env in specs:
+            env = env or {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get(
+                "VLLM_CPU_KVCACHE_SPACE", "2")}
+            with log.open("w") as out:
+                processes.append((subprocess.Popen(command, stdout=out,
+                                                   stderr=subprocess.STDOUT, env=env),
+                                  port, log))
         deadline = time.time() + 600
-        while process.poll() is None and time.time() < deadline:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
-                break
-            except OSError:
-                time.sleep(1)
-        else:
-            raise SystemExit(f"the server did not come up:\n{log.read_text()[-3000:]}")
+        for process, port, log in processes:
+            while process.poll() is None and time.time() < deadline:
+                try:
+                    urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
+                    break
+                except OSError:
+                    time.sleep(1)
+            else:
+                raise SystemExit(f"the server did not come up:\n{log.read_text()[-3000:]}")
         yield
     finally:
-        process.terminate()
-        process.wait(120)
+        for process, _, _ in processes:
+            process.terminate()
+        for process, _, _ in processes:
+            process.wait(120)
 
 
 def evaluate(port: int, tasks: Path, limit: int, concurrent: int) -> dict:

@@ -2,7 +2,6 @@
 queried by the openai client, on tiny random models whose heads vLLM's CPU kernels take (a
 Llama, and one of each family River's vLLM classes run)."""
 
-import contextlib
 import json
 import os
 import re
@@ -214,19 +213,15 @@ def test_what_vllm_cannot_honour_is_refused_before_it_starts(river, message):
 PORT, LOSSLESS_PORT = 8791, 8792
 
 
-@contextlib.contextmanager
 def _serve(folder, port: int, args: list[str], log: Path):
     """`river serve` on loopback with `args`, its engine in its own process, as a user runs
-    it; yields once the server answers."""
+    it: the (command, port, log, env) river_bench.evaluate.servers starts."""
     import sys
-
-    from river_bench.evaluate import serving
 
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
-    with serving([sys.executable, "-m", "river_cli.main", "serve", folder, *args, "--vllm",
-                  f"--host 127.0.0.1 --port {port} --max-model-len 256"], port, log, env):
-        yield
+    return ([sys.executable, "-m", "river_cli.main", "serve", folder, *args, "--vllm",
+             f"--host 127.0.0.1 --port {port} --max-model-len 256"], port, log, env)
 
 
 def _client(port: int):
@@ -236,11 +231,26 @@ def _client(port: int):
 
 
 @pytest.fixture(scope="module")
-def client(folder, tmp_path_factory):
-    """River's exit mode served (every token leaving after layer 1)."""
-    log = tmp_path_factory.mktemp("serve") / "serve.log"
-    with _serve(folder, PORT, ["-o", "tau=-1", "-o", "min_layer=1"], log):
-        yield _client(PORT)
+def served(folder, tmp_path_factory):
+    """River's exit mode served (every token leaving after layer 1), and its lossless mode
+    (drafts leaving after layer 1, vLLM verifying), both started at once (their starts overlap
+    on two cores: the suite's time)."""
+    from river_bench.evaluate import servers
+
+    log = tmp_path_factory.mktemp("serve")
+    # a fixed draft length: the adaptive one follows timing, and with it how many random draws
+    # a seeded request's verification takes, so seeded samples would not repeat
+    lossless = ["--mode", "speculative", "--policy", "settled", "-o", "tau=-1", "-o",
+                "min_layer=1", "--no-adaptive-draft", "--step-aside-above", "64"]
+    with servers([_serve(folder, PORT, ["-o", "tau=-1", "-o", "min_layer=1"],
+                         log / "exits.log"),
+                  _serve(folder, LOSSLESS_PORT, lossless, log / "lossless.log")]):
+        yield _client(PORT), _client(LOSSLESS_PORT)
+
+
+@pytest.fixture(scope="module")
+def client(served):
+    return served[0]
 
 
 def _complete(client, prompt, **settings):
@@ -496,31 +506,47 @@ print("RESULT " + json.dumps(out))
 """
 
 
-@pytest.mark.parametrize("family", ["llama", "phi3", "ministral3"])
-def test_lossless_inside_vllm_is_vllm_plains_output_and_drafts_from_the_targets_pages(
-        folders, family):
-    """River's drafter under vLLM's speculative decoding: the output is the backbone's, the
-    drafts read the context's K/V from vLLM's paged cache (drafting at full depth, nearly every
-    draft is kept: only the head's stand-in may pick otherwise), and drafts that leave after
-    layer 1 are partly kept. In a fresh process: vLLM-CPU 0.32 starts no further engine in a
-    process after speculative ones."""
+LOSSLESS_FAMILIES = ("llama", "phi3", "ministral3")
+
+
+@pytest.fixture(scope="module")
+def lossless_runs(folders):
+    """family -> what LOSSLESS_JOB's engines gave: one fresh process per family (vLLM-CPU 0.32
+    starts no further engine in a process after speculative ones), all started at once (their
+    imports and loads overlap on two cores: the suite's time)."""
     import subprocess
     import sys
 
     from river_vllm import model_overrides
 
-    folder = folders(family)
     lossless = {"mode": "speculative", "step_aside_above": None}
     settings = {"exits": {**EXITING, **lossless}, "full depth": {**FULL_DEPTH, **lossless}}
-    done = subprocess.run([sys.executable, "-c", LOSSLESS_JOB, folder, json.dumps(PROMPTS),
-                           str(3 * NEW), json.dumps(settings),
-                           json.dumps(model_overrides(_model_config(folder))),
-                           str(_own_engines_context(folder))], capture_output=True, text=True,
-                          timeout=600)
-    line = [l for l in done.stdout.splitlines() if l.startswith("RESULT ")]
-    assert line, done.stderr[-3000:]
-    out = json.loads(line[0][len("RESULT "):])
-    model = RiverModel.from_pretrained(folder)
+    jobs = {}
+    for family in LOSSLESS_FAMILIES:
+        folder = folders(family)
+        jobs[family] = subprocess.Popen(
+            [sys.executable, "-c", LOSSLESS_JOB, folder, json.dumps(PROMPTS), str(3 * NEW),
+             json.dumps(settings), json.dumps(model_overrides(_model_config(folder))),
+             str(_own_engines_context(folder))],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    runs = {}
+    for family, job in jobs.items():
+        stdout, stderr = job.communicate(timeout=600)
+        line = [l for l in stdout.splitlines() if l.startswith("RESULT ")]
+        runs[family] = json.loads(line[0][len("RESULT "):]) if line else stderr[-3000:]
+    return runs
+
+
+@pytest.mark.parametrize("family", LOSSLESS_FAMILIES)
+def test_lossless_inside_vllm_is_vllm_plains_output_and_drafts_from_the_targets_pages(
+        folders, lossless_runs, family):
+    """River's drafter under vLLM's speculative decoding: the output is the backbone's, the
+    drafts read the context's K/V from vLLM's paged cache (drafting at full depth, nearly every
+    draft is kept: only the head's stand-in may pick otherwise), and drafts that leave after
+    layer 1 are partly kept."""
+    out = lossless_runs[family]
+    assert isinstance(out, dict), out   # else the job's error
+    model = RiverModel.from_pretrained(folders(family))
     plain = model.generate_ids(PROMPTS, ExitConfig(kv="full"),
                                GenerationConfig(max_new_tokens=3 * NEW)).tokens
     for name, r in out.items():
@@ -559,20 +585,27 @@ VLLM_SAMPLED = {"temperature 1.0": {"temperature": 1.0},
                 "temperature 0.8, top-k 12": {"temperature": 0.8, "top_k": 12}}
 
 
-def _vllm_samples(folder, engine: str, settings=VLLM_SAMPLED) -> dict[str, list[list[int]]]:
-    """Seeded samples of the kit's prompt from vLLM `engine` (plain, lossless: River's drafter,
-    unrepaired: the same over vLLM-CPU's own rejection sampler), in a fresh process."""
+def _vllm_samples(folder, engines: dict[str, dict]) -> dict[str, dict[str, list[list[int]]]]:
+    """engine -> seeded samples of the kit's prompt under each of its settings, from vLLM
+    `engine` (plain, lossless: River's drafter, unrepaired: the same over vLLM-CPU's own
+    rejection sampler), each in a fresh process, all started at once (the suite's time)."""
     import subprocess
     import sys
 
     from river_conformance.kit import SAMPLED_PROMPT, SAMPLED_TOKENS, SAMPLES
 
-    done = subprocess.run([sys.executable, "-c", SAMPLING_JOB, folder, json.dumps(SAMPLED_PROMPT),
-                           str(SAMPLES), str(SAMPLED_TOKENS), json.dumps(settings), engine,
-                           json.dumps(DRAFTING)], capture_output=True, text=True, timeout=600)
-    line = [l for l in done.stdout.splitlines() if l.startswith("RESULT ")]
-    assert line, done.stderr[-3000:]
-    return json.loads(line[0][len("RESULT "):])
+    jobs = {engine: subprocess.Popen(
+        [sys.executable, "-c", SAMPLING_JOB, folder, json.dumps(SAMPLED_PROMPT), str(SAMPLES),
+         str(SAMPLED_TOKENS), json.dumps(settings), engine, json.dumps(DRAFTING)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for engine, settings in engines.items()}
+    out = {}
+    for engine, job in jobs.items():
+        stdout, stderr = job.communicate(timeout=600)
+        line = [l for l in stdout.splitlines() if l.startswith("RESULT ")]
+        assert line, stderr[-3000:]
+        out[engine] = json.loads(line[0][len("RESULT "):])
+    return out
 
 
 def _sampled_comparisons(folder, plain, other, settings=VLLM_SAMPLED):
@@ -593,25 +626,19 @@ DRAFTING = {"mode": "speculative", "policy": "fixed", "options": {"layer": -1},
             "step_aside_above": None}
 
 
-@pytest.fixture(scope="module")
-def vllm_plain_samples(folder):
-    return _vllm_samples(folder, "plain")
-
-
-def test_sampled_lossless_inside_vllm_draws_vllm_plains_distribution(folder, vllm_plain_samples):
+def test_sampled_lossless_inside_vllm_draws_vllm_plains_distribution(folder):
     """The kit's sampled-exactness test, through the real engine: River's drafter under vLLM's
     rejection sampler (with River's repairs of vLLM-CPU's, river_vllm/repairs.py) against vLLM
     plain, at temperature 1.0, with top-p and with top-k, n samples of one request (n > 1,
     seeded)."""
-    comparisons = _sampled_comparisons(folder, vllm_plain_samples,
-                                       _vllm_samples(folder, "lossless"))
+    got = _vllm_samples(folder, {"plain": VLLM_SAMPLED, "lossless": VLLM_SAMPLED})
+    comparisons = _sampled_comparisons(folder, got["plain"], got["lossless"])
     for name, comparison in comparisons.items():
         assert comparison.same, f"{name}: {comparison.summary()}"
 
 
 @pytest.mark.reliability
-def test_vllm_cpus_own_rejection_sampler_breaks_sampled_verification(folder,
-                                                                     vllm_plain_samples):
+def test_vllm_cpus_own_rejection_sampler_breaks_sampled_verification(folder):
     """Why River repairs it: over vLLM-CPU 0.32's own expand kernel the same test fails (the
     verification's temperature is uninitialised memory), at temperature 1.0 and with top-p
     (with top-k the engine dies first: repairs.py). What that memory holds differs from one
@@ -621,8 +648,8 @@ def test_vllm_cpus_own_rejection_sampler_breaks_sampled_verification(folder,
     when the vllm-cpu pin moves; under the pin it can only repeat itself, so the suite leaves it
     out."""
     settings = {k: v for k, v in VLLM_SAMPLED.items() if "top_k" not in v}
-    comparisons = _sampled_comparisons(folder, vllm_plain_samples,
-                                       _vllm_samples(folder, "unrepaired", settings), settings)
+    got = _vllm_samples(folder, {"plain": settings, "unrepaired": settings})
+    comparisons = _sampled_comparisons(folder, got["plain"], got["unrepaired"], settings)
     assert not all(c.same for c in comparisons.values()), \
         {name: c.summary() for name, c in comparisons.items()}
 
@@ -652,15 +679,8 @@ def test_the_repairs_follow_vllms_contract_and_apply_only_where_a_fault_shows():
 
 
 @pytest.fixture(scope="module")
-def lossless_client(folder, tmp_path_factory):
-    """River's lossless mode served: drafts leaving after layer 1, vLLM verifying."""
-    log = tmp_path_factory.mktemp("serve-lossless") / "serve.log"
-    # a fixed draft length: the adaptive one follows timing, and with it how many random draws
-    # a seeded request's verification takes, so seeded samples would not repeat
-    with _serve(folder, LOSSLESS_PORT, ["--mode", "speculative", "--policy", "settled", "-o",
-                                        "tau=-1", "-o", "min_layer=1", "--no-adaptive-draft",
-                                        "--step-aside-above", "64"], log):
-        yield _client(LOSSLESS_PORT)
+def lossless_client(served):
+    return served[1]
 
 
 def test_served_lossless_mode_answers_with_the_plain_models_text(lossless_client, folder):
