@@ -110,10 +110,10 @@ def _state_graphs(tmp_path, floats: str) -> list:
     from river_onnx.states import DeviceOps
 
     elem = {"float16": TensorProto.FLOAT16, "float32": TensorProto.FLOAT}[floats]
-    ops = DeviceOps("cuda", elem, None)
-    made = {"take": ops._take_graph(), "scatter": ops._scatter_graph(),
+    ops = DeviceOps("cuda", None)
+    made = {"take": ops._take_graph(elem), "scatter": ops._scatter_graph(elem),
             "reshape": ops._reshape_graph(elem), "concat": ops._concat_graph(elem, 3, 1),
-            "cosines": ops._cosines_graph(2)}
+            "cosines": ops._cosines_graph(elem, 2)}
     paths = []
     for name, model in made.items():
         paths.append(tmp_path / f"states_{name}.onnx")

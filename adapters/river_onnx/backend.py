@@ -29,7 +29,7 @@ from .activations import check_float16
 from .device_kv import OrtLayers
 from .export import Manifest, weight_bytes
 from .half import HALVES
-from .states import ELEMENTS, DeviceArrays, DeviceOps, States
+from .states import DeviceArrays, DeviceOps, States, bind_inputs
 from . import CAPABILITIES, sessions
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
@@ -246,7 +246,7 @@ class OnnxBackend(NumpyArrays, LayerEngine):
         self.capabilities = capabilities(device)
         self.tokenizer = tokenizer
         if self.states_on_device:
-            self._ops = DeviceOps(device, ELEMENTS[self.floats], functools.partial(
+            self._ops = DeviceOps(device, functools.partial(
                 ort.InferenceSession, sess_options=session_options(device),
                 providers=[PROVIDERS[device]], enable_fallback=0))
 
@@ -285,11 +285,7 @@ class OnnxBackend(NumpyArrays, LayerEngine):
         """Binds `feeds` (host arrays, or `States` already on the device) and `outputs`,
         which stay on the device where the engine keeps its states there (`on_host`: read
         them on the host anyway)."""
-        for name, value in feeds.items():
-            if isinstance(value, States):
-                binding.bind_ortvalue_input(name, value.value)
-            else:
-                binding.bind_cpu_input(name, np.ascontiguousarray(value))
+        bind_inputs(binding, feeds)
         for name in outputs:
             if self.states_on_device and not on_host:
                 binding.bind_output(name, self._device)
@@ -381,8 +377,11 @@ class OnnxDeviceBackend(DeviceArrays, OnnxBackend):
     states_on_device = True
 
 
-def backend_class(device: str) -> type[OnnxBackend]:
-    return OnnxBackend if device == "cpu" else OnnxDeviceBackend
+def backend_class(device: str, states_on_device: bool | None = None) -> type[OnnxBackend]:
+    """The engine for `device`: hidden states on the device off the CPU, unless
+    `states_on_device` says otherwise."""
+    on_device = device != "cpu" if states_on_device is None else states_on_device
+    return OnnxDeviceBackend if on_device else OnnxBackend
 
 
 def _bound(layer: np.ndarray, idx, slots: np.ndarray | None) -> np.ndarray:

@@ -78,9 +78,8 @@ def tiny_backend(family: str, seed: int, bits: int, floats: str = "float32",
                             floats=floats)
     device = "cpu" if floats == "float32" else \
         os.environ.get(TEST_DEVICE, "cpu").partition(":")[0]
-    kind = backend_class(device) if states_on_device is None else \
-        backend_class("cuda" if states_on_device else "cpu")
-    backend = kind(folder, manifest, checkpoint.tokenizer, device)
+    backend = backend_class(device, states_on_device)(folder, manifest, checkpoint.tokenizer,
+                                                      device)
     # its footprint reads the graphs' files: the export lives as long as its backend
     weakref.finalize(backend, shutil.rmtree, folder, ignore_errors=True)
     return backend

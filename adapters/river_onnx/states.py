@@ -43,8 +43,8 @@ class States:
         return self.ops.reshape(self, shape)
 
 
-def _graph(nodes, inputs, outputs) -> bytes:
-    graph = helper.make_graph(nodes, "river_states", inputs, outputs)
+def _graph(nodes, inputs, outputs, initializers=()) -> bytes:
+    graph = helper.make_graph(nodes, "river_states", inputs, outputs, list(initializers))
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
                              ir_version=IR_VERSION).SerializeToString()
 
@@ -55,27 +55,37 @@ def _tensor(name: str, elem: int, rank: int | None) -> onnx.ValueInfoProto:
     return helper.make_tensor_value_info(name, elem, shape)
 
 
-# what OrtValue.data_type() says of the types states and logits have
+# what OrtValue.data_type() says of the float types states and logits have (bfloat16 is not
+# bound yet: export.DTYPES)
 ELEMENT_OF_VALUE = {"tensor(float)": FLOAT, "tensor(float16)": TensorProto.FLOAT16}
+
+
+def _element(x: States) -> int:
+    return ELEMENT_OF_VALUE[x.value.data_type()]
+
+
+def bind_inputs(binding: ort.IOBinding, feeds: dict) -> None:
+    """Binds `feeds`: `States` as the device values they are, anything else from the host."""
+    for name, value in feeds.items():
+        if isinstance(value, States):
+            binding.bind_ortvalue_input(name, value.value)
+        else:
+            binding.bind_cpu_input(name, np.ascontiguousarray(value))
 
 
 class DeviceOps:
     """The one-node graphs that index, join and compare states on `device`, each session made
-    on first use (per float type `elem`, per count of inputs)."""
+    on first use (per float type, per count of inputs)."""
 
-    def __init__(self, device: str, elem: int, make_session) -> None:
+    def __init__(self, device: str, make_session) -> None:
         """`make_session(model_bytes)`: a session on `device` (the engine's options)."""
-        self.device, self.elem, self._make = device, elem, make_session
+        self.device, self._make = device, make_session
         self._sessions: dict = {}
 
     def _run(self, model: str, feeds: dict, *key) -> ort.OrtValue:
         session = self._session(model, *key)
         binding = session.io_binding()
-        for name, value in feeds.items():
-            if isinstance(value, States):
-                binding.bind_ortvalue_input(name, value.value)
-            else:
-                binding.bind_cpu_input(name, np.ascontiguousarray(value))
+        bind_inputs(binding, feeds)
         binding.bind_output("y", self.device)
         session.run_with_iobinding(binding)
         return binding.get_outputs()[0]
@@ -87,30 +97,30 @@ class DeviceOps:
 
     # -- the graphs ---------------------------------------------------------------------
 
-    def _take_graph(self) -> bytes:
+    def _take_graph(self, elem: int) -> bytes:
         nodes = [helper.make_node("Gather", ["x", "rows"], ["r"], axis=0),
                  helper.make_node("Slice", ["r", "start", "end", "axis"], ["s"]),
                  helper.make_node("Reshape", ["s", "shape"], ["y"])]
-        inputs = [_tensor("x", self.elem, 3), _tensor("rows", INT64, 1),
+        inputs = [_tensor("x", elem, 3), _tensor("rows", INT64, 1),
                   *(_tensor(n, INT64, 1) for n in ("start", "end", "axis", "shape"))]
-        return _graph(nodes, inputs, [_tensor("y", self.elem, 3)])
+        return _graph(nodes, inputs, [_tensor("y", elem, None)])
 
     def _reshape_graph(self, elem: int) -> bytes:
         return _graph([helper.make_node("Reshape", ["x", "shape"], ["y"])],
                       [_tensor("x", elem, None), _tensor("shape", INT64, 1)],
                       [_tensor("y", elem, None)])
 
-    def _scatter_graph(self) -> bytes:
+    def _scatter_graph(self, elem: int) -> bytes:
         return _graph([helper.make_node("ScatterND", ["x", "rows", "update"], ["y"])],
-                      [_tensor("x", self.elem, 3), _tensor("rows", INT64, 2),
-                       _tensor("update", self.elem, 3)], [_tensor("y", self.elem, 3)])
+                      [_tensor("x", elem, 3), _tensor("rows", INT64, 2),
+                       _tensor("update", elem, 3)], [_tensor("y", elem, 3)])
 
     def _concat_graph(self, elem: int, count: int, axis: int) -> bytes:
         names = [f"x{j}" for j in range(count)]
         return _graph([helper.make_node("Concat", names, ["y"], axis=axis)],
                       [_tensor(n, elem, None) for n in names], [_tensor("y", elem, None)])
 
-    def _cosines_graph(self, count: int) -> bytes:
+    def _cosines_graph(self, elem: int, count: int) -> bytes:
         """Pairs (a_j, b_j) [..., hidden] -> [..., count] cosines along hidden, in float32."""
         nodes, parts = [], []
         axis = helper.make_tensor("axis", INT64, [1], [-1])
@@ -128,11 +138,9 @@ class DeviceOps:
                       helper.make_node("Div", [f"ab{j}s", f"m{j}"], [f"c{j}"])]
             parts.append(f"c{j}")
         nodes.append(helper.make_node("Concat", parts, ["y"], axis=-1))
-        inputs = [_tensor(f"{x}{j}", self.elem, None) for j in range(count) for x in "ab"]
-        graph = helper.make_graph(nodes, "river_states", inputs, [_tensor("y", FLOAT, None)],
-                                  [axis, helper.make_tensor("tiny", FLOAT, [], [1e-30])])
-        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
-                                 ir_version=IR_VERSION).SerializeToString()
+        inputs = [_tensor(f"{x}{j}", elem, None) for j in range(count) for x in "ab"]
+        return _graph(nodes, inputs, [_tensor("y", FLOAT, None)],
+                      [axis, helper.make_tensor("tiny", FLOAT, [], [1e-30])])
 
     # -- the operations -----------------------------------------------------------------
 
@@ -158,26 +166,26 @@ class DeviceOps:
         return States(self._run("take", {
             "x": x, "rows": np.asarray(rows, np.int64), "start": np.array([start]),
             "end": np.array([end]), "axis": np.array([1]),
-            "shape": np.array(shape, np.int64)}), self)
+            "shape": np.array(shape, np.int64)}, _element(x)), self)
 
     def reshape(self, x: States, shape: Sequence[int]) -> States:
         return States(self._run("reshape", {"x": x, "shape": np.array(shape, np.int64)},
-                                ELEMENT_OF_VALUE[x.value.data_type()]), self)
+                                _element(x)), self)
 
     def scatter(self, h: States, rows: np.ndarray, update: States) -> States:
         return States(self._run("scatter", {"x": h, "rows": np.asarray(rows)[:, None],
-                                            "update": update}), self)
+                                            "update": update}, _element(h)), self)
 
     def concat(self, arrays: Sequence[States], axis: int) -> States:
         feeds = {f"x{j}": a for j, a in enumerate(arrays)}
-        elem = ELEMENT_OF_VALUE[arrays[0].value.data_type()]
-        return States(self._run("concat", feeds, elem, len(arrays), axis), self)
+        return States(self._run("concat", feeds, _element(arrays[0]), len(arrays), axis),
+                      self)
 
     def cosines(self, pairs) -> States:
         feeds = {}
         for j, (a, b) in enumerate(pairs):
             feeds.update({f"a{j}": a, f"b{j}": b})
-        return States(self._run("cosines", feeds, len(pairs)), self)
+        return States(self._run("cosines", feeds, _element(pairs[0][0]), len(pairs)), self)
 
 
 class DeviceArrays:
@@ -202,7 +210,3 @@ class DeviceArrays:
     def host(array) -> np.ndarray:
         """The one place a step reads the device."""
         return array.value.numpy() if isinstance(array, States) else np.asarray(array)
-
-
-# the ONNX type of the engine's float arrays (bfloat16 is not bound yet: export.DTYPES)
-ELEMENTS = {np.dtype(np.float32): FLOAT, np.dtype(np.float16): TensorProto.FLOAT16}
