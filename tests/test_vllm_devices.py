@@ -285,3 +285,30 @@ def test_a_plain_round_copies_no_context(monkeypatch):
     drafter.length = types.SimpleNamespace(next=lambda: 0, update=lambda r: None)
     monkeypatch.setattr(drafter, "draft", lambda *a: pytest.fail("a plain round drafted"))
     assert drafter.propose([[5]], [10], None) == [[]]
+
+
+def test_the_drafter_learns_only_from_steps_that_went_on_with_the_same_rows(monkeypatch):
+    """What drafting costs is timed from one proposal to the next. At one request, each
+    request's first step prefills it (and follows the server's idle time between requests):
+    timed as a round, it made plain steps look several times dearer than they are. A step
+    aside (more rows than River drafts for) is no round either: the length chose neither way.
+    So a round is learned only where every row went on by the tokens it sampled."""
+    drafter = RiverDrafter(types.SimpleNamespace(
+        speculative_config=types.SimpleNamespace(num_speculative_tokens=2),
+        model_config=types.SimpleNamespace(max_model_len=256)))
+    learned = []
+    drafter.model = types.SimpleNamespace(
+        river_step=types.SimpleNamespace(block_table=[None, None]),
+        river_run=types.SimpleNamespace(steps_aside=lambda rows: rows > 1))
+    drafter.length = types.SimpleNamespace(next=lambda: 0, update=learned.append)
+    steps = [([[5]], [10]),            # a request's first step: nothing before it
+             ([[6]], [11]),            # it went on by one token: a round
+             ([[7, 8, 9]], [14]),      # by three (two kept drafts): a round
+             ([[4]], [30]),            # the next request's first step: its prefill
+             ([[5]], [31]),            # a round
+             ([[6], [2]], [32, 20]),   # a second request joins: not one row going on
+             ([[7], [3]], [33, 21]),   # two rows, which River steps aside for
+             ([[8]], [34])]            # the first step back at one row: after an aside
+    for sampled, counts in steps:
+        drafter.propose(sampled, np.array(counts), None)
+    assert [len(r.tokens) for r in learned] == [1, 3, 1]

@@ -46,6 +46,9 @@ class RiverDrafter:
         self.window: int | None = None
         self.length = DraftLength(self.most)
         self.drafted: list[int] = []   # per row of the last proposal, the drafts it made
+        # per row of the last proposal, its tokens then; None where it is no round to learn
+        # from (vLLM's warm-up, a step aside: the length chose neither way)
+        self.counts: list[int] | None = None
         self.drafting = 0.0            # seconds the last proposal drafted
         self.proposed: float | None = None   # when it ended
 
@@ -64,18 +67,22 @@ class RiverDrafter:
                 slot_mappings=None) -> list[list[int]]:
         start = time.perf_counter()
         step = self.model.river_step
-        self._learn(sampled_token_ids, start)
+        counts = [int(n) for n in num_tokens_no_spec[:len(sampled_token_ids)]]
+        self._learn(sampled_token_ids, counts, start)
         drafts = [[] for _ in sampled_token_ids]
+        self.counts = None
         if step is None:   # vLLM's warm-up: no attention metadata, nothing in the pages
             return drafts
         count = self.length.next()
         rows = [row for row, sampled in enumerate(sampled_token_ids)
-                if sampled and num_tokens_no_spec[row] + count <= self.max_len]
+                if sampled and counts[row] + count <= self.max_len]
+        aside = self.model.river_run.steps_aside(len(rows))
+        self.counts = None if aside else counts
         # a plain step (count 0) reads no pages: DraftKV copies every layer's context
-        if count and rows and not self.model.river_run.steps_aside(len(rows)):
+        if count and rows and not aside:
             # the sampled token is the last of a row's tokens: it drafts from its position
             made = self.draft([sampled_token_ids[r][-1] for r in rows],
-                              [int(num_tokens_no_spec[r]) - 1 for r in rows],
+                              [counts[r] - 1 for r in rows],
                               [step.block_table[r] for r in rows], count)
             for r, tokens in zip(rows, made):
                 drafts[r] = tokens
@@ -84,17 +91,26 @@ class RiverDrafter:
         self.drafting = self.proposed - start
         return drafts
 
-    def _learn(self, sampled_token_ids: list[list[int]], now: float) -> None:
+    def _learn(self, sampled_token_ids: list[list[int]], counts: list[int], now: float) -> None:
         """The last proposal as one round of the whole batch: the drafts vLLM kept per row (a
         row's sampled tokens are its kept drafts and the backbone's own), every token the step
-        gave, the drafting's time and the verifying step's (since the proposal ended)."""
-        if self.proposed is None or len(self.drafted) != len(sampled_token_ids):
+        gave, the drafting's time and the verifying step's (since the proposal ended). Only a
+        step that went on with the same rows, each by the tokens it sampled, is such a round:
+        one that also prefilled a new request, or came after the server sat idle between
+        requests, would be timed as a step several times a decode step's (at one request,
+        every request's first step)."""
+        if self.counts is None or not self._continued(sampled_token_ids, counts):
             return
         tokens = sum(len(s) for s in sampled_token_ids)
         pairs = [(d, len(s) - 1) for d, s in zip(self.drafted, sampled_token_ids) if d and s]
         drafted, kept = (sum(x) / len(pairs) for x in zip(*pairs)) if pairs else (0, 0)
         self.length.update(Round([0] * tokens, round(drafted), round(kept), [], self.drafting,
                                  now - self.proposed))
+
+    def _continued(self, sampled_token_ids: list[list[int]], counts: list[int]) -> bool:
+        return len(counts) == len(self.counts) and all(
+            then + len(sampled) == now
+            for then, sampled, now in zip(self.counts, sampled_token_ids, counts))
 
     def draft(self, tokens: list[int], positions: list[int], blocks: list[torch.Tensor],
               count: int) -> list[list[int]]:
