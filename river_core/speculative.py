@@ -55,43 +55,49 @@ class DraftLength:
     acceptances, but not a fixed length: docs/benchmarks.md, "Lossless mode").
 
     And it steps aside where drafts do not pay (a CPU whose low-bit kernel is slower than the
-    float one, docs/benchmarks.md "Defaults that never lose"): it keeps the time per token of
-    the last KEEP rounds that drafted and of plain steps (a round of no drafts: the backbone's
-    next token alone) and drafts only while drafting's median is lower by MARGIN at least:
-    where the two ways cost about the same, a call-to-call spread of a few percent would
-    otherwise choose drafting half the time and lose as often as it wins, while a plain step
-    is full depth's own (first contact, hf: 0.96x). The first round
-    is a plain step and the next TRIAL rounds draft, so by round TRIAL + 2 it has chosen. Then
-    it tries the other way after PROBE rounds, and after twice as many each time that way
-    still loses (at most LONGEST): a losing way costs ever fewer rounds. A try that beats the
-    chosen way's median replaces the other's record and wins at once. Medians, not an average:
-    a one-off cost (hf's first prepacked verification) moves them little. Fixed at `most`
+    float one, docs/benchmarks.md "Defaults that never lose"): it keeps the seconds and tokens
+    of the last KEEP rounds that drafted and of plain steps (a round of no drafts: the
+    backbone's next token alone) and drafts only while drafting's time per token over them is
+    lower by MARGIN at least: where the two ways cost about the same, a call-to-call spread of
+    a few percent would otherwise choose drafting half the time and lose as often as it wins,
+    while a plain step is full depth's own (first contact, hf: 0.96x). The time per token is
+    the rounds' seconds over their tokens, as a user's clock adds them up, not a median of
+    each round's own ratio: that counts a round that kept every draft as much as one that kept
+    none, and inside vLLM at one request it put drafting 9% under plain steps where it cost 3%
+    more (docs/benchmarks.md). A round counts at most CLIP times the median round's seconds, so
+    a one-off cost (hf's first prepacked verification) weighs as a slow round, not as ten.
+    The first round is a plain step and the next TRIAL rounds draft, so by round TRIAL + 2 it
+    has chosen. Then it tries the other way after PROBE rounds, and after twice as many each
+    time that way still loses (at most LONGEST): a losing way costs ever fewer rounds. A try
+    that beats the chosen way replaces the other's record and wins at once. Fixed at `most`
     when not adaptive."""
 
     TRIAL = 2
     PROBE = 4
     LONGEST = 64
-    KEEP = 5
+    KEEP = 10       # rounds of each way: a round of drafts gives 1 to `most` + 1 tokens
     MARGIN = 0.05   # of a plain step's time per token
+    CLIP = 2.0      # a round's seconds count at most this many median rounds'
 
     def __init__(self, most: int, adaptive: bool = False) -> None:
         self.most, self.adaptive = most, adaptive
         self._next = most
         self._kept = self._drafted = 0
-        self._times: dict[bool, list[float]] = {True: [], False: []}
+        # per way (drafted: True), the last KEEP rounds' [seconds, tokens]
+        self._rounds: dict[bool, list[list[float]]] = {True: [], False: []}
         self._wait, self._since, self._trying = self.PROBE, 0, False
 
     def state(self) -> dict:
         """What it has measured and chosen, as JSON (`resume` takes it, in another process:
         `drafting.DraftStore`)."""
-        return {"drafted": self._times[True], "plain": self._times[False], "next": self._next,
-                "wait": self._wait}
+        return {"drafted": self._rounds[True], "plain": self._rounds[False],
+                "next": self._next, "wait": self._wait}
 
     def resume(self, state: dict) -> None:
         """Start from `state` (another generation's `state()`): its choice stands from the
         first round, and it keeps measuring and trying the other way as before."""
-        self._times = {True: list(state["drafted"])[-self.KEEP:],
-                       False: list(state["plain"])[-self.KEEP:]}
+        self._rounds = {True: [list(r) for r in state["drafted"]][-self.KEEP:],
+                        False: [list(r) for r in state["plain"]][-self.KEEP:]}
         self._next = min(self.most, max(1, int(state["next"])))
         self._wait = min(max(self.PROBE, int(state["wait"])), self.LONGEST)
 
@@ -102,8 +108,12 @@ class DraftLength:
 
     @property
     def seconds_per_token(self) -> dict[bool, float | None]:
-        """Median time per token of the last rounds that drafted (True) and of plain steps."""
-        return {arm: float(np.median(t)) if t else None for arm, t in self._times.items()}
+        """Time per token of the last rounds that drafted (True) and of plain steps."""
+        return {arm: self._per_token(r) if r else None for arm, r in self._rounds.items()}
+
+    def _per_token(self, rounds: list[list[float]]) -> float:
+        seconds, tokens = np.array(rounds).T
+        return float(np.minimum(seconds, self.CLIP * np.median(seconds)).sum() / tokens.sum())
 
     @property
     def drafting_pays(self) -> bool:
@@ -117,16 +127,16 @@ class DraftLength:
     def next(self) -> int:
         if not self.adaptive:
             return self.most
-        if not self._times[False]:
+        if not self._rounds[False]:
             return 0
-        if len(self._times[True]) < self.TRIAL:
+        if len(self._rounds[True]) < self.TRIAL:
             return self._next
         self._trying = self._since >= self._wait
         return self._next if self.drafting_pays != self._trying else 0
 
     def update(self, r: Round) -> None:
         if r.verify_seconds > 0 and r.tokens:   # a round after prefill's
-            self._time(r.drafted > 0, (r.draft_seconds + r.verify_seconds) / len(r.tokens))
+            self._time(r.drafted > 0, [r.draft_seconds + r.verify_seconds, len(r.tokens)])
         if r.drafted:
             self._kept += r.accepted
             self._drafted += r.drafted
@@ -134,19 +144,20 @@ class DraftLength:
                 grow = r.accepted == r.drafted
                 self._next = min(self.most, r.drafted + 1) if grow else max(1, r.drafted - 1)
 
-    def _time(self, drafted: bool, per_token: float) -> None:
+    def _time(self, drafted: bool, seconds_tokens: list[float]) -> None:
         chosen = self.drafting_pays
+        kept = (self._rounds[drafted] + [seconds_tokens])[-self.KEEP:]
         if not (self._trying and drafted != chosen):
-            decided = bool(self._times[False]) and len(self._times[True]) >= self.TRIAL
-            self._times[drafted] = (self._times[drafted] + [per_token])[-self.KEEP:]
+            decided = bool(self._rounds[False]) and len(self._rounds[True]) >= self.TRIAL
+            self._rounds[drafted] = kept
             self._since += decided
             return
         self._trying, self._since = False, 0   # a try of the losing way
-        kept = self.seconds_per_token[chosen]
-        if self._pays(per_token, kept) if drafted else not self._pays(kept, per_token):
-            self._times[drafted], self._wait = [per_token], self.PROBE
+        tried, other = self._per_token([seconds_tokens]), self.seconds_per_token[chosen]
+        if self._pays(tried, other) if drafted else not self._pays(other, tried):
+            self._rounds[drafted], self._wait = [seconds_tokens], self.PROBE
         else:
-            self._times[drafted] = (self._times[drafted] + [per_token])[-self.KEEP:]
+            self._rounds[drafted] = kept
             self._wait = min(2 * self._wait, self.LONGEST)
 
 

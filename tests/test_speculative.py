@@ -218,7 +218,7 @@ def test_a_new_process_starts_from_what_the_last_one_measured_on_this_cpu(folder
     state = next(iter(json.loads(entry.read_text()).values()))
     assert len(state["plain"]) >= 1 and len(state["drafted"]) >= 2
     # drafting measured as paying: the next process drafts from its first round
-    state |= {"plain": [1.0], "drafted": [0.001, 0.001]}
+    state |= {"plain": [[1.0, 1]], "drafted": [[0.003, 3], [0.003, 3]]}
     key = next(iter(json.loads(entry.read_text())))
     entry.write_text(json.dumps({key: state}))
     again = RiverModel.from_pretrained(folder).generate("abc", **settings)
@@ -255,3 +255,30 @@ def test_drafting_is_chosen_only_where_it_saves_a_margin(drafted, chosen):
     length = DraftLength(4, adaptive=True)
     _run(length, 12, plain=0.010, drafted=drafted)
     assert length.drafting_pays == (chosen == "drafting")
+
+
+def test_drafting_is_judged_by_its_seconds_over_its_tokens():
+    """Plain steps at 10 ms a token; rounds of two drafts at 27 ms, two in three kept whole (3
+    tokens: 9 ms a token), one in three rejected at once (1 token: 27 ms). Drafting then costs
+    81 ms for 7 tokens, 11.6 ms a token: it loses, though its median round (9 ms a token) wins.
+    Those are the rounds a user's clock adds up, so plain steps are chosen."""
+    length = DraftLength(2, adaptive=True)
+    for _ in range(3):
+        length.update(_round(0, 0, 0.0, 0.010))
+        for kept in (2, 2, 0):
+            length.update(_round(2, kept, 0.0, 0.027))
+    assert length.seconds_per_token == pytest.approx({True: 0.081 / 7, False: 0.010})
+    assert not length.drafting_pays
+
+
+def test_a_one_off_cost_weighs_as_one_slow_round():
+    """hf prepacks its weights on the first verification of several rows: one round a hundred
+    times the others'. Drafting at 8 ms a token against plain steps' 10 still pays with it in
+    the record: it counts as CLIP median rounds, not as a hundred."""
+    length = DraftLength(2, adaptive=True)
+    length.update(_round(0, 0, 0.0, 0.010))
+    length.update(_round(2, 2, 0.0, 2.4))
+    for _ in range(8):
+        length.update(_round(2, 2, 0.0, 0.024))
+    assert length.seconds_per_token[True] == pytest.approx((8 * 0.024 + 2 * 0.024) / 27)
+    assert length.drafting_pays
