@@ -305,6 +305,8 @@ def main(argv: list[str] | None = None) -> None:
                     help="also measure, per River configuration, its steps against stepping "
                     "aside with this many requests decoding together: where River stops "
                     "paying (step_aside_above)")
+    ap.add_argument("--concurrency", type=int, nargs="+", default=list(CONCURRENCY),
+                    help="concurrent requests to measure at (default: %(default)s)")
     ap.add_argument("--engine", help=argparse.SUPPRESS)   # internal: one run, in a fresh process
     args = ap.parse_args(argv)
     out = Output(args)
@@ -337,6 +339,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"round {r + 1}: {name}", file=sys.stderr, flush=True)
             sample = r == 0 and args.samples and name != LOSSLESS   # its own below
             rounds[name].append(measure(folder, settings, prompts, args.max_tokens,
+                                        concurrency=args.concurrency,
                                         **(sampling if sample else {})))
             if "error" in rounds[name][-1]:
                 print(f"round {r + 1}: {name} failed: {rounds[name][-1]['error']}",
@@ -364,6 +367,7 @@ def main(argv: list[str] | None = None) -> None:
     sampled = sampled_gaps({name: mean_nll(river, prompts, s) for name, s in samples.items()
                             if s is not None})
     results = {}
+    plain_runs = rounds["vllm plain"]
     for name, runs in rounds.items():
         good = [r for r in runs if "error" not in r]
         if not good:
@@ -371,19 +375,24 @@ def main(argv: list[str] | None = None) -> None:
             continue
         results[name] = {str(c): {key: statistics.median(r[c][key] for r in good) for key in
                                   ("tokens_per_second", "ms_per_output_token", "forward_share")}
-                         for c in CONCURRENCY}
-        results[name]["outputs"] = good[0][1]["outputs"]
+                         for c in args.concurrency}
+        # the ratio per round, against the plain run beside it, then their median: the
+        # machine's drift between rounds moves both sides of a round's ratio alike
+        for c in args.concurrency:
+            ratios = [r[c]["tokens_per_second"] / p[c]["tokens_per_second"]
+                      for r, p in zip(runs, plain_runs) if "error" not in r]
+            results[name][str(c)] |= {"speedup": statistics.median(ratios),
+                                      "round_speedups": ratios}
+        results[name]["outputs"] = good[0][args.concurrency[0]]["outputs"]
     plain = results["vllm plain"]
     for name, r in results.items():
         if "error" in r:
             continue
-        for c in CONCURRENCY:
-            r[str(c)]["speedup"] = r[str(c)]["tokens_per_second"] / \
-                plain[str(c)]["tokens_per_second"]
         r["identical_to_plain"] = sum(a == b for a, b in zip(r["outputs"], plain["outputs"])) \
             / len(prompts)
     at = lambda name, c: results[name][str(c)]["speedup"] \
-        if "error" not in results.get(name, {"error": "not run"}) else None
+        if "error" not in results.get(name, {"error": "not run"}) and c in args.concurrency \
+        else None
     at_one = lambda name: at(name, 1)
     summary = {
         "vllm_exit_speedup": at_one("River exit mode in vllm"),
@@ -399,7 +408,7 @@ def main(argv: list[str] | None = None) -> None:
         "vllm_lossless_speedup_c16": at(LOSSLESS, 16),
         "vllm_worst_speedup": min((r[str(c)]["speedup"] for name, r in results.items()
                                    if name.startswith("River") and "error" not in r
-                                   for c in CONCURRENCY), default=None),
+                                   for c in args.concurrency), default=None),
         "step_aside_above_measured": {
             name: max([0] + [int(r) for r, t in rows.items() if t["river"] > t["aside"]])
             for name, rows in crossover.items() if rows},
@@ -410,7 +419,8 @@ def main(argv: list[str] | None = None) -> None:
         r.pop("outputs", None)
     command = run_command("vllm", argv)
     payload = {"command": command, "machine": info, "prompts": len(prompts),
-               "max_tokens": args.max_tokens, "exit_mode": args.exit_mode,
+               "max_tokens": args.max_tokens, "concurrency": args.concurrency,
+               "rounds": args.rounds, "exit_mode": args.exit_mode,
                "lossless": args.lossless, "results": results,
                "sampled": {"settings": SAMPLED, **sampling, "engines": sampled},
                "crossover": crossover, "river_own": own, "summary": summary}
@@ -425,18 +435,20 @@ def report(p: dict) -> str:
              f"Command: `{p['command']}`. {p['prompts']} GSM8K test_dev "
              f"questions, chat-formatted, greedy, {p['max_tokens']} new tokens at most; "
              f"River's settings: exit mode {json.dumps(p['exit_mode'])}, lossless mode "
-             f"{json.dumps(p['lossless'])}; median of the rounds.", "",
+             f"{json.dumps(p['lossless'])}; median of the rounds (vs vLLM plain: the median of each "
+             f"round's ratio to the plain run of the same round).", "",
              "| configuration | concurrency | output tokens/s | ms per output token | vs vLLM "
-             "plain | time in the model's forward | outputs identical to plain |",
-             "|---|---|---|---|---|---|---|"]
+             "plain | its rounds | time in the model's forward | outputs identical to plain |",
+             "|---|---|---|---|---|---|---|---|"]
     for name, r in p["results"].items():
         if "error" in r:
-            lines.append(f"| {name} | - | - | - | - | - | does not run: {r['error']} |")
+            lines.append(f"| {name} | - | - | - | - | - | - | does not run: {r['error']} |")
             continue
-        for c in CONCURRENCY:
+        for c in p["concurrency"]:
             x = r[str(c)]
             lines.append(f"| {name} | {c} | {x['tokens_per_second']:.1f} | "
                          f"{x['ms_per_output_token']:.1f} | {x['speedup']:.2f}x | "
+                         f"{min(x['round_speedups']):.2f}-{max(x['round_speedups']):.2f}x | "
                          f"{100 * x['forward_share']:.0f}% | "
                          f"{100 * r['identical_to_plain']:.0f}% |")
     lines += ["", "River's own engines, batch 1, same prompts (two threads):", "",
@@ -486,10 +498,10 @@ def plot(out: Output, p: dict) -> None:
     fig, ax = plt.subplots(figsize=(6, 3.5))
     for name, r in p["results"].items():
         if "error" not in r:
-            ax.plot(CONCURRENCY, [r[str(c)]["tokens_per_second"] for c in CONCURRENCY],
+            ax.plot(p["concurrency"], [r[str(c)]["tokens_per_second"] for c in p["concurrency"]],
                     marker="o", label=name)
     ax.set_xscale("log", base=2)
-    ax.set_xticks(CONCURRENCY, [str(c) for c in CONCURRENCY])
+    ax.set_xticks(p["concurrency"], [str(c) for c in p["concurrency"]])
     ax.set_xlabel("concurrent requests")
     ax.set_ylabel("output tokens/s")
     ax.legend(fontsize=8)
