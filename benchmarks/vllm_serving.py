@@ -435,8 +435,8 @@ def report(p: dict) -> str:
              f"Command: `{p['command']}`. {p['prompts']} GSM8K test_dev "
              f"questions, chat-formatted, greedy, {p['max_tokens']} new tokens at most; "
              f"River's settings: exit mode {json.dumps(p['exit_mode'])}, lossless mode "
-             f"{json.dumps(p['lossless'])}; median of the rounds (vs vLLM plain: the median of each "
-             f"round's ratio to the plain run of the same round).", "",
+             f"{json.dumps(p['lossless'])}; median of the rounds (vs vLLM plain: the median "
+             f"of each round's ratio to the plain run of the same round).", "",
              "| configuration | concurrency | output tokens/s | ms per output token | vs vLLM "
              "plain | its rounds | time in the model's forward | outputs identical to plain |",
              "|---|---|---|---|---|---|---|---|"]
