@@ -53,6 +53,10 @@ def add_exit_arguments(parser: argparse.ArgumentParser, *, speculative: bool = T
                             default=adaptive, help="speculative mode: vary the draft length "
                             "with the drafts' runs, up to --draft-tokens, and take plain steps "
                             f"where drafts do not pay (default: {'on' if adaptive else 'off'})")
+        parser.add_argument("--drafts", default=",".join(default(ExitConfig, "drafts")),
+                            metavar="SOURCE,...", help="speculative mode: where drafts come "
+                            "from, e.g. river,ngram (the exit river; the context's own "
+                            "n-grams); river plugins lists the sources")
         parser.add_argument("--draft-window", type=int, metavar="N",
                             help=f"speculative mode: drafts attend the context's first {SINKS} "
                             f"positions and its last N (default {DRAFT_WINDOW} where the "
@@ -80,7 +84,7 @@ def exit_config(args: argparse.Namespace, **fields) -> ExitConfig:
     for field, name in (("prefill_exit", "prefill_exit"), ("mode", "mode"),
                         ("exit_head", "exit_head"),
                         ("draft_tokens", "draft_tokens"), ("adaptive", "adaptive_draft"),
-                        ("draft_window", "draft_window"),
+                        ("draft_window", "draft_window"), ("drafts", "drafts"),
                         ("step_aside_above", "step_aside_above")):
         if hasattr(args, name):
             given[field] = getattr(args, name)

@@ -1,4 +1,4 @@
-"""The core's own plugin: the method's policies, predictor and KV strategies.
+"""The core's own plugin: the method's policies, predictor, KV strategies and draft sources.
 
 Registered in code before any entry point loads (so a source checkout has them), through the
 same hooks as any third-party plugin.
@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import attrs
 
-from .hookspecs import KVStrategyPlugin, PolicyPlugin, PredictorPlugin, hookimpl
+from .hookspecs import (DraftSourcePlugin, KVStrategyPlugin, PolicyPlugin, PredictorPlugin,
+                        hookimpl)
+from .ngram import NgramOptions, NgramSource
 from .kv import Full, Mask, Monotonic, Propagate, Recompute, River
 from .options import between, option
 from .policy import SettledOptions, SettledPolicy, SimilarityOptions, SimilarityPolicy
 from .predictor import TransitionPredictor
+from .speculative import RiverSource
 
 
 @attrs.frozen
@@ -43,3 +46,19 @@ def river_predictors():
 def river_kv_strategies():
     return {s.name: KVStrategyPlugin(s) for s in (River, Propagate, Monotonic, Mask, Recompute,
                                                   Full)}
+
+
+def river_drafts(options) -> RiverSource:
+    """Drafts from the exit river: decode steps under the exit policy (a model cost)."""
+    return RiverSource()
+
+
+def ngram_drafts(options: NgramOptions) -> NgramSource:
+    """Drafts what followed the context's last tokens where they occurred before (free)."""
+    return NgramSource(options)
+
+
+@hookimpl
+def river_draft_sources():
+    return {"river": DraftSourcePlugin(river_drafts),
+            "ngram": DraftSourcePlugin(ngram_drafts, NgramOptions)}

@@ -101,6 +101,22 @@ DRAFT_WINDOW = 256
 only past it (docs/benchmarks.md, "Lossless mode at long contexts and short answers")."""
 
 
+DRAFTS = ("river", "ngram")
+"""Speculative mode's draft sources where none are named: the river, and the context's own
+n-grams where they propose (free drafts that pay where the answer copies the prompt)."""
+
+
+def _drafts(value: Any) -> tuple[str, ...]:
+    """Draft source names: "river,ngram" or a list of them."""
+    names = value.split(",") if isinstance(value, str) else value
+    _check(isinstance(names, (list, tuple)) and all(isinstance(n, str) for n in names),
+           f"drafts must name draft sources, as 'river,ngram' or a list, got {value!r}")
+    names = tuple(n.strip() for n in names)
+    _check(bool(names) and all(names) and len(set(names)) == len(names),
+           f"drafts must name one draft source or more, each once, got {value!r}")
+    return names
+
+
 POLICIES = {"exit": ("settled", {}), "speculative": ("fixed", {"layer": -1})}
 """Each mode's exit policy and its options where none is named. Exit mode: the paper's rule.
 Speculative mode: drafts from the stand-ins alone (no backbone layer), faster than drafts by
@@ -151,6 +167,10 @@ class ExitConfig:
     kept whole, one less after a rejection) and take plain steps where drafting does not pay.
     On by default (docs/benchmarks.md, "The speculative defaults"). Because it follows measured
     time, a seeded sampled generation repeats only with it off."""
+    drafts: tuple[str, ...] = attrs.field(default=DRAFTS, converter=_drafts)
+    """Speculative mode: where drafts come from (draft source plugins, `river plugins` lists
+    them). Each round drafts from the source measured cheapest a token that proposes, or
+    takes a plain step where none pays (speculative.DraftLength)."""
     step_aside_above: int | None = None
     """Rows decoding in one step above which River steps aside: exit mode runs that step at
     full depth, speculative mode drafts nothing for it (None: never). Where per-token exits

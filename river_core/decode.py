@@ -5,6 +5,7 @@ Backends supply primitives (backend.py); this module alone decides which layer r
 
 from __future__ import annotations
 
+import collections
 import functools
 import numbers
 import time
@@ -50,11 +51,18 @@ class DecodeResult:
                                    # speculative mode, of each draft-and-verify round
     drafted: list[int] = attrs.field(factory=list)    # speculative mode, per round
     accepted: list[int] = attrs.field(factory=list)   # drafts the backbone kept, per round
+    draft_sources: list[str] = attrs.field(factory=list)   # per round, the source that
+                                                           # drafted it ("plain": none)
     interrupted: bool = False      # stopped by Ctrl-C: tokens hold what came before
 
     @property
     def speculative(self) -> bool:
         return bool(self.drafted)
+
+    @property
+    def rounds_by_source(self) -> dict[str, int]:
+        """Speculative mode: how many rounds each draft source drafted ("plain": none)."""
+        return dict(collections.Counter(self.draft_sources))
 
     @property
     def decoded_tokens(self) -> int:

@@ -17,7 +17,7 @@ from pathlib import Path
 from .machine import cpu_key
 from .user_cache import cache_root
 
-FORMAT = 2   # bump when DraftLength.state changes
+FORMAT = 3   # bump when DraftLength.state changes
 
 
 def model_key(backend) -> str:

@@ -8,7 +8,7 @@ A plugin is any module or object with `@hookimpl` functions, listed under the en
     mybackend = "my_package.plugin"
 
 Each hook returns a mapping of names to entries; names must be unique across plugins. The core's
-own policies, predictor and KV strategies come through the same hooks (builtins.py).
+own policies, predictor, KV strategies and draft sources come through the same hooks (builtins.py).
 """
 
 from __future__ import annotations
@@ -72,6 +72,13 @@ class KVStrategyPlugin:
     options: type = NoOptions
 
 
+@attrs.frozen
+class DraftSourcePlugin:
+    make: Callable[[Any], Any]
+    """make(options) -> speculative.DraftSource: where speculative mode's drafts come from."""
+    options: type = NoOptions
+
+
 @hookspec
 def river_backends() -> Mapping[str, BackendPlugin]:
     """name -> BackendPlugin."""
@@ -90,6 +97,11 @@ def river_predictors() -> Mapping[str, PredictorPlugin]:
 @hookspec
 def river_kv_strategies() -> Mapping[str, KVStrategyPlugin]:
     """name -> KVStrategyPlugin."""
+
+
+@hookspec
+def river_draft_sources() -> Mapping[str, DraftSourcePlugin]:
+    """name -> DraftSourcePlugin (`--drafts NAME,...`)."""
 
 
 @hookspec

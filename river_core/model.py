@@ -182,7 +182,7 @@ class RiverModel:
             key = f"{plan.config!r}|{len(prompts[0]).bit_length()}"
             length = self._draft_length(plan, key, generation_config)
             stream = speculative_stream(self.backend, prompts, generation_config, plan.run(),
-                                        length)
+                                        length, plan.draft_sources)
             if length is self._draft_lengths.get(key):
                 stream = self._remembered(stream, key, length)
         else:

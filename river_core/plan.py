@@ -9,7 +9,7 @@ and hands the plan to the model; `RiverModel` resolves the same way from a loade
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, Mapping
 
 import attrs
 
@@ -21,7 +21,7 @@ from .hookspecs import KVStrategyPlugin, PredictorPlugin
 from .options import bind
 from .plugins import Registry
 from .policy import ExitPolicy
-from .speculative import DraftLength
+from .speculative import DraftLength, DraftSource
 
 
 @attrs.frozen
@@ -39,6 +39,8 @@ class Plan:
     predictor_plugin: PredictorPlugin
     predictor_options: Any
     draft_window: int | None = None   # the config's, or the default where the backend windows
+    draft_sources: Mapping[str, DraftSource] = {}   # speculative mode: by name, made from
+                                                    # their options
 
     def run(self) -> Run:
         return Run(self.kv_plugin.make(self.kv_options), self.policy,
@@ -48,7 +50,8 @@ class Plan:
 
     def draft_length(self) -> DraftLength:
         """Speculative mode's draft length rule, fresh for a generation."""
-        return DraftLength(self.config.draft_tokens, self.config.adaptive)
+        return DraftLength({name: s.most or self.config.draft_tokens
+                            for name, s in self.draft_sources.items()}, self.config.adaptive)
 
 
 def resolve(config: ExitConfig, registry: Registry, capabilities: Capabilities,
@@ -57,8 +60,11 @@ def resolve(config: ExitConfig, registry: Registry, capabilities: Capabilities,
     capabilities and the model's shape."""
     policy, kv, predictor = (registry.policy(config.policy), registry.kv_strategy(config.kv),
                              registry.predictor(config.predictor))
+    sources = {name: registry.draft_source(name) for name in config.drafts} \
+        if config.lossless else {}
     options = bind(config.options, {"policy": policy.options, "predictor": predictor.options,
-                                    "kv_strategy": kv.options})
+                                    "kv_strategy": kv.options}
+                   | {f"drafts {name}": s.options for name, s in sources.items()})
     made = policy.make(options["policy"], shape.num_layers)
     _check(config, kv.make, made, capabilities, shape, backend)
     unused = sorted(set(predictor.across_tokens) & set(config.options))
@@ -69,8 +75,9 @@ def resolve(config: ExitConfig, registry: Registry, capabilities: Capabilities,
     window = config.draft_window
     if window is None and config.lossless and capabilities.windowed_drafts:
         window = DRAFT_WINDOW
+    made_sources = {name: s.make(options[f"drafts {name}"]) for name, s in sources.items()}
     return Plan(config, backend, shape, made, kv, options["kv_strategy"], predictor,
-                options["predictor"], window)
+                options["predictor"], window, made_sources)
 
 
 def _check(config: ExitConfig, strategy, policy: ExitPolicy, caps: Capabilities,

@@ -1,4 +1,5 @@
-"""A typed facade over the plugin manager: look up backends, policies, predictors, strategies."""
+"""A typed facade over the plugin manager: look up backends, policies, predictors, strategies,
+draft sources."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import pluggy
 
 from . import builtins, hookspecs
 from .errors import ConfigError, unknown
-from .hookspecs import BackendPlugin, KVStrategyPlugin, PolicyPlugin, PredictorPlugin
+from .hookspecs import (BackendPlugin, DraftSourcePlugin, KVStrategyPlugin, PolicyPlugin,
+                        PredictorPlugin)
 from .options import describe
 
 KINDS = {
@@ -19,6 +21,7 @@ KINDS = {
     "policy": "river_exit_policies",
     "predictor": "river_predictors",
     "kv strategy": "river_kv_strategies",
+    "draft source": "river_draft_sources",
     "conformance backend": "river_conformance_backends",
     "command": "river_commands",
 }
@@ -97,6 +100,9 @@ class Registry:
 
     def kv_strategy(self, name: str) -> KVStrategyPlugin:
         return self.get("kv strategy", name)
+
+    def draft_source(self, name: str) -> DraftSourcePlugin:
+        return self.get("draft source", name)
 
 
 @functools.cache

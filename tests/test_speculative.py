@@ -216,9 +216,11 @@ def test_a_new_process_starts_from_what_the_last_one_measured_on_this_cpu(folder
     assert first.stats.drafted[0] == 0   # nothing known: a plain step first
     [entry] = (tmp_path / "drafts").iterdir()
     state = next(iter(json.loads(entry.read_text()).values()))
-    assert len(state["plain"]) >= 1 and len(state["drafted"]) >= 2
+    assert len(state["plain"]) >= 1 and len(state["sources"]["river"]["rounds"]) >= 2
     # drafting measured as paying: the next process drafts from its first round
-    state |= {"plain": [[1.0, 1]], "drafted": [[0.003, 3], [0.003, 3]]}
+    state["plain"] = [[1.0, 1]]
+    for way in state["sources"].values():
+        way["rounds"] = [[0.003, 3], [0.003, 3]]
     key = next(iter(json.loads(entry.read_text())))
     entry.write_text(json.dumps({key: state}))
     again = RiverModel.from_pretrained(folder).generate("abc", **settings)
@@ -267,7 +269,7 @@ def test_drafting_is_judged_by_its_seconds_over_its_tokens():
         length.update(_round(0, 0, 0.0, 0.010))
         for kept in (2, 2, 0):
             length.update(_round(2, kept, 0.0, 0.027))
-    assert length.seconds_per_token == pytest.approx({True: 0.081 / 7, False: 0.010})
+    assert length.seconds_per_token == pytest.approx({"river": 0.081 / 7, "plain": 0.010})
     assert not length.drafting_pays
 
 
@@ -280,5 +282,5 @@ def test_a_one_off_cost_weighs_as_one_slow_round():
     length.update(_round(2, 2, 0.0, 2.4))
     for _ in range(8):
         length.update(_round(2, 2, 0.0, 0.024))
-    assert length.seconds_per_token[True] == pytest.approx((8 * 0.024 + 2 * 0.024) / 27)
+    assert length.seconds_per_token["river"] == pytest.approx((8 * 0.024 + 2 * 0.024) / 27)
     assert length.drafting_pays
