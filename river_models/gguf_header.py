@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import numpy as np
 
 from river_core.errors import ModelError
 
@@ -29,8 +30,8 @@ class _Short(Exception):
 
 
 class _Cursor:
-    def __init__(self, data, size: int) -> None:
-        self.data, self.size, self.pos = data, size, 0
+    def __init__(self, data, size: int, arrays: bool = False) -> None:
+        self.data, self.size, self.pos, self.arrays = data, size, 0, arrays
 
     def take(self, fmt: str):
         n = struct.calcsize("<" + fmt)
@@ -57,11 +58,16 @@ class _Cursor:
         if kind == STRING:
             return self.string()
         if kind == ARRAY:   # kept as its length, but a short one of scalars (a layer pattern)
-            item, count = self.take("I"), self.take("Q")
+            item, count = self.take("I"), self.take("Q")   # or with `arrays` every one whole
             if item in SCALARS and count <= SHORT_ARRAY:
                 return tuple(self.take(SCALARS[item]) for _ in range(count))
             if item in SCALARS:
-                self.skip(count * struct.calcsize("<" + SCALARS[item]))
+                start, width = self.pos, struct.calcsize("<" + SCALARS[item])
+                self.skip(count * width)
+                if self.arrays:   # a vocabulary's scores or types: one copy, no loop
+                    return np.frombuffer(self.data, "<" + SCALARS[item], count, start).copy()
+            elif self.arrays:
+                return [self.value(item) for _ in range(count)]
             else:
                 for _ in range(count):
                     self.value(item)
@@ -70,10 +76,18 @@ class _Cursor:
 
 
 @attrs.frozen
+class TensorInfo:
+    kind: int                # ggml type number
+    dims: tuple[int, ...]    # ggml's order: the row length first
+    offset: int              # from the file's start
+
+
+@attrs.frozen
 class Header:
     metadata: dict[str, Any]
     size: int        # the file's bytes
     needs: int       # the bytes the header declares: tensor data start + the last tensor's end
+    tensors: dict[str, TensorInfo] = attrs.field(factory=dict)
 
 
 # (values a block, bytes a block) of the types River's GGUFs hold, by ggml type number (the
@@ -95,15 +109,17 @@ def _tensor_bytes(ggml_type: int, dims: list[int]) -> int:
     return count // block * type_size
 
 
-def read_header(path: Path) -> Header:
-    """The header of the GGUF at `path`; ModelError if it is not one or is cut short."""
+def read_header(path: Path, arrays: bool = False) -> Header:
+    """The header of the GGUF at `path`; ModelError if it is not one or is cut short. With
+    `arrays`, long arrays (the vocabulary, its scores, types and merges) are read whole too
+    (strings as a list, numbers as a numpy array), not kept as their length."""
     path = Path(path)
     size = path.stat().st_size
     with path.open("rb") as f:
         if size < len(MAGIC) or f.read(len(MAGIC)) != MAGIC:
             raise ModelError(f"{path} is not a GGUF file (no GGUF magic)")
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
-            c = _Cursor(data, size)
+            c = _Cursor(data, size, arrays)
             try:
                 c.skip(len(MAGIC))
                 c.take("I")   # version
@@ -112,12 +128,13 @@ def read_header(path: Path) -> Header:
                 for _ in range(entries):
                     key = c.string()
                     metadata[key] = c.value(c.take("I"))
-                end = 0
+                end, infos = 0, {}
                 for _ in range(tensors):
-                    c.string()
+                    name = c.string()
                     dims = [c.take("Q") for _ in range(c.take("I"))]
                     kind, offset = c.take("I"), c.take("Q")
                     end = max(end, offset + _tensor_bytes(kind, dims))
+                    infos[name] = (kind, tuple(dims), offset)
             except _Short as short:
                 raise ModelError(f"truncated GGUF {path}: {size} bytes, its header needs at "
                                  f"least {short.needs}") from None
@@ -125,7 +142,22 @@ def read_header(path: Path) -> Header:
                 raise ModelError(f"damaged GGUF {path}: {e}") from None
     align = int(metadata.get("general.alignment", DEFAULT_ALIGNMENT))
     start = -(-c.pos // align) * align
-    return Header(metadata, size, start + end)
+    return Header(metadata, size, start + end,
+                  {n: TensorInfo(k, d, start + o) for n, (k, d, o) in infos.items()})
+
+
+def float_tensor(path: Path, header: Header, name: str) -> np.ndarray | None:
+    """A small F32 tensor of the file (rope factors), None where the file has none."""
+    info = header.tensors.get(name)
+    if info is None:
+        return None
+    if info.kind != 0:
+        raise ModelError(f"{Path(path).name}: tensor {name} is of ggml type {info.kind}, "
+                         f"not F32 as llama.cpp's converter writes it")
+    count = int(np.prod(info.dims))
+    with Path(path).open("rb") as f:
+        f.seek(info.offset)
+        return np.frombuffer(f.read(4 * count), "<f4").copy()
 
 
 def check_gguf(path: Path) -> Header:

@@ -101,10 +101,10 @@ def _rope(w, family: str, config, spec) -> None:
         w.add_rope_freq_base_swa(float(config.rope_parameters["sliding_attention"]["rope_theta"]))
 
 
-def add_shape(w, spec, context: int, tokens: list[bytes], file_type) -> None:
+def add_shape(w, spec, context: int, tokens: list[bytes] | None, file_type) -> None:
     """A decoder's dimensions and a placeholder SentencePiece-style vocabulary (`tokens`, the
-    first three control tokens, BOS 1) in GGUF writer `w`, as llama.cpp's converter writes
-    them: what llama.cpp needs to load a model it is given ids for."""
+    first three control tokens, BOS 1; None: none) in GGUF writer `w`, as llama.cpp's
+    converter writes them: what llama.cpp needs to load a model it is given ids for."""
     import gguf
 
     w.add_context_length(context)
@@ -115,6 +115,8 @@ def add_shape(w, spec, context: int, tokens: list[bytes], file_type) -> None:
     w.add_head_count_kv(spec.kv_heads)
     w.add_layer_norm_rms_eps(spec.norm_eps)
     w.add_file_type(file_type)
+    if tokens is None:
+        return
     w.add_tokenizer_model("llama")
     w.add_token_list(tokens)
     w.add_token_scores([0.0] * len(tokens))
@@ -124,23 +126,29 @@ def add_shape(w, spec, context: int, tokens: list[bytes], file_type) -> None:
 
 
 @functools.cache
-def gguf_file(seed: int = 0, family: str = FAMILY) -> Path:
+def gguf_file(seed: int = 0, family: str = FAMILY, vocabulary: str | None = None) -> Path:
+    """`vocabulary`: one of tiny_vocab's real-shaped vocabularies (spm, bpe) instead of the
+    placeholder (for tokenizer tests: the model's ids then go past it)."""
     import gguf
 
-    from river_models import tiny
+    from river_models import tiny, tiny_vocab
 
     ckpt = tiny.checkpoint(family, seed)
     spec, weights = ckpt.spec, ckpt.weights
     config = tiny.model(family, seed).config
-    path = Path(tempfile.mkdtemp(prefix="river-llamacpp-")) / f"tiny-{family}-{seed}.gguf"
+    name = f"tiny-{family}-{seed}" + (f"-{vocabulary}" if vocabulary else "")
+    path = Path(tempfile.mkdtemp(prefix="river-llamacpp-")) / f"{name}.gguf"
     w = gguf.GGUFWriter(path, ARCH[family])
     vocab = tiny.tokenizer().convert_ids_to_tokens(list(range(tiny.VOCAB)))
-    add_shape(w, spec, spec.max_positions, [t.encode() for t in vocab],
+    add_shape(w, spec, spec.max_positions, None if vocabulary else [t.encode() for t in vocab],
               gguf.LlamaFileType.ALL_F32)
+    if vocabulary:
+        tiny_vocab.add_vocabulary(w, vocabulary, ARCH[family])
     w.add_key_length(spec.head_dim)
     w.add_value_length(spec.head_dim)
     _rope(w, family, config, spec)
-    w.add_eos_token_id(spec.eos_ids[0])
+    if not vocabulary:
+        w.add_eos_token_id(spec.eos_ids[0])
     w.add_tensor("token_embd.weight", weights.embed)
     w.add_tensor("output_norm.weight", _norm(spec, weights.final_norm))
     if weights.head is not weights.embed:   # tied: llama.cpp's converter writes no output

@@ -1,0 +1,145 @@
+"""A GGUF's `ModelSpec`, read from its own header as llama.cpp reads it: no conversion, no torch,
+no transformers (the ggml engine runs the file itself, so it needs nothing else).
+
+The spec equals the one River derives from the same file converted through transformers
+(tests/test_gguf_spec.py checks it on every family's tiny GGUF), rotary tables included:
+- plain rope from `rope.freq_base` over `rope.dimension_count` (Phi-3's partial rotary) or the
+  head; `rope.scaling.type` linear divides the frequencies by `rope.scaling.factor`;
+- Llama 3's scaling, which llama.cpp's converter keeps only as each frequency's divisor
+  (tensor `rope_freqs`);
+- Phi-3's LongRoPE from its factor tensors (`rope_factors_short/long`), its switch
+  `rope.scaling.original_context_length` and `rope.scaling.attn_factor`;
+- Gemma 3: one table per attention type (`rope.freq_base_swa` for the sliding layers) and the
+  per-layer pattern `attention.sliding_window_pattern`.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from river_core.errors import ModelError
+
+from .gguf_header import Header, float_tensor
+from .spec import ModelSpec, Rotary
+
+# llama.cpp architecture -> the Hugging Face model_type River names its family by
+FAMILIES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3_text",
+            "phi3": "phi3"}
+GEMMA_SWA_BASE = 10000.0   # Gemma 3's sliding layers' rope base, where the file has none
+# Gemma 3's query_pre_attn_scalar, which no GGUF field holds: transformers' default, every Gemma 3
+# but 27B's head width (llama.cpp takes the head width, 27B's hidden / heads)
+GEMMA_QUERY_SCALAR = 256
+# the ids that end generation besides EOS, as llama.cpp's vocabulary counts them (end of turn,
+# end of message)
+END_IDS = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
+           "tokenizer.ggml.eom_token_id")
+
+
+def eos_ids(meta: dict[str, Any]) -> tuple[int, ...]:
+    return tuple(sorted({int(meta[k]) for k in END_IDS if meta.get(k) is not None}))
+
+
+def _get(meta: dict[str, Any], arch: str, key: str, gguf: str, default: Any = ...) -> Any:
+    value = meta.get(f"{arch}.{key}", default)
+    if value is ...:
+        raise ModelError(f"{gguf}: no {arch}.{key} in its metadata")
+    return value
+
+
+def _plain(base: float, dims: int) -> np.ndarray:
+    """1 / base^(2i / dims) in float32, as transformers computes its default table."""
+    exponent = np.arange(0, dims, 2, dtype=np.int64).astype(np.float32) / np.float32(dims)
+    return (1.0 / np.power(np.float32(base), exponent, dtype=np.float32)).astype(np.float32)
+
+
+def _floats(a: np.ndarray) -> tuple[float, ...]:
+    return tuple(float(x) for x in np.asarray(a, np.float32))
+
+
+def _rotary(meta: dict[str, Any], header: Header, path: Path, arch: str, head_dim: int,
+            base: float) -> Rotary:
+    gguf = path.name
+    dims = int(_get(meta, arch, "rope.dimension_count", gguf, head_dim))
+    kind = meta.get(f"{arch}.rope.scaling.type", "none")
+    if kind not in ("none", "linear", "longrope") and not (kind == "yarn" and arch == "phi3"):
+        raise ModelError(f"{gguf}: {arch}.rope.scaling.type {kind!r}; River reads none, "
+                         f"linear, llama3 (rope_freqs) and Phi-3's longrope")
+    inv_freq = _plain(base, dims)
+    if kind == "linear":
+        inv_freq = inv_freq / np.float32(_get(meta, arch, "rope.scaling.factor", gguf))
+    divisors = float_tensor(path, header, "rope_freqs.weight")
+    if divisors is not None:   # Llama 3: each frequency's divisor
+        if len(divisors) != len(inv_freq):
+            raise ModelError(f"{gguf}: rope_freqs has {len(divisors)} factors for "
+                             f"{len(inv_freq)} rotary frequencies")
+        return Rotary(_floats(_plain(base, dims).astype(np.float64) / divisors))
+    short = float_tensor(path, header, "rope_factors_short.weight")
+    long = float_tensor(path, header, "rope_factors_long.weight")
+    if short is None or long is None:
+        return Rotary(_floats(inv_freq))
+    switch = int(_get(meta, arch, "rope.scaling.original_context_length", gguf))
+    scaling = meta.get(f"{arch}.rope.scaling.attn_factor")
+    if scaling is None:   # transformers' LongRoPE default, from the two contexts
+        factor = int(_get(meta, arch, "context_length", gguf)) / switch
+        scaling = 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(switch))
+    exponent = np.arange(0, dims, 2, dtype=np.int64).astype(np.float32) / np.float32(dims)
+    powers = np.power(np.float32(base), exponent, dtype=np.float32)
+    table = lambda factors: _floats(1.0 / (factors.astype(np.float32) * powers))
+    return Rotary(table(short), float(scaling), table(long), switch)
+
+
+def gguf_spec(path: Path, header: Header) -> ModelSpec:
+    """The spec of the GGUF at `path` from its `header`; ModelError naming the field River
+    cannot read or the architecture it does not run."""
+    path = Path(path)
+    meta, gguf = header.metadata, path.name
+    arch = meta.get("general.architecture")
+    if arch not in FAMILIES:
+        raise ModelError(f"{gguf}: general.architecture {arch!r} is not one River runs from a "
+                         f"GGUF; it runs {', '.join(FAMILIES)}")
+    layers = int(_get(meta, arch, "block_count", gguf))
+    hidden = int(_get(meta, arch, "embedding_length", gguf))
+    heads = int(_get(meta, arch, "attention.head_count", gguf))
+    kv_heads = _get(meta, arch, "attention.head_count_kv", gguf, heads)
+    if isinstance(heads, tuple) or isinstance(kv_heads, tuple):
+        raise ModelError(f"{gguf}: per-layer head counts ({arch}.attention.head_count_kv); "
+                         f"River runs one count for every layer")
+    head_dim = int(_get(meta, arch, "attention.key_length", gguf, hidden // heads))
+    embed = header.tensors.get("token_embd.weight")
+    if embed is None:
+        raise ModelError(f"{gguf}: no tensor token_embd.weight")
+    gemma = arch == "gemma3"
+    base = float(_get(meta, arch, "rope.freq_base", gguf, 10000.0))
+    if gemma:
+        pattern = _get(meta, arch, "attention.sliding_window_pattern", gguf, None)
+        if not isinstance(pattern, tuple) or len(pattern) != layers:
+            raise ModelError(f"{gguf}: {arch}.attention.sliding_window_pattern is not one flag "
+                             f"per layer")
+        keys = tuple("sliding_attention" if s else "full_attention" for s in pattern)
+        window = int(_get(meta, arch, "attention.sliding_window", gguf))
+        windows = tuple(window if s else None for s in pattern)
+        local = float(meta.get(f"{arch}.rope.freq_base_swa", GEMMA_SWA_BASE))
+        rotary = {"full_attention": _rotary(meta, header, path, arch, head_dim, base),
+                  "sliding_attention": Rotary(_floats(_plain(local, head_dim)))}
+    else:
+        keys = ("",) * layers
+        window = int(meta.get(f"{arch}.attention.sliding_window", 0) or 0)
+        windows = (window or None,) * layers
+        rotary = {"": _rotary(meta, header, path, arch, head_dim, base)}
+    softcap = meta.get(f"{arch}.final_logit_softcapping")
+    return ModelSpec(
+        family=FAMILIES[arch], num_layers=layers, hidden=hidden,
+        intermediate=int(_get(meta, arch, "feed_forward_length", gguf)), heads=heads,
+        kv_heads=int(kv_heads), head_dim=head_dim, vocab=int(embed.dims[1]),
+        max_positions=int(_get(meta, arch, "context_length", gguf)), eos_ids=eos_ids(meta),
+        windows=windows, rope_keys=keys, rotary=rotary,
+        activation="gelu_pytorch_tanh" if gemma else "silu",
+        norm_eps=float(_get(meta, arch, "attention.layer_norm_rms_epsilon", gguf)),
+        norm_offset=gemma, sandwich=gemma,
+        qk_norm="blk.0.attn_q_norm.weight" in header.tensors,
+        attn_scale=(GEMMA_QUERY_SCALAR if gemma else head_dim) ** -0.5, embed_scale=hidden ** 0.5 if gemma else 1.0,
+        final_softcap=None if softcap is None else float(softcap))
