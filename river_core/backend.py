@@ -107,6 +107,9 @@ class Capabilities:
                               # not requests (inside vLLM)
     rerun: bool = True        # can run backbone layers again for chosen rows after a step
                               # (a policy's recheck)
+    exit_refused: str | None = None   # a loaded model's reason exit mode cannot run on it (its
+                              # stand-ins cannot sit below its backbone); lossless mode and full
+                              # depth still run
 
 
 @attrs.frozen

@@ -85,6 +85,8 @@ def _check(config: ExitConfig, strategy, policy: ExitPolicy, caps: Capabilities,
     needs = policy.needs
     if strategy.allows_exit and not caps.exits:
         raise CapabilityError(f"backend {backend!r} cannot exit early; use kv strategy 'full'")
+    if strategy.allows_exit and not config.lossless and caps.exit_refused:
+        raise CapabilityError(caps.exit_refused)
     if strategy.requires and not getattr(caps, strategy.requires):
         raise CapabilityError(f"backend {backend!r} does not support the {config.kv!r} kv "
                               f"strategy")

@@ -98,6 +98,9 @@ def gguf_spec(path: Path, header: Header) -> ModelSpec:
     path = Path(path)
     meta, gguf = header.metadata, path.name
     arch = meta.get("general.architecture")
+    if arch is None:
+        raise ModelError(f"{gguf}: no general.architecture in its metadata (damaged, or not a "
+                         f"model's GGUF)")
     if arch not in FAMILIES:
         raise ModelError(f"{gguf}: general.architecture {arch!r} is not one River runs from a "
                          f"GGUF; it runs {', '.join(FAMILIES)}")
@@ -141,5 +144,6 @@ def gguf_spec(path: Path, header: Header) -> ModelSpec:
         norm_eps=float(_get(meta, arch, "attention.layer_norm_rms_epsilon", gguf)),
         norm_offset=gemma, sandwich=gemma,
         qk_norm="blk.0.attn_q_norm.weight" in header.tensors,
-        attn_scale=(GEMMA_QUERY_SCALAR if gemma else head_dim) ** -0.5, embed_scale=hidden ** 0.5 if gemma else 1.0,
+        attn_scale=(GEMMA_QUERY_SCALAR if gemma else head_dim) ** -0.5,
+        embed_scale=hidden ** 0.5 if gemma else 1.0,
         final_softcap=None if softcap is None else float(softcap))

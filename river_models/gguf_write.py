@@ -12,9 +12,11 @@ from .cache import cache_root, cached, content_key, digest
 FORMAT = 1   # bump when the written file changes
 
 
-def write_gguf(source: Path, target: Path, kind: str) -> Path:
+def write_gguf(source: Path, target: Path, kind: str, progress: bool = False) -> Path:
     """`source`'s metadata and tokenizer with every tensor dequantized and stored as `kind`
     (F32, F16 or Q8_0; vectors stay F32, as llama.cpp's converter keeps them)."""
+    from tqdm import tqdm
+
     from gguf import GGMLQuantizationType as Q, GGUFReader, GGUFValueType, GGUFWriter
     from gguf.constants import LlamaFileType
     from gguf.quants import dequantize, quantize
@@ -34,7 +36,8 @@ def write_gguf(source: Path, target: Path, kind: str) -> Path:
         writer.add_key_value(field.name, field.contents(), field.types[0], sub_type=sub)
     writer.add_file_type({"F32": LlamaFileType.ALL_F32, "F16": LlamaFileType.MOSTLY_F16,
                           "Q8_0": LlamaFileType.MOSTLY_Q8_0}[kind])
-    for tensor in reader.tensors:
+    for tensor in tqdm(reader.tensors, desc=f"{source.stem} as {kind}", unit="tensor",
+                       disable=not progress):
         weights = dequantize(tensor.data, tensor.tensor_type).astype(np.float32)
         if weights.ndim == 1 or kind == "F32":
             writer.add_tensor(tensor.name, weights)
@@ -50,10 +53,10 @@ def write_gguf(source: Path, target: Path, kind: str) -> Path:
     return target
 
 
-def backbone(source: Path, kind: str = "F16") -> Path:
+def backbone(source: Path, kind: str = "F16", progress: bool = False) -> Path:
     """`source` stored as `kind`, written once into the user cache."""
     key = digest(content_key(source), FORMAT, kind)
     target = cache_root() / "gguf" / f"{source.stem}.{kind}-{key}"
-    cached(target, lambda tmp: write_gguf(source, tmp / f"{source.stem}.{kind}.gguf", kind), key,
-           source=source)
+    cached(target, lambda tmp: write_gguf(source, tmp / f"{source.stem}.{kind}.gguf", kind,
+                                          progress), key, source=source)
     return target / f"{source.stem}.{kind}.gguf"

@@ -1,6 +1,8 @@
 """Find, convert and open a model: the embedded default, a local HF folder, or a GGUF file.
 
-A GGUF is converted once into a safetensors folder in the user cache; later loads take seconds.
+An engine that runs a GGUF itself (ggml) reads its spec and tokenizer from the file's own header
+(`gguf_entry`: milliseconds, no conversion); the engines that run transformers' weights (hf,
+onnx) have a GGUF converted once into a safetensors folder in the user cache (`locate`).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from pathlib import Path
 from river_core.backend import ModelShape
 from river_core.errors import ModelError
 
-from . import families, gguf_rope
+from . import families, gguf_rope, gguf_spec, gguf_tokenizer
 from .cache import cache_root, cached, content_key, digest
 from .gguf_header import check_gguf, read_header
 from .spec import Checkpoint, ModelSpec
@@ -204,19 +206,28 @@ def open_model(model: str | None = None, progress: bool = False) -> Checkpoint:
     return checkpoint_of(hf, tokenizer, folder.name, content_key(folder), folder)
 
 
-SPEC_FORMAT = 1   # bump when ModelSpec's JSON changes
+GGUF_FORMAT = 1   # bump when a GGUF entry's files (spec.json, the tokenizer's) change
 
 
-def cached_spec(model: str | None = None, progress: bool = False) -> tuple[Path, ModelSpec]:
-    """The model's Hugging Face folder and its `ModelSpec`, the spec kept as JSON in the cache
-    (`spec/`) after the first call, so an engine that needs no torch (onnx, ggml) reads it
-    without importing torch or transformers; with `FileTokenizer(folder, spec.eos_ids)`, all a
-    cached model needs besides its weights."""
-    folder = locate(model, progress)
-    key = digest(content_key(folder), SPEC_FORMAT)
+def gguf_entry(gguf: Path, progress: bool = False) -> tuple[Path, ModelSpec]:
+    """The cache entry (`spec/`) holding a GGUF file's spec and tokenizer read from its own
+    header, and the spec; with `FileTokenizer(entry, spec.eos_ids)` all the ggml engine needs
+    besides the file. ModelError in one line naming the field or the architecture River cannot
+    read; nothing is left in the cache then."""
+    gguf = Path(gguf)
+    key = digest(content_key(gguf), GGUF_FORMAT, "gguf")
 
     def build(tmp: Path) -> None:
-        spec = open_model(str(folder), progress).spec
+        from tqdm import tqdm
+
+        # a cut-short file or one River cannot run is named before anything is shown
+        spec = gguf_spec.gguf_spec(gguf, check_gguf(gguf))
+        with tqdm(total=2, desc=f"{gguf.name}: tokenizer", unit="step",
+                  disable=not progress) as bar:
+            meta = read_header(gguf, arrays=True).metadata
+            bar.update()
+            gguf_tokenizer.write(meta, tmp, gguf.name)
+            bar.update()
         (tmp / "spec.json").write_text(json.dumps(spec.to_json()))
-    entry = cached(cache_root() / "spec" / f"{folder.name}-{key}", build, key, source=folder)
-    return folder, ModelSpec.from_json(json.loads((entry / "spec.json").read_text()))
+    entry = cached(cache_root() / "spec" / f"{gguf.stem}-{key}", build, key, source=gguf)
+    return entry, ModelSpec.from_json(json.loads((entry / "spec.json").read_text()))

@@ -280,14 +280,3 @@ def test_a_folder_without_a_tokenizer_is_refused_in_one_line(tmp_path):
 
     with pytest.raises(ModelError, match="cannot read the tokenizer"):
         FileTokenizer(tmp_path, [2])
-
-
-def test_a_models_spec_is_kept_as_json_and_read_back_without_loading_it(tmp_path,
-                                                                          monkeypatch):
-    from river_models import source
-
-    folder = tiny.save(tmp_path / "model")
-    first = source.cached_spec(folder)
-    assert first[1] == source.open_model(folder).spec
-    monkeypatch.setattr(source, "open_model", None)   # a second call loads nothing
-    assert source.cached_spec(folder) == first

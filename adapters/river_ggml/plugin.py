@@ -6,6 +6,8 @@ import shutil
 import weakref
 from pathlib import Path
 
+import attrs
+
 from river_core.backend import ModelShape
 from river_core.config import QuantSpec
 from river_core.errors import CapabilityError, ConfigError, ModelError
@@ -26,36 +28,42 @@ def _binding():
     return lib
 
 
-def backbone_gguf(model: str | None) -> Path:
-    """The GGUF the backbone runs from: the user's file in its own types, or for the embedded
-    default (Q4_1) its F16 copy, written once into the user cache as llama.cpp's anchor."""
+def user_gguf(model: str | None) -> Path:
+    """The GGUF file a model argument names: the embedded default's, or the user's."""
     from river_models import default_gguf
-    from river_models.gguf_write import backbone
 
     if model is None:
-        return backbone(default_gguf(), "F16")
+        return default_gguf()
     path = Path(model).expanduser()
     if path.suffix != ".gguf" or not path.is_file():
         raise ModelError(f"the ggml backend runs a .gguf file, not {path}")
     return path
 
 
-def spec_and_tokenizer(model: str | None):
-    """The model's ModelSpec and tokenizer, from the user cache without torch or transformers
-    once River has converted the model (`cached_spec`, `FileTokenizer`)."""
-    from river_models.source import cached_spec
+def backbone_gguf(model: str | None, progress: bool = False) -> Path:
+    """The GGUF the backbone runs from: the user's file in its own types, or for the embedded
+    default (Q4_1) its F16 copy, written once into the user cache as llama.cpp's anchor."""
+    from river_models.gguf_write import backbone
+
+    return user_gguf(model) if model is not None else backbone(user_gguf(None), "F16", progress)
+
+
+def spec_and_tokenizer(model: str | None, progress: bool = False):
+    """The model's ModelSpec and tokenizer, read from the GGUF's own header (no conversion, no
+    torch or transformers) once into the user cache (`gguf_entry`, `FileTokenizer`)."""
+    from river_models.source import gguf_entry
     from river_models.tokenizer import FileTokenizer
 
-    folder, spec = cached_spec(model)
+    folder, spec = gguf_entry(user_gguf(model), progress)
     return spec, FileTokenizer(folder, spec.eos_ids)
 
 
 def load(model: str | None = None, *, device: str = "cpu", dtype: str | None = None,
          quant: QuantSpec = STAND_INS, progress: bool = False):
     """llama.cpp's ggml CPU kernels, layer by layer, over the GGUF's own tensor types; K/V in
-    float16. A 4-bit backbone GGUF runs too, but its 4-bit stand-ins read as many bytes as the
-    backbone, so the river saves nothing there. Its phases' wall-clock is the backend's
-    `load_seconds`."""
+    float16. The stand-ins' type is chosen below the backbone's (stand_ins.choose); where none
+    fits, exit mode is refused in one line and lossless mode and full depth run. Its phases'
+    wall-clock is the backend's `load_seconds`."""
     from river_core.phases import Phases
 
     phases = Phases()
@@ -66,16 +74,22 @@ def load(model: str | None = None, *, device: str = "cpu", dtype: str | None = N
                           f"types, not {dtype}")
     lib = _binding()
     from .backend import GgmlBackend
-    from .stand_ins import stand_ins
+    from .stand_ins import choose, stand_ins
     phases.done("imports")
 
-    backbone = lib.MappedGGUF(backbone_gguf(model))
-    phases.done("backbone")   # mapped (its F16 copy made once for the embedded model)
-    spec, tokenizer = spec_and_tokenizer(model)
+    spec, tokenizer = spec_and_tokenizer(model, progress)
     phases.done("tokenizer")
-    weights, errors = stand_ins(backbone, spec.num_layers, quant, progress)
+    backbone = lib.MappedGGUF(backbone_gguf(model, progress))
+    phases.done("backbone")   # mapped (its F16 copy made once for the embedded model)
+    # below the backbone, never beside it: the type from the backbone's (River's own
+    # quantizer where the user names one)
+    choice = choose(backbone, spec.num_layers) if quant == STAND_INS else None
+    weights, errors = stand_ins(backbone, spec.num_layers, quant,
+                                choice.kind if choice else "Q4_0", progress)
     phases.done("stand-ins")   # found in the cache, or made; 4-bit ones repacked
     backend = GgmlBackend(backbone, spec, tokenizer, weights, errors)
+    if choice and choice.refused:
+        backend.capabilities = attrs.evolve(backend.capabilities, exit_refused=choice.refused)
     backend.load_seconds = phases.seconds
     return backend
 

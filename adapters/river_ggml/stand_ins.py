@@ -9,6 +9,13 @@ group of 64 is two blocks of 32 with the same scale):
 - an asymmetric grid (`hqq`, `rtn`: the other engines' default) as Q4_1 blocks: 32 codes, an
   fp16 scale d and offset m, w = code * d + m, (code - zero) * scale for d = scale,
   m = -zero * scale: the very stand-ins the other engines run.
+Below a backbone of 5 bits or fewer a 4-bit stand-in saves nothing (it reads as many bytes and
+adds a second rounding), so the stand-ins' type is chosen from the backbone's (`choose`): F16,
+BF16, Q8_0 and Q6_K backbones get the repacked Q4_0 above; a 4- or 5-bit backbone gets ggml's
+Q3_K (K/V error and speed in docs/models.md), quantized by ggml itself (`ggml_quantize_chunk`) from
+the backbone's dequantized weights; where no lower type fits (a row length not a multiple of
+256, the block of every ggml type below 4 bits; a backbone of 3 bits or fewer) exit mode is
+refused in one line (`Choice.refused`) and the Q4_0 stand-ins still draft for lossless mode.
 The head's stand-in is 8-bit with one scale per block of 32 (HEAD: ggml's own Q8_0 rounding),
 not the other engines' one per row: a head's columns differ in range (the embedded model's
 token embeddings: relative weight error 1.2% with a scale per row, 0.02% per block, whose
@@ -28,9 +35,9 @@ from river_core.errors import ConfigError, ModelError
 from river_models.cache import cache_root, cached, content_key, digest
 from river_models.quant import QuantWeight, quantize, weight_error
 
-from .lib import MappedGGUF, version
+from .lib import RUNS, MappedGGUF, version
 
-FORMAT = 4   # bump when the stand-ins' file changes (4: the head's scales per block of 32)
+FORMAT = 5   # bump when the stand-ins' file changes (5: the type chosen from the backbone's)
 BLOCK = 32
 HEAD = QuantSpec(bits=8, group_size=BLOCK, method="sym")
 ERRORS = "river.stand_in_error"
@@ -91,12 +98,7 @@ def blocks(q: QuantWeight) -> tuple[np.ndarray, str]:
 
 def floats(source: MappedGGUF, name: str) -> np.ndarray:
     """A backbone tensor dequantized to float32 [rows, columns]."""
-    from gguf import GGMLQuantizationType
-    from gguf.quants import dequantize
-
-    shape = source.shape(name)
-    kind = GGMLQuantizationType[source.kind(name)]
-    return dequantize(source.raw(name), kind).reshape(shape).astype(np.float32)
+    return dequantized(source.raw(name), source.kind(name), source.shape(name))
 
 
 def projections(source: MappedGGUF, i: int) -> list[str]:
@@ -108,30 +110,114 @@ def head_name(source: MappedGGUF) -> str:
     return "output.weight" if source.get("output.weight") is not None else "token_embd.weight"
 
 
+# the bits of a ggml type's codes: a backbone's precision, as the choice of stand-ins reads it
+CODE_BITS = {"F32": 32, "F16": 16, "BF16": 16, "Q8_0": 8, "Q6_K": 6, "Q5_0": 5, "Q5_1": 5,
+             "Q5_K": 5, "Q4_0": 4, "Q4_1": 4, "Q4_K": 4, "IQ4_NL": 4, "IQ4_XS": 4, "Q3_K": 3,
+             "Q2_K": 2}
+REPACKED_ABOVE = 5   # a backbone of more bits than this takes the repacked Q4_0 stand-ins
+# the stand-ins' type below a backbone of this many bits, quantized by ggml (a row of 256)
+BELOW = {5: "Q3_K", 4: "Q3_K"}
+SUPER_BLOCK = 256   # the row length every ggml type below 4 bits quantizes in
+
+
+@attrs.frozen
+class Choice:
+    """The stand-ins' ggml type for a backbone, and why exit mode is refused (None: it runs)."""
+
+    kind: str
+    backbone: str
+    refused: str | None = None
+
+
+def backbone_type(source: MappedGGUF, layers: int) -> str:
+    """The ggml type holding most of the backbone's projection weights (a Q4_K_M file's Q4_K)."""
+    counts: dict[str, int] = {}
+    for i in range(layers):
+        for name in projections(source, i):
+            rows, columns = source.shape(name)
+            counts[source.kind(name)] = counts.get(source.kind(name), 0) + rows * columns
+    return max(counts, key=counts.get)
+
+
+def choose(source: MappedGGUF, layers: int) -> Choice:
+    """The stand-ins' type below the backbone's, or Q4_0 with exit mode refused and why."""
+    kind = backbone_type(source, layers)
+    bits = CODE_BITS.get(kind, 16)
+    if bits > REPACKED_ABOVE:
+        return Choice("Q4_0", kind)
+    lower = BELOW.get(bits)
+    widths = sorted({source.shape(n)[1] for i in range(layers) for n in projections(source, i)})
+    odd = [w for w in widths if w % SUPER_BLOCK]
+    if lower is not None and not odd and lower in RUNS:
+        return Choice(lower, kind)
+    why = f"its rows of {odd[0]} weights are not a multiple of {SUPER_BLOCK}, the block of " \
+          f"every ggml type below 4 bits" if lower is not None else \
+          f"ggml has no CPU type below {bits} bits that River quantizes to"
+    return Choice("Q4_0", kind, f"exit mode needs stand-ins below the backbone's {kind} "
+                                f"({bits}-bit) weights and {why}; run lossless mode (--mode "
+                                f"speculative) or full depth (--kv full), or give River a GGUF "
+                                f"of 6 bits or more (F16, Q8_0, Q6_K)")
+
+
+def ggml_quantized(weights: np.ndarray, kind: str) -> np.ndarray:
+    """float32 [rows, columns] in ggml type `kind`, quantized by ggml itself (no importance
+    matrix), [rows, row bytes] uint8."""
+    import ctypes
+
+    from .lib import g
+
+    weights = np.ascontiguousarray(weights, np.float32)
+    rows, columns = weights.shape
+    out = np.empty((rows, g.ggml_row_size(RUNS[kind], columns)), np.uint8)
+    g.ggml_quantize_chunk(RUNS[kind], weights.ctypes.data_as(ctypes.POINTER(ctypes.c_float)),
+                          out.ctypes.data_as(ctypes.c_void_p), 0, rows, columns, None)
+    return out
+
+
+def dequantized(data: np.ndarray, kind: str, shape: tuple[int, ...]) -> np.ndarray:
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    return dequantize(data, GGMLQuantizationType[kind]).reshape(shape).astype(np.float32)
+
+
 @attrs.frozen(eq=False)
 class Quantized:
     """Stand-ins in River's engine-neutral form under the GGUF's tensor names."""
 
-    layers: tuple[Mapping[str, QuantWeight], ...]
+    layers: tuple[Mapping[str, QuantWeight | tuple[np.ndarray, str]], ...]   # or ggml's blocks
     errors: tuple[float, ...]
     head: QuantWeight
 
 
-def quantized(source: MappedGGUF, layers: int, spec: QuantSpec,
+def quantized(source: MappedGGUF, layers: int, spec: QuantSpec, kind: str = "Q4_0",
               progress: bool = False) -> Quantized:
-    """Every projection of the backbone GGUF quantized by River's quantizer, each layer's
-    error by river_models.quant.weight_error."""
+    """Every projection of the backbone GGUF quantized, each layer's relative weight error:
+    by River's quantizer at `spec` (its Q4_0), or for a lower `kind` by ggml's own."""
     from tqdm import tqdm
 
     out, errors = [], []
-    for i in tqdm(range(layers), desc=f"stand-ins ({spec.label})", unit="layer",
+    label = spec.label if kind == "Q4_0" else kind
+    for i in tqdm(range(layers), desc=f"stand-ins ({label})", unit="layer",
                   disable=not progress):
         weights = {name: floats(source, name) for name in projections(source, i)}
-        q = {name: quantize(w, spec) for name, w in weights.items()}
+        if kind == "Q4_0":
+            q = {name: quantize(w, spec) for name, w in weights.items()}
+            errors.append(weight_error(_Projections(weights), q))
+        else:
+            q = {name: (ggml_quantized(w, kind), kind) for name, w in weights.items()}
+            errors.append(_error(weights, {n: dequantized(b, kind, weights[n].shape)
+                                           for n, (b, _) in q.items()}))
         out.append(q)
-        errors.append(weight_error(_Projections(weights), q))
     return Quantized(tuple(out), tuple(errors), quantize(floats(source, head_name(source)),
                                                          HEAD))
+
+
+def _error(weights: Mapping[str, np.ndarray], got: Mapping[str, np.ndarray]) -> float:
+    """||Q(W) - W|| / ||W|| over a layer's projections together (river_models.quant's)."""
+    err = sum(float(((got[n].astype(np.float64) - w) ** 2).sum()) for n, w in weights.items())
+    norm = sum(float((w.astype(np.float64) ** 2).sum()) for w in weights.values())
+    return (err / norm) ** 0.5 if norm else 0.0
 
 
 @attrs.frozen
@@ -147,7 +233,7 @@ def write(stand_ins: Quantized, path: Path) -> None:
     writer = gguf.GGUFWriter(path, "river-stand-ins")
     for layer in stand_ins.layers:
         for name, q in layer.items():
-            data, kind = blocks(q)
+            data, kind = q if isinstance(q, tuple) else blocks(q)
             writer.add_tensor(name, data, raw_dtype=gguf.GGMLQuantizationType[kind])
     writer.add_tensor("output.weight", q8_0(stand_ins.head),
                       raw_dtype=gguf.GGMLQuantizationType.Q8_0)
@@ -168,14 +254,15 @@ def mapped(stand_ins: Quantized) -> tuple[MappedGGUF, list[float]]:
     return MappedGGUF(path), list(stand_ins.errors)
 
 
-def stand_ins(source: MappedGGUF, layers: int, spec: QuantSpec,
+def stand_ins(source: MappedGGUF, layers: int, spec: QuantSpec, kind: str = "Q4_0",
               progress: bool = False) -> tuple[MappedGGUF, list[float]]:
-    """The stand-ins of the backbone GGUF `source` at `spec`, made once into the user cache,
-    memory-mapped; and each layer's relative weight error."""
+    """The stand-ins of the backbone GGUF `source` in ggml type `kind` (Q4_0: River's at
+    `spec`), made once into the user cache, memory-mapped; and each layer's relative weight
+    error."""
     key = digest(content_key(source.path), FORMAT, spec.bits, spec.group_size, spec.method,
-                 version())
+                 kind, version())
     target = cache_root() / "ggml-stand-ins" / f"{source.path.stem}-{key}"
-    cached(target, lambda tmp: write(quantized(source, layers, spec, progress),
+    cached(target, lambda tmp: write(quantized(source, layers, spec, kind, progress),
                                      tmp / "stand-ins.gguf"),
            key, source=source.path)
     weights = MappedGGUF(target / "stand-ins.gguf")
