@@ -178,7 +178,7 @@ def test_onnx_defaults_to_float32_on_the_cpu_and_float16_on_cuda():
 
 
 def test_cuda_sessions_refuse_a_silent_cpu_fallback():
-    from river_onnx.backend import session_options
+    from river_onnx.sessions import session_options
 
     key = "session.disable_cpu_ep_fallback"
     assert session_options("cuda").get_session_config_entry(key) == "1"
@@ -278,7 +278,7 @@ def test_cuda_sessions_share_one_device_allocator_that_grows_by_what_is_asked(mo
     import onnxruntime as ort
 
     from river_onnx import allocator
-    from river_onnx.backend import session_options
+    from river_onnx.sessions import session_options
 
     assert session_options("cuda").get_session_config_entry("session.use_env_allocators") == "1"
     with pytest.raises(RuntimeError, match="does not have configuration"):
@@ -330,7 +330,7 @@ def test_the_causal_branch_computes_what_the_masked_one_does_with_a_causal_bias(
     """The graph's two attention branches, on the same step: no bias, and the bias a causal
     mask makes (what every step bound before)."""
     from river_core.backend import Step
-    from river_onnx.backend import layer_feeds
+    from river_onnx.feeds import layer_feeds
     from river_onnx.plugin import tiny_backend
 
     b = tiny_backend("qwen3", 0, 4, "float16")

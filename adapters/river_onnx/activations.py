@@ -24,7 +24,9 @@ from river_core.errors import ConfigError
 from river_core.layout import Layout
 from river_models import Checkpoint
 
+from .feeds import layer_feeds, step_pass
 from .half import fuse_rms_norms
+from .sessions import session_options
 
 FLOAT16_MAX = 65504.0
 # one short text sees less than every text will, so the peak must fit twice over; not more:
@@ -50,8 +52,6 @@ class Meter:
     keeping each one's peak magnitude (`peaks`)."""
 
     def __init__(self, checkpoint: Checkpoint) -> None:
-        from .backend import step_pass
-
         spec = checkpoint.spec
         ids = calibration_ids(checkpoint)
         n = ids.shape[1]
@@ -65,8 +65,6 @@ class Meter:
 
     def layer(self, i: int, block: onnx.ModelProto) -> None:
         """Runs layer i's float32 graph `block` (graphs.block; left unchanged) on the states."""
-        from .backend import layer_feeds, session_options
-
         model = onnx.ModelProto()
         model.CopyFrom(block)
         fuse_rms_norms(model.graph)

@@ -17,54 +17,24 @@ import attrs
 import numpy as np
 import onnxruntime as ort
 
-from river_core.backend import Capabilities, Pass
+from river_core.backend import Capabilities
 from river_core.errors import CapabilityError
 from river_core.footprint import Footprint
 from river_core.layer_engine import LayerEngine, NumpyArrays
 from river_core.layout import View
-from river_models import ModelSpec
 
 from . import allocator
 from .activations import check_float16
 from .device_kv import OrtLayers
-from .export import Manifest, weight_bytes
+from .export import Manifest
+from .feeds import OnnxPass, attention_mask, layer_feeds, step_pass
 from .half import HALVES
+from .sessions import session_options
 from .states import DeviceArrays, DeviceOps, States, bind_inputs
+from .weights import weight_bytes
 from . import CAPABILITIES, sessions
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
-
-
-@functools.cache
-def _shared_threads() -> bool:
-    """One process-wide thread pool for the hundred-odd small sessions, when ORT still allows
-    it (it must be set before the first session of the process)."""
-    try:
-        ort.set_global_thread_pool_sizes(0, 1)
-        return True
-    except Exception:   # an environment already exists: fall back to per-session pools
-        return False
-
-
-def session_options(device: str) -> ort.SessionOptions:
-    """Options of every session on `device`. On CUDA a node with no CUDA kernel is an error,
-    not a silent run on the CPU (ONNX Runtime's default: GroupQueryAttention in float32, say,
-    which its CUDA provider does not register, would copy every layer's cache to the host)."""
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    # each session's CPU arena keeps the largest buffers it ever served, so after one long
-    # prefill the ~150 sessions of a model together held gigabytes (docs/benchmarks.md)
-    options.enable_cpu_mem_arena = False
-    # any device: once the process has the shared pool, ORT refuses a session with its own
-    if _shared_threads():
-        options.use_per_session_threads = False
-    else:
-        options.intra_op_num_threads = 1
-    if device != "cpu":
-        options.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
-        # the process's one device allocator (allocator.py), not an arena per session
-        options.add_session_config_entry("session.use_env_allocators", "1")
-    return options
 
 
 def sessions_for(device: str):
@@ -117,93 +87,6 @@ def capabilities(device: str) -> Capabilities:
     token (issue 43); there lossless mode's drafts read the whole context, as the plan's
     default then gives them, and a draft_window is refused in one line."""
     return CAPABILITIES if device == "cpu" else attrs.evolve(CAPABILITIES, windowed_drafts=False)
-
-
-@attrs.frozen(eq=False)
-class OnnxPass(Pass):
-    """A step's pass as the graphs take it. `positions` index the rows of each layer's rotary
-    table, `rope` (one row of cos and of sin per (row, token)), so a subset of rows keeps
-    pointing into the whole step's; `masks` are additive biases [B, 1, T, total] (0 where a
-    token attends, else -inf); `read` the slots every layer's graph reads (None: 0..end-1; a
-    draft window's slots, which the graphs then read from a copy, `_bound`)."""
-
-    read: np.ndarray | None = None
-    causal_branch: bool = False   # the graphs': a layer whose mask is causal has none (None)
-    seqlens: np.ndarray | None = None   # GroupQueryAttention's: every row reads all the slots
-    total: np.ndarray | None = None     # bound (the bias masks what a row may not see) and
-                                        # writes the new tokens in the last T of them
-
-
-def step_pass(spec: ModelSpec, floats: np.dtype, view: View, ids,
-              causal_branch: bool) -> OnnxPass:
-    """A step's `OnnxPass` from the layout's `view`: the tables every layer's graphs take, in
-    the graphs' float type `floats`; with `causal_branch` (graphs.Graph's), no bias for a
-    layer whose mask is causal."""
-    positions = view.positions
-    tables = {}   # per rotary table: one row of cos and of sin per (row, token)
-    for key, rotary in spec.rotary.items():
-        cos, sin = rotary.angles(positions)
-        half = cos.shape[-1] // 2
-        tables[key] = tuple(np.ascontiguousarray(t[..., :half].reshape(-1, half),
-                                                 floats) for t in (cos, sin))
-    qs = spec.query_scale   # Ministral 3: the graphs' qscale input
-    biases = view.converted_masks(
-        lambda m: None if causal_branch and causal(m) else
-        np.where(m, 0, -np.inf).astype(floats)[:, None])
-    read = view.slots[0]   # the same for every layer (`windowed_reads` False)
-    read = None if isinstance(read, slice) else read
-    width = view.step.end if read is None else len(read)
-    return OnnxPass(view.step, ids,
-                    np.arange(positions.size, dtype=np.int64).reshape(positions.shape),
-                    [tables[k] for k in spec.rope_keys],
-                    None if qs is None else
-                    qs.factors(positions)[..., None].astype(floats),
-                    view.slots, biases, read=read, causal_branch=causal_branch,
-                    seqlens=np.full(positions.shape[0], width - 1, np.int32),
-                    total=np.array(width, np.int32))
-
-
-def layer_feeds(p: OnnxPass, i: int, x: np.ndarray, idx, attention: bool = True) -> dict:
-    """Inputs of layer i's graphs for `x`, the states of rows `idx`: per row, all but the
-    rotary tables (the rows' positions keep pointing into the whole step's) and the
-    step's total."""
-    rows = {"positions": p.positions}
-    if attention:
-        rows["seqlens"] = p.seqlens
-        if p.masks[i] is not None:
-            rows["bias"] = p.masks[i]
-        if p.query_scale is not None:
-            rows["qscale"] = p.query_scale
-    if idx is not None:
-        rows = {k: v[idx] for k, v in rows.items()}
-    cos, sin = p.rope[i]
-    feeds = {"h": x, **rows, "cos": cos, "sin": sin}
-    if attention:
-        feeds.update(total=p.total, **attention_mask(p, i))
-    return feeds
-
-
-def causal(mask: np.ndarray) -> bool:
-    """Whether `mask` [batch, tokens, keys] is causal attention over all its keys, the
-    tokens being the last keys: what GroupQueryAttention does with no bias."""
-    _, tokens, keys = mask.shape
-    plain = np.arange(keys)[None, :] <= np.arange(keys - tokens, keys)[:, None]
-    return bool((mask == plain).all())
-
-
-# the bias input of a step that needs none: the graph's causal branch never reads it (its
-# shape, one slot, is not checked against the step's)
-NO_BIAS = {np.dtype(t): np.zeros((1, 1, 1, 1), t) for t in (np.float32, np.float16)}
-
-
-def attention_mask(p: OnnxPass, i: int, suffix: str = "") -> dict:
-    """Layer i's `masked` flag, and its bias input where it needs none (graphs with a causal
-    branch)."""
-    if not p.causal_branch:
-        return {}
-    if p.masks[i] is not None:
-        return {f"masked{suffix}": np.array(True)}
-    return {f"masked{suffix}": np.array(False), f"bias{suffix}": NO_BIAS[p.rope[i][0].dtype]}
 
 
 class OnnxBackend(NumpyArrays, LayerEngine):

@@ -13,13 +13,10 @@ projection at its layer's (before, each graph had its own copy: 1.2 GB for the e
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
 import attrs
-import onnx
-from onnx.external_data_helper import set_external_data
 from tqdm import tqdm
 
 from river_core.config import QuantSpec
@@ -30,7 +27,8 @@ from river_models.source import locate, open_model
 
 from . import graphs
 from .activations import Meter
-from .half import HALVES, to_half
+from .half import HALVES
+from .weights import SharedWeights
 
 FORMAT = 13   # bump when the graphs change: old exports are then ignored
 
@@ -62,36 +60,6 @@ class Manifest:
         d = json.loads((folder / "manifest.json").read_text())
         return cls(ModelSpec.from_json(d["spec"]), tuple(d["stand_in_error"]), tuple(d["tails"]),
                    d["floats"], None if d["activations"] is None else tuple(d["activations"]))
-
-
-class SharedWeights:
-    """One data file for every graph of an export, each distinct tensor stored once."""
-
-    NAME = "weights.data"
-    INLINE = 1024   # smaller tensors stay inside their graph
-
-    def __init__(self, folder: Path, floats: str) -> None:
-        self.folder, self._offsets, self._floats = folder, {}, floats
-        self._data = (folder / self.NAME).open("wb")
-
-    def save(self, model: onnx.ModelProto, name: str) -> None:
-        if self._floats in HALVES:
-            model = to_half(model, self._floats)
-        for tensor in model.graph.initializer:
-            raw = tensor.raw_data
-            if len(raw) < self.INLINE:
-                continue
-            key = (tensor.data_type, tuple(tensor.dims), hashlib.sha256(raw).digest())
-            if key not in self._offsets:
-                self._offsets[key] = self._data.tell()
-                self._data.write(raw)
-            set_external_data(tensor, self.NAME, self._offsets[key], len(raw))
-            tensor.ClearField("raw_data")
-            tensor.data_location = onnx.TensorProto.EXTERNAL
-        onnx.save_model(model, self.folder / f"{name}.onnx")
-
-    def close(self) -> None:
-        self._data.close()
 
 
 # what the engine runs. float16: every float tensor in half precision (half.py), what ONNX
@@ -147,16 +115,6 @@ def export_model(checkpoint: Checkpoint, stand_ins: StandInWeights, folder: Path
                         None if meter is None else tuple(meter.peaks))
     manifest.save(folder)
     return manifest
-
-
-def weight_bytes(path: Path) -> int:
-    """The bytes of weights a graph reads, wherever they are stored."""
-    model = onnx.load(str(path), load_external_data=False)
-    total = 0
-    for tensor in model.graph.initializer:
-        external = {e.key: e.value for e in tensor.external_data}
-        total += int(external["length"]) if "length" in external else len(tensor.raw_data)
-    return total
 
 
 def exported(model: str | None, quant: QuantSpec, progress: bool, dtype: str) -> Path:

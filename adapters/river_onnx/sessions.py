@@ -1,4 +1,5 @@
-"""ONNX Runtime's optimized graphs, kept on disk so a warm start does no graph optimization.
+"""The onnx engine's sessions: the options every one is made with (`session_options`), and
+ONNX Runtime's optimized graphs, kept on disk so a warm start does no graph optimization.
 
 The first load of an export on the CPU builds every session with full graph optimization and
 has ONNX Runtime write each optimized graph (`SessionOptions.optimized_model_filepath`) into a
@@ -16,6 +17,7 @@ own nodes, untested here.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -32,6 +34,38 @@ from river_models.cache import MANIFEST, cache_root, cached, digest
 
 KIND = "onnx-optimized"
 FORMAT = 1   # bump when what is written changes
+
+
+@functools.cache
+def _shared_threads() -> bool:
+    """One process-wide thread pool for the hundred-odd small sessions, when ORT still allows
+    it (it must be set before the first session of the process)."""
+    try:
+        ort.set_global_thread_pool_sizes(0, 1)
+        return True
+    except Exception:   # an environment already exists: fall back to per-session pools
+        return False
+
+
+def session_options(device: str) -> ort.SessionOptions:
+    """Options of every session on `device`. On CUDA a node with no CUDA kernel is an error,
+    not a silent run on the CPU (ONNX Runtime's default: GroupQueryAttention in float32, say,
+    which its CUDA provider does not register, would copy every layer's cache to the host)."""
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    # each session's CPU arena keeps the largest buffers it ever served, so after one long
+    # prefill the ~150 sessions of a model together held gigabytes (docs/benchmarks.md)
+    options.enable_cpu_mem_arena = False
+    # any device: once the process has the shared pool, ORT refuses a session with its own
+    if _shared_threads():
+        options.use_per_session_threads = False
+    else:
+        options.intra_op_num_threads = 1
+    if device != "cpu":
+        options.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
+        # the process's one device allocator (allocator.py), not an arena per session
+        options.add_session_config_entry("session.use_env_allocators", "1")
+    return options
 
 
 def optimized_entry(export: Path) -> tuple[Path, str]:
@@ -93,12 +127,12 @@ def build(make: Callable[[Path, ort.SessionOptions], ort.InferenceSession],
 
 def _share_weights(folder: Path, names: list[str]) -> None:
     """The optimized graphs' weights moved into one file, each distinct tensor once, as the
-    export keeps them (`export.SharedWeights`): ONNX Runtime writes each graph's own, which
+    export keeps them (`weights.SharedWeights`): ONNX Runtime writes each graph's own, which
     stores the tails' stand-ins once per tail and the tied embedding twice (1.1 GB for the
     embedded model, against the export's 719 MB)."""
     import onnx
 
-    from .export import SharedWeights
+    from .weights import SharedWeights
 
     shared = SharedWeights(folder, "float32")   # the graphs' types as they are
     for name in names:
