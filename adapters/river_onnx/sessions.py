@@ -26,11 +26,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
 
+import onnx
 import onnxruntime as ort
 
 from river_core.errors import ModelError
 from river_core.machine import cpu_key
 from river_models.cache import MANIFEST, cache_root, cached, digest
+
+from .weights import SharedWeights
 
 KIND = "onnx-optimized"
 FORMAT = 1   # bump when what is written changes
@@ -130,10 +133,6 @@ def _share_weights(folder: Path, names: list[str]) -> None:
     export keeps them (`weights.SharedWeights`): ONNX Runtime writes each graph's own, which
     stores the tails' stand-ins once per tail and the tied embedding twice (1.1 GB for the
     embedded model, against the export's 719 MB)."""
-    import onnx
-
-    from .weights import SharedWeights
-
     shared = SharedWeights(folder, "float32")   # the graphs' types as they are
     for name in names:
         model = onnx.load(str(folder / f"{name}.onnx"))   # with its weights
