@@ -13,7 +13,7 @@ from .decode import (DecodeResult, Forced, Stream, Token, check_prompts, drain, 
                      teacher_force)
 from .detokenize import Detokenizer
 from .errors import ConfigError
-from .plan import Plan, resolve
+from .plan import Plan, check_exits_allowed, resolve
 from .plugins import Registry, default_registry
 from .policy import ScriptedExits
 from .sampling import Sampler
@@ -106,6 +106,7 @@ class RiverModel:
                 raise ConfigError(f"this plan was resolved for backend {plan.backend!r} and "
                                   f"{plan.shape.num_layers} layers, not {self.backend.name!r} "
                                   f"and {self.shape.num_layers}")
+            check_exits_allowed(plan.config, plan.kv_plugin.make, self.backend.capabilities)
             return plan
         return resolve(exit_config, self.registry, self.backend.capabilities, self.shape,
                        self.backend.name)

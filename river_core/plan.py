@@ -80,13 +80,20 @@ def resolve(config: ExitConfig, registry: Registry, capabilities: Capabilities,
                 options["predictor"], window, made_sources)
 
 
+def check_exits_allowed(config: ExitConfig, strategy, caps: Capabilities) -> None:
+    """Exit mode where the loaded model refuses it (its stand-ins cannot sit below its
+    backbone): its reason, in one line. Checked again once the model is loaded, for a plan
+    resolved before (the model's own capabilities are known only then)."""
+    if strategy.allows_exit and not config.lossless and caps.exit_refused:
+        raise CapabilityError(caps.exit_refused)
+
+
 def _check(config: ExitConfig, strategy, policy: ExitPolicy, caps: Capabilities,
            shape: ModelShape, backend: str) -> None:
     needs = policy.needs
     if strategy.allows_exit and not caps.exits:
         raise CapabilityError(f"backend {backend!r} cannot exit early; use kv strategy 'full'")
-    if strategy.allows_exit and not config.lossless and caps.exit_refused:
-        raise CapabilityError(caps.exit_refused)
+    check_exits_allowed(config, strategy, caps)
     if strategy.requires and not getattr(caps, strategy.requires):
         raise CapabilityError(f"backend {backend!r} does not support the {config.kv!r} kv "
                               f"strategy")

@@ -13,6 +13,7 @@ import pytest
 pytest.importorskip("ggml")
 
 from river_core import RiverModel  # noqa: E402
+from river_core.config import ExitConfig, GenerationConfig  # noqa: E402
 from river_core.errors import CapabilityError, ModelError  # noqa: E402
 from river_models.cache import entries  # noqa: E402
 from river_models.tiny_gguf import gguf_file  # noqa: E402
@@ -135,6 +136,14 @@ def test_exit_mode_refused_lossless_and_full_depth_run(cache, tmp_path):
     with pytest.raises(CapabilityError, match=r"^exit mode needs stand-ins below the backbone's "
                                               r"Q4_0 \(4-bit\) weights and its rows of 64"):
         model.generate("hello world", max_new_tokens=3)
+    from river_core.plan import resolve
+    from river_core.plugins import default_registry
+    from river_ggml import CAPABILITIES
+
+    # a plan resolved before the model loaded, as the CLI resolves it
+    plan = resolve(ExitConfig(), default_registry(), CAPABILITIES, model.shape, "ggml")
+    with pytest.raises(CapabilityError, match="^exit mode needs stand-ins below"):
+        model.generate_ids([[1, 5]], plan, GenerationConfig(max_new_tokens=2))
     full = model.generate("hello world", max_new_tokens=3, kv="full").texts
     lossless = model.generate("hello world", max_new_tokens=3, mode="speculative",
                               policy="fixed", layer=-1).texts
