@@ -110,26 +110,34 @@ def symmetric_scale(wg: np.ndarray, top: int) -> np.ndarray:
     (the zero point fixed at (top + 1) / 2): the candidate of least squared error among
     -extreme / k for k over a grid about the largest code, each refitted to its own codes.
     The scale takes the sign that puts the group's extreme on the wider, negative side of the
-    grid (ggml's Q4_0 does the same), so it may be negative."""
+    grid (ggml's Q4_0 does the same), so it may be negative. Codes in float32 in place, each
+    candidate's error from three per-group sums in float64 (||w||^2 - 2 s w.c + s^2 c.c): 4x
+    faster than a pass per term, the most of a first call's stand-ins (issue 52)."""
     half = (top + 1) // 2
-    signed = np.take_along_axis(wg, np.abs(wg).argmax(-1)[..., None], -1)   # the extreme, signed
-    best_error, best_scale = None, None
+    wg = np.asarray(wg, np.float32)
+    signed = np.take_along_axis(wg, np.abs(wg).argmax(-1)[..., None], -1).astype(np.float64)
+    dot = lambda a, b: np.einsum("...i,...i->...", a, b, dtype=np.float64)[..., None]
+    energy = dot(wg, wg)
+    best_error, best_scale = np.full(energy.shape, np.inf), np.zeros(energy.shape)
+    codes = np.empty_like(wg)
 
     def keep(scale: np.ndarray) -> np.ndarray:
+        """Keeps `scale` where its codes fit better; returns the scale refitted to them."""
         nonlocal best_error, best_scale
-        codes = np.clip(np.round(wg / scale), -half, half - 1)
-        error = ((wg - codes * scale) ** 2).sum(-1, keepdims=True)
-        better = np.isfinite(error) if best_error is None else error < best_error
-        best_error = np.where(better, error, np.inf if best_error is None else best_error)
-        best_scale = np.where(better, scale, 0 if best_scale is None else best_scale)
-        return codes
+        np.divide(wg, scale.astype(np.float32), out=codes)
+        np.clip(np.round(codes, out=codes), -half, half - 1, out=codes)
+        cross, square = dot(wg, codes), dot(codes, codes)
+        error = energy - 2 * scale * cross + scale * scale * square
+        better = np.isfinite(error) & (error < best_error)
+        best_error = np.where(better, error, best_error)
+        best_scale = np.where(better, scale, best_scale)
+        return cross / square
 
     with np.errstate(divide="ignore", invalid="ignore"):
         for k in np.linspace(half - 1.5, half + 0.5, 9):
             # the extreme on -k (its sign kept): the wider side of the grid; k = half is
             # ggml's own Q4_0 scale
-            codes = keep(-signed / k)
-            keep((wg * codes).sum(-1, keepdims=True) / (codes * codes).sum(-1, keepdims=True))
+            keep(keep(-signed / k))
     # an all-zero group: any scale, codes at the zero point
     return np.where(np.isfinite(best_scale) & (best_scale != 0), best_scale, 1.0)[..., 0]
 

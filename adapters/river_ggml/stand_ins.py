@@ -193,24 +193,29 @@ class Quantized:
 def quantized(source: MappedGGUF, layers: int, spec: QuantSpec, kind: str = "Q4_0",
               progress: bool = False) -> Quantized:
     """Every projection of the backbone GGUF quantized, each layer's relative weight error:
-    by River's quantizer at `spec` (its Q4_0), or for a lower `kind` by ggml's own."""
+    by River's quantizer at `spec` (its Q4_0), or for a lower `kind` by ggml's own. Layers
+    are quantized on every core at once (numpy and ggml release the GIL; the same numbers)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from tqdm import tqdm
 
-    out, errors = [], []
-    label = spec.label if kind == "Q4_0" else kind
-    for i in tqdm(range(layers), desc=f"stand-ins ({label})", unit="layer",
-                  disable=not progress):
+    from .lib import default_threads
+
+    def layer(i: int) -> tuple[dict, float]:
         weights = {name: floats(source, name) for name in projections(source, i)}
         if kind == "Q4_0":
             q = {name: quantize(w, spec) for name, w in weights.items()}
-            errors.append(weight_error(_Projections(weights), q))
-        else:
-            q = {name: (ggml_quantized(w, kind), kind) for name, w in weights.items()}
-            errors.append(_error(weights, {n: dequantized(b, kind, weights[n].shape)
-                                           for n, (b, _) in q.items()}))
-        out.append(q)
-    return Quantized(tuple(out), tuple(errors), quantize(floats(source, head_name(source)),
-                                                         HEAD))
+            return q, weight_error(_Projections(weights), q)
+        q = {name: (ggml_quantized(w, kind), kind) for name, w in weights.items()}
+        return q, _error(weights, {n: dequantized(b, kind, weights[n].shape)
+                                   for n, (b, _) in q.items()})
+
+    label = spec.label if kind == "Q4_0" else kind
+    with ThreadPoolExecutor(default_threads()) as pool:
+        done = list(tqdm(pool.map(layer, range(layers)), total=layers, unit="layer",
+                         desc=f"stand-ins ({label})", disable=not progress))
+    return Quantized(tuple(q for q, _ in done), tuple(e for _, e in done),
+                     quantize(floats(source, head_name(source)), HEAD))
 
 
 def _error(weights: Mapping[str, np.ndarray], got: Mapping[str, np.ndarray]) -> float:
