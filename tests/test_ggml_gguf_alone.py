@@ -7,7 +7,6 @@ import os
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
 pytest.importorskip("ggml")
@@ -19,7 +18,8 @@ from river_models.cache import entries  # noqa: E402
 from river_models.tiny_gguf import gguf_file  # noqa: E402
 
 from river_ggml.lib import MappedGGUF  # noqa: E402
-from river_ggml.stand_ins import Choice, choose, ggml_quantized  # noqa: E402
+from river_ggml.stand_ins import Choice, choose  # noqa: E402
+from river_ggml.wide import random_gguf  # noqa: E402
 
 
 @pytest.fixture
@@ -51,57 +51,6 @@ def test_the_gguf_entry_is_read_back_without_reading_the_gguf_again(cache, monke
         "river-cache.json", "spec.json", "tokenizer.json", "tokenizer_config.json"]
     monkeypatch.setattr(gguf_spec, "gguf_spec", None)   # a second call builds nothing
     assert source.gguf_entry(path) == (folder, spec)
-
-
-def _write(path, tensors: dict, arch: str = "llama", **shape) -> None:
-    """A llama GGUF of `tensors` ({name: (array, ggml type name)}) and the spm vocabulary."""
-    import gguf
-
-    from river_models import tiny_vocab
-
-    w = gguf.GGUFWriter(path, arch)
-    w.add_context_length(64)
-    w.add_embedding_length(shape["hidden"])
-    w.add_block_count(shape["layers"])
-    w.add_feed_forward_length(shape["intermediate"])
-    w.add_head_count(shape["heads"])
-    w.add_head_count_kv(shape["heads"])
-    w.add_layer_norm_rms_eps(1e-5)
-    w.add_rope_freq_base(10000.0)
-    tiny_vocab.add_vocabulary(w, "spm", arch)
-    for name, (array, kind) in tensors.items():
-        if kind == "F32":
-            w.add_tensor(name, array.astype(np.float32))
-        else:
-            w.add_tensor(name, ggml_quantized(array, kind),
-                         raw_dtype=gguf.GGMLQuantizationType[kind])
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-
-
-def random_gguf(path, kind: str, hidden: int, intermediate: int, layers: int = 2):
-    """A random llama model whose projections are in ggml type `kind`."""
-    from river_models.tiny_vocab import vocabulary
-
-    rng = np.random.default_rng(0)
-    vocab = len(vocabulary("spm", "llama")["tokens"])
-    normal = lambda *s: rng.standard_normal(s).astype(np.float32) * 0.05
-    tensors = {"token_embd.weight": (normal(vocab, hidden), "F32"),
-               "output_norm.weight": (np.ones(hidden), "F32"),
-               "output.weight": (normal(vocab, hidden), "F32")}
-    for i in range(layers):
-        for name, shape in (("attn_q", (hidden, hidden)), ("attn_k", (hidden, hidden)),
-                            ("attn_v", (hidden, hidden)), ("attn_output", (hidden, hidden)),
-                            ("ffn_gate", (intermediate, hidden)),
-                            ("ffn_up", (intermediate, hidden)),
-                            ("ffn_down", (hidden, intermediate))):
-            tensors[f"blk.{i}.{name}.weight"] = (normal(*shape), kind)
-        for norm in ("attn_norm", "ffn_norm"):
-            tensors[f"blk.{i}.{norm}.weight"] = (np.ones(hidden), "F32")
-    _write(path, tensors, hidden=hidden, intermediate=intermediate, layers=layers, heads=4)
-    return path
 
 
 @pytest.mark.parametrize("kind, want", [("F32", "Q4_0"), ("Q8_0", "Q4_0"), ("Q6_K", "Q4_0"),
