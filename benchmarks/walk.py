@@ -1,13 +1,14 @@
 """How a decoded token walks through River: Python calls per layer of a decode step and the
-River files they run in (counted with a profiler on the torch engine over a tiny model, in
-exit mode with the paper's rule and in a lossless round), and the decode speed of the same
-runs on the embedded model (hf and onnx: full depth, exit mode, lossless mode; median ms/token
-of warm, interleaved runs). With `--python PY ...` the same measurements also run under other
+River files they run in (counted with a profiler on each engine over a tiny model, in exit
+mode with the paper's rule and in a lossless round), and the decode speed of the same runs on
+the embedded model (each engine: full depth, exit mode, lossless mode; median ms/token of
+warm, interleaved runs). With `--python PY ...` the same measurements also run under other
 interpreters (another checkout's virtual environment: the code before a change), interleaved
 with this one, so before and after come from one run.
 
 Counted calls are those whose code lives in River's own packages (river_core, river_models,
-the adapters), so the count is the call graph a reader follows, not torch's internals.
+the engines, the policies), so the count is the call graph a reader follows, not the
+internals of torch, ONNX Runtime or ggml.
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ import sys
 from pathlib import Path
 
 
-PACKAGES = ("river_core", "river_models", "river_hf", "river_onnx", "river_policies")
+PACKAGES = ("river_core", "river_models", "river_hf", "river_onnx", "river_ggml",
+            "river_llamacpp", "river_vllm", "river_policies")
+ENGINES = ["ggml", "hf", "onnx"]   # the default engine first
 # spelled out, so that runs of code with other defaults compare the same settings
 MODES = {"exit": {"policy": "settled"},
          "lossless": {"mode": "speculative", "policy": "fixed", "options": {"layer": -1},
@@ -37,14 +40,19 @@ def _ours(filename: str) -> str | None:
     return None
 
 
-def count_calls(tokens: int = 8) -> dict:
-    """Per mode: River calls per layer a decode pass runs (backbone or stand-in; a decode
-    step, a draft step or a verification; prefill excluded) and the River files they ran
-    in, on the hf engine over a tiny Llama."""
-    from river_core import ExitConfig, GenerationConfig, RiverModel
-    from river_hf.plugin import tiny_backend
+def count_calls(engines: list[str], tokens: int = 8) -> dict:
+    """Per engine and mode: River calls per layer a decode pass runs (backbone or stand-in; a
+    decode step, a draft step or a verification; prefill excluded) and the River files they
+    ran in, over the engine's tiny Llama (its conformance backend)."""
+    return {engine: _count_engine(engine, tokens) for engine in engines}
 
-    model = RiverModel(tiny_backend("llama", 0, 4))
+
+def _count_engine(engine: str, tokens: int) -> dict:
+    from river_core import ExitConfig, GenerationConfig, RiverModel
+    from river_core.plugins import default_registry
+
+    tiny = default_registry().get("conformance backend", engine)
+    model = RiverModel(tiny("llama", 0, 4))
     prompt = [[1, 20, 21, 22, 23]]
     out = {}
     for mode, settings in MODES.items():
@@ -121,7 +129,7 @@ def _worker_main(argv: list[str]) -> None:
     ap.add_argument("--engines", nargs="+")
     ap.add_argument("--tokens", type=int)
     args = ap.parse_args(argv)
-    print(json.dumps({"calls": count_calls(),
+    print(json.dumps({"calls": count_calls(args.engines),
                       "speed": speed(args.model, args.engines, args.tokens, 1)}))
 
 
@@ -133,7 +141,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--python", nargs="*", default=[],
                     help="other interpreters to measure beside this one (e.g. a checkout "
                          "before a change), interleaved")
-    ap.add_argument("--engines", nargs="+", default=["hf", "onnx"])
+    ap.add_argument("--engines", nargs="+", default=ENGINES)
     ap.add_argument("--tokens", type=int, default=32, help="decoded tokens a run")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds")
     args = ap.parse_args(argv)
@@ -152,9 +160,10 @@ def main(argv: list[str] | None = None) -> None:
     lines = ["# How a token walks through River", "", f"Command: `{command('walk', argv)}`",
              "", f"Machine: {machine()['cpu']}.", ""]
     for p, r in results.items():
-        lines += [f"## {p}", "", "| mode | calls per layer | River files |", "|---|---|---|"]
-        lines += [f"| {m} | {c['calls_per_layer']} | {len(c['files'])} |"
-                  for m, c in r["calls"].items()]
+        lines += [f"## {p}", "", "| engine | mode | calls per layer | River files |",
+                  "|---|---|---|---|"]
+        lines += [f"| {e} | {m} | {c['calls_per_layer']} | {len(c['files'])} |"
+                  for e, modes in r["calls"].items() for m, c in modes.items()]
         lines += ["", "| engine | " + " | ".join(SPEED_CONFIGS) + " |",
                   "|---|" + "---|" * len(SPEED_CONFIGS)]
         lines += [f"| {e} | " + " | ".join(f"{v:.1f}" for v in s.values()) + " |"
