@@ -54,7 +54,8 @@ def test_the_gguf_entry_is_read_back_without_reading_the_gguf_again(cache, monke
 
 
 @pytest.mark.parametrize("kind, want", [("F32", "Q4_0"), ("Q8_0", "Q4_0"), ("Q6_K", "Q4_0"),
-                                        ("Q5_K", "Q3_K"), ("Q4_0", "Q3_K"), ("Q4_K", "Q3_K")])
+                                        ("Q5_K", "Q4_0"), ("Q5_0", "Q4_0"), ("Q4_0", "Q3_K"),
+                                        ("Q4_K", "Q3_K"), ("Q4_1", "Q3_K")])
 def test_the_stand_ins_type_is_below_the_backbones(kind, want, tmp_path):
     path = random_gguf(tmp_path / f"{kind}.gguf", kind, 256, 512)
     assert choose(MappedGGUF(path), 2) == Choice(want, kind)

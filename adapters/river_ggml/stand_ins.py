@@ -9,13 +9,14 @@ group of 64 is two blocks of 32 with the same scale):
 - an asymmetric grid (`hqq`, `rtn`: the other engines' default) as Q4_1 blocks: 32 codes, an
   fp16 scale d and offset m, w = code * d + m, (code - zero) * scale for d = scale,
   m = -zero * scale: the very stand-ins the other engines run.
-Below a backbone of 5 bits or fewer a 4-bit stand-in saves nothing (it reads as many bytes and
-adds a second rounding), so the stand-ins' type is chosen from the backbone's (`choose`): F16,
-BF16, Q8_0 and Q6_K backbones get the repacked Q4_0 above; a 4- or 5-bit backbone gets ggml's
-Q3_K (K/V error and speed in docs/models.md), quantized by ggml itself (`ggml_quantize_chunk`) from
-the backbone's dequantized weights; where no lower type fits (a row length not a multiple of
-256, the block of every ggml type below 4 bits; a backbone of 3 bits or fewer) exit mode is
-refused in one line (`Choice.refused`) and the Q4_0 stand-ins still draft for lossless mode.
+Beside a 4-bit backbone a 4-bit stand-in saves nothing (it reads as many bytes and adds a second
+rounding; River's Q4_0 of a Q4_0 backbone is the backbone itself), so the stand-ins' type is
+chosen below the backbone's (`choose`): F16, BF16, Q8_0, Q6_K and 5-bit backbones get the
+repacked Q4_0 above; a 4-bit backbone gets ggml's Q3_K (K/V error and speed in
+docs/models.md), quantized by ggml itself (`ggml_quantize_chunk`) from the backbone's
+dequantized weights; where no lower type fits (a row length not a multiple of 256, the block
+of every ggml type below 4 bits; a backbone of 3 bits or fewer) exit mode is refused in one
+line (`Choice.refused`) and the Q4_0 stand-ins still draft for lossless mode.
 The head's stand-in is 8-bit with one scale per block of 32 (HEAD: ggml's own Q8_0 rounding),
 not the other engines' one per row: a head's columns differ in range (the embedded model's
 token embeddings: relative weight error 1.2% with a scale per row, 0.02% per block, whose
@@ -114,9 +115,10 @@ def head_name(source: MappedGGUF) -> str:
 CODE_BITS = {"F32": 32, "F16": 16, "BF16": 16, "Q8_0": 8, "Q6_K": 6, "Q5_0": 5, "Q5_1": 5,
              "Q5_K": 5, "Q4_0": 4, "Q4_1": 4, "Q4_K": 4, "IQ4_NL": 4, "IQ4_XS": 4, "Q3_K": 3,
              "Q2_K": 2}
-REPACKED_ABOVE = 5   # a backbone of more bits than this takes the repacked Q4_0 stand-ins
-# the stand-ins' type below a backbone of this many bits, quantized by ggml (a row of 256)
-BELOW = {5: "Q3_K", 4: "Q3_K"}
+REPACKED_ABOVE = 4   # a backbone of more bits than this takes the repacked Q4_0 stand-ins
+# the stand-ins' type below a 4-bit backbone, quantized by ggml (rows of 256); 3 bits and
+# fewer have none: Q2_K's K/V error is twice Q3_K's, four times Q4_0's (docs/models.md)
+BELOW = {4: "Q3_K"}
 SUPER_BLOCK = 256   # the row length every ggml type below 4 bits quantizes in
 
 
@@ -156,7 +158,7 @@ def choose(source: MappedGGUF, layers: int) -> Choice:
     return Choice("Q4_0", kind, f"exit mode needs stand-ins below the backbone's {kind} "
                                 f"({bits}-bit) weights and {why}; run lossless mode (--mode "
                                 f"speculative) or full depth (--kv full), or give River a GGUF "
-                                f"of 6 bits or more (F16, Q8_0, Q6_K)")
+                                f"of 5 bits or more (Q5_K, Q6_K, Q8_0, F16)")
 
 
 def ggml_quantized(weights: np.ndarray, kind: str) -> np.ndarray:
