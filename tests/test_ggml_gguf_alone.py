@@ -106,3 +106,18 @@ def test_a_truncated_gguf_is_named_and_leaves_nothing_in_the_cache(cache, tmp_pa
     with pytest.raises(ModelError, match="truncated GGUF"):
         RiverModel.from_pretrained(str(cut), backend="ggml")
     assert [e for e in entries() if e.kind != ".locks"] == []
+
+
+def test_an_interrupted_first_call_resumes_cleanly(cache):
+    """A first call killed mid-build leaves only its partial folder, which the next call
+    removes before building the entry whole."""
+    from river_models import source
+
+    path = gguf_file(0, "qwen2", "bpe")
+    folder, spec = source.gguf_entry(path)
+    partial = folder.with_name(f".partial-{folder.name}-12345")
+    folder.rename(partial)   # as a killed build leaves it: no manifest's seal, not in place
+    (partial / "tokenizer.json").write_text("{")
+    assert source.gguf_entry(path) == (folder, spec)
+    assert not partial.exists()
+    assert [e.problem for e in entries() if e.kind == "spec"] == [None]
