@@ -54,8 +54,8 @@ def test_the_gguf_entry_is_read_back_without_reading_the_gguf_again(cache, monke
 
 
 @pytest.mark.parametrize("kind, want", [("F32", "Q4_0"), ("Q8_0", "Q4_0"), ("Q6_K", "Q4_0"),
-                                        ("Q5_K", "Q4_0"), ("Q5_0", "Q4_0"), ("Q4_0", "Q3_K"),
-                                        ("Q4_K", "Q3_K"), ("Q4_1", "Q3_K")])
+                                        ("Q5_K", "Q4_0"), ("Q5_0", "Q4_0"), ("Q4_1", "Q4_0"),
+                                        ("Q4_0", "Q3_K"), ("Q4_K", "Q3_K")])
 def test_the_stand_ins_type_is_below_the_backbones(kind, want, tmp_path):
     path = random_gguf(tmp_path / f"{kind}.gguf", kind, 256, 512)
     assert choose(MappedGGUF(path), 2) == Choice(want, kind)
@@ -67,7 +67,7 @@ def test_where_no_lower_type_fits_exit_mode_is_refused_and_says_why(kind, tmp_pa
     choice = choose(MappedGGUF(random_gguf(tmp_path / "m.gguf", kind, hidden, 512)), 2)
     assert choice.kind == "Q4_0"   # still drafts for lossless mode
     why = "rows of 64 weights are not a multiple of 256" if kind == "Q4_0" else \
-        f"no CPU type below {3 if kind == 'Q3_K' else 2} bits"
+        f"River makes none below {'3.44' if kind == 'Q3_K' else '2.62'} bits a weight"
     assert why in choice.refused and "--mode speculative" in choice.refused
 
 
@@ -84,7 +84,7 @@ def test_exit_mode_refused_lossless_and_full_depth_run(cache, tmp_path):
     model = RiverModel.from_pretrained(str(random_gguf(tmp_path / "q4.gguf", "Q4_0", 64, 128)),
                                        backend="ggml")
     with pytest.raises(CapabilityError, match=r"^exit mode needs stand-ins below the backbone's "
-                                              r"Q4_0 \(4-bit\) weights and its rows of 64"):
+                                              r"Q4_0 \(4.50 bits a weight\) and its rows of 64"):
         model.generate("hello world", max_new_tokens=3)
     from river_core.plan import resolve
     from river_core.plugins import default_registry

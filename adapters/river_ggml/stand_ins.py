@@ -9,14 +9,15 @@ group of 64 is two blocks of 32 with the same scale):
 - an asymmetric grid (`hqq`, `rtn`: the other engines' default) as Q4_1 blocks: 32 codes, an
   fp16 scale d and offset m, w = code * d + m, (code - zero) * scale for d = scale,
   m = -zero * scale: the very stand-ins the other engines run.
-Beside a 4-bit backbone a 4-bit stand-in saves nothing (it reads as many bytes and adds a second
-rounding; River's Q4_0 of a Q4_0 backbone is the backbone itself), so the stand-ins' type is
-chosen below the backbone's (`choose`): F16, BF16, Q8_0, Q6_K and 5-bit backbones get the
-repacked Q4_0 above; a 4-bit backbone gets ggml's Q3_K (K/V error and speed in
-docs/models.md), quantized by ggml itself (`ggml_quantize_chunk`) from the backbone's
-dequantized weights; where no lower type fits (a row length not a multiple of 256, the block
-of every ggml type below 4 bits; a backbone of 3 bits or fewer) exit mode is refused in one
-line (`Choice.refused`) and the Q4_0 stand-ins still draft for lossless mode.
+Beside a backbone of as many bits a weight a stand-in saves nothing (it reads as many bytes and
+adds a second rounding; River's Q4_0 of a Q4_0 backbone is the backbone itself), so the
+stand-ins' type is chosen below the backbone's (`choose`): F16, BF16, Q8_0, Q6_K, 5-bit and
+Q4_1 (5.0 bits a weight) backbones get the repacked Q4_0 above (4.5); Q4_0 and Q4_K (4.5)
+backbones get ggml's Q3_K (3.4; K/V error and speed in docs/models.md), quantized by ggml
+itself (`ggml_quantize_chunk`) from the backbone's dequantized weights; where no lower type
+fits (a row length not a multiple of 256, the block of every ggml type below 4 bits; a
+backbone of 3.4 bits or fewer) exit mode is refused in one line (`Choice.refused`) and the
+Q4_0 stand-ins still draft for lossless mode.
 The head's stand-in is 8-bit with one scale per block of 32 (HEAD: ggml's own Q8_0 rounding),
 not the other engines' one per row: a head's columns differ in range (the embedded model's
 token embeddings: relative weight error 1.2% with a scale per row, 0.02% per block, whose
@@ -111,15 +112,18 @@ def head_name(source: MappedGGUF) -> str:
     return "output.weight" if source.get("output.weight") is not None else "token_embd.weight"
 
 
-# the bits of a ggml type's codes: a backbone's precision, as the choice of stand-ins reads it
-CODE_BITS = {"F32": 32, "F16": 16, "BF16": 16, "Q8_0": 8, "Q6_K": 6, "Q5_0": 5, "Q5_1": 5,
-             "Q5_K": 5, "Q4_0": 4, "Q4_1": 4, "Q4_K": 4, "IQ4_NL": 4, "IQ4_XS": 4, "Q3_K": 3,
-             "Q2_K": 2}
-REPACKED_ABOVE = 4   # a backbone of more bits than this takes the repacked Q4_0 stand-ins
-# the stand-ins' type below a 4-bit backbone, quantized by ggml (rows of 256); 3 bits and
-# fewer have none: Q2_K's K/V error is twice Q3_K's, four times Q4_0's (docs/models.md)
-BELOW = {4: "Q3_K"}
+# the stand-ins' types, first choice first: River's Q4_0 (ggml repacks it for its fastest
+# 4-bit kernel: 1.5x Q4_1's speed, docs/results/ggml/ggml-kernels.md), then ggml's Q3_K (rows
+# of 256). Not Q2_K: its K/V error is twice Q3_K's, four times Q4_0's (docs/models.md)
+CANDIDATES = ("Q4_0", "Q3_K")
 SUPER_BLOCK = 256   # the row length every ggml type below 4 bits quantizes in
+
+
+def bits_per_weight(kind: str) -> float:
+    """What a ggml type reads a weight, its scales included (Q4_1 5.0, Q4_0 and Q4_K 4.5)."""
+    from .lib import g
+
+    return 8 * g.ggml_type_size(RUNS[kind]) / g.ggml_blck_size(RUNS[kind])
 
 
 @attrs.frozen
@@ -142,23 +146,24 @@ def backbone_type(source: MappedGGUF, layers: int) -> str:
 
 
 def choose(source: MappedGGUF, layers: int) -> Choice:
-    """The stand-ins' type below the backbone's, or Q4_0 with exit mode refused and why."""
+    """The first candidate type that reads fewer bits a weight than the backbone's (what the
+    river saves is the bytes it does not read) and holds its rows; else Q4_0 with exit mode
+    refused, and why."""
     kind = backbone_type(source, layers)
-    bits = CODE_BITS.get(kind, 16)
-    if bits > REPACKED_ABOVE:
-        return Choice("Q4_0", kind)
-    lower = BELOW.get(bits)
+    bits = bits_per_weight(kind)
     widths = sorted({source.shape(n)[1] for i in range(layers) for n in projections(source, i)})
     odd = [w for w in widths if w % SUPER_BLOCK]
-    if lower is not None and not odd and lower in RUNS:
-        return Choice(lower, kind)
+    below = [c for c in CANDIDATES if bits_per_weight(c) < bits]
+    for candidate in below:
+        if candidate == "Q4_0" or not odd:
+            return Choice(candidate, kind)
     why = f"its rows of {odd[0]} weights are not a multiple of {SUPER_BLOCK}, the block of " \
-          f"every ggml type below 4 bits" if lower is not None else \
-          f"ggml has no CPU type below {bits} bits that River quantizes to"
+          f"every ggml type below 4 bits" if below else \
+          f"River makes none below {bits:.2f} bits a weight"
     return Choice("Q4_0", kind, f"exit mode needs stand-ins below the backbone's {kind} "
-                                f"({bits}-bit) weights and {why}; run lossless mode (--mode "
+                                f"({bits:.2f} bits a weight) and {why}; run lossless mode (--mode "
                                 f"speculative) or full depth (--kv full), or give River a GGUF "
-                                f"of 5 bits or more (Q5_K, Q6_K, Q8_0, F16)")
+                                f"of more bits (Q4_1, Q5_K, Q6_K, Q8_0, F16)")
 
 
 def ggml_quantized(weights: np.ndarray, kind: str) -> np.ndarray:
