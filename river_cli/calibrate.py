@@ -9,7 +9,9 @@ user's own prompts, with forward passes only.
    relative K/V error the river left in the skipped layers against full depth's cache.
 3. Fit: the policy's option marked `tune=(strict, permissive)` (options.py), bisected between
    those ends for the most permissive value whose teacher-forced quality over all prompts meets
-   the target (quality is taken to fall as the value moves toward `permissive`).
+   the target (quality is taken to fall as the value moves toward `permissive`). A `gap` target
+   (`gap=0.5`: recover half the whole 4-bit model's NLL increase over full depth) is first
+   measured there: every token on stand-ins, teacher-forced over the same continuations.
 """
 
 from __future__ import annotations
@@ -174,21 +176,39 @@ def tuned_option(registry, config: ExitConfig) -> tuple[str, float, float]:
     return mark
 
 
+def whole_model(model: RiverModel, refs: Sequence[Reference], config: ExitConfig,
+                tick: Callable[[], None]) -> Quality:
+    """Every token on stand-ins (exiting before layer 0) through `config`'s KV strategy: the
+    whole 4-bit model, the point a `gap` target is measured against."""
+    return quality(force(model, refs, config, tick, exits=-1)[0])
+
+
 def calibrate(model: RiverModel, prompts: Sequence[Sequence[int]], config: ExitConfig,
               targets: Sequence[Target], *, tokens: int = 16, layer_prompts: int = 8,
               model_name: str = "", precision: str = "", source: str = "",
-              progress: bool = False) -> list[Profile]:
+              progress: bool = False, bar: tqdm | None = None) -> list[Profile]:
     """Fit `config`'s policy to each target on `prompts` (token ids): a Profile per target,
-    sharing the references and the per-layer table."""
+    sharing the references and the per-layer table. Its passes advance `bar` if given (a
+    caller's own, longer work), else a bar of its own (shown with `progress`)."""
     name = tuned_option(model.registry, config)[0]
     n = model.backend.num_layers
-    total = len(prompts) * (1 + (STEPS + 1) * len(targets)) + min(layer_prompts, len(prompts)) * n
-    with tqdm(total=total, desc="calibrating", unit="pass", disable=not progress) as bar:
-        tick = lambda: bar.update(1)
+    relative = any(t.metric == "gap" for t in targets)
+    total = len(prompts) * (1 + relative + (STEPS + 1) * len(targets)) + \
+        min(layer_prompts, len(prompts)) * n
+    own = bar is None
+    if own:
+        bar = tqdm(total=0, desc="calibrating", unit="pass", disable=not progress)
+    start, bar.total = bar.n, bar.total + total
+    tick = lambda: bar.update(1)
+    try:
         bar.set_postfix_str("full depth's continuations")
         references = full_depth_references(model, prompts, tokens, layer_prompts, tick)
         if not references:
             raise ConfigError("every prompt's continuation ended at once: nothing to calibrate on")
+        whole = None
+        if relative:
+            bar.set_postfix_str("the whole 4-bit model")
+            whole = whole_model(model, references, config, tick)
         layers = []
         if layer_prompts > 0:
             bar.set_postfix_str("each exit layer")
@@ -196,11 +216,17 @@ def calibrate(model: RiverModel, prompts: Sequence[Sequence[int]], config: ExitC
         profiles = []
         for target in targets:
             bar.set_postfix_str(f"fitting {name} for {target}")
-            best, trials = fit(model, references, config, target, tick)
+            absolute = target if whole is None else target.resolved(whole)
+            best, trials = fit(model, references, config, absolute, tick)
             profiles.append(Profile(
                 model=model_name, fingerprint=fingerprint(model.backend), precision=precision,
                 policy=config.policy, options={name: best.value}, target=target,
                 quality=best.quality, prompts=f"{len(references)} prompts of {source}",
-                tokens=tokens, trials=trials, layers=layers))
-        bar.total = bar.n   # prompts that ended at once and early fits take fewer passes
+                tokens=tokens, trials=trials, layers=layers, whole_model=whole))
+        # prompts that ended at once and early fits take fewer passes
+        bar.total -= total - (bar.n - start)
+        bar.refresh()
+    finally:
+        if own:
+            bar.close()
     return profiles

@@ -16,13 +16,14 @@ from .calibrate import calibrate, tuned_option
 from .calibrate import __doc__ as calibrate_doc_text
 from river_core import arguments
 from river_core.arguments import default
-from river_core.config import ExitConfig, GenerationConfig, QuantSpec
+from river_core.config import ExitConfig, GenerationConfig, QuantSpec, mode_policy
 from river_core.decode import DecodeResult, check_prompts
 from river_core.errors import ConfigError, RiverError
 from river_core.model import RiverModel, check_text
 from river_core.plan import Plan, resolve
 from river_core.plugins import KINDS, default_registry
-from .profile import Profile, Target, default_path
+from .operating_point import chosen, describe, operating_point
+from .profile import DEFAULT_TARGET, Profile, Target, default_path
 from .prompts import GSM8K_TRAIN, read_prompts
 
 
@@ -69,7 +70,12 @@ def _parser(registry) -> argparse.ArgumentParser:
     g.add_argument("--profile", type=Path, help="a calibration profile to use (default: the "
                    "one `river calibrate` saved for this model, precision and policy, if any)")
     g.add_argument("--no-profile", action="store_true",
-                   help="ignore saved calibration profiles: the policy's own defaults")
+                   help="no operating point fitted to the model, no saved profile: the "
+                   "policy's own defaults")
+    g.add_argument("--target", type=Target.parse, help="the operating point's target, fitted "
+                   f"once per model and target (default: a saved profile's, else "
+                   f"{DEFAULT_TARGET}: exit mode recovers at least half of the whole 4-bit "
+                   "model's NLL gap); agreement=SHARE and nll=NATS as for calibrate")
     g.add_argument("--max-new-tokens", type=int,
                    default=default(GenerationConfig, "max_new_tokens"))
     g.add_argument("--temperature", type=float, default=default(GenerationConfig, "temperature"))
@@ -96,9 +102,10 @@ def _parser(registry) -> argparse.ArgumentParser:
                    help="full depth's continuation tokens per prompt to score")
     c.add_argument("--layer-prompts", type=int, default=8,
                    help="prompts for the per-layer table (0: none)")
-    c.add_argument("--target", type=Target.parse, default=Target("agreement", 0.95),
-                   help="agreement=SHARE (next tokens kept, default 0.95) or nll=NATS (NLL "
-                   "increase per token)")
+    c.add_argument("--target", type=Target.parse, default=DEFAULT_TARGET,
+                   help=f"gap=SHARE (of the whole 4-bit model's NLL increase over full depth "
+                   f"recovered; default {DEFAULT_TARGET}), agreement=SHARE (next tokens kept) "
+                   "or nll=NATS (NLL increase per token)")
     c.add_argument("--out", type=Path, help="where to write the profile (default: the user "
                    "cache, where `generate` finds it)")
     sub.add_parser("plugins", help="list registered backends, policies, predictors, strategies, "
@@ -176,8 +183,9 @@ def _load(args, exit_config: ExitConfig, max_new_tokens: int = 1,
           find_profile: bool = False) -> tuple[RiverModel, Plan, "Profile | None"]:
     """The model and its plan: resolved before the model loads wherever the backend can read
     the model's shape first (bad input fails in a second, not after a load), and again after
-    it only if a saved profile, found by the loaded model's fingerprint (`find_profile`),
-    changes the settings; that profile, if any."""
+    it only if the model's operating point (`find_profile`: a saved profile, found by the
+    loaded model's fingerprint, or one fitted now: operating_point.py) changes the settings;
+    that profile, if any."""
     registry = default_registry()
     backend = registry.backend(args.backend)
     shape = backend.shape(args.model)
@@ -191,13 +199,23 @@ def _load(args, exit_config: ExitConfig, max_new_tokens: int = 1,
     model = RiverModel.from_pretrained(args.model, backend=args.backend, device=args.device,
                                        quant=_quant(args), progress=True,
                                        registry=registry, **dtype)
-    found = Profile.find(model.backend, exit_config.policy) if find_profile else None
-    if found and not set(found.options) <= set(exit_config.options):
-        found.check(model.backend, default_path(model.backend, exit_config.policy))
-        exit_config, plan = found.exit_config(exit_config), None
-    else:
-        found = None
+    found = operating_point(model, exit_config, args.target, fit=_fits(args),
+                            chat=not args.no_chat, progress=True,
+                            model_name=args.model or "default",
+                            precision=_quant(args).label) if find_profile else None
+    if found is not None:
+        policy, options = mode_policy("speculative")
+        lossless = arguments.exit_config(args, mode="speculative", policy=policy,
+                                         options=options)
+        exit_config, plan = chosen(found, exit_config, lossless), None
     return model, model.plan(plan or exit_config), found
+
+
+def _fits(args) -> bool:
+    """Whether a first exit-mode call fits the model's operating point where none is saved:
+    for a GGUF (the embedded model's included: issue 52's scope, a user's own file) or where
+    a --target asks for one; a Hugging Face folder takes `river calibrate`'s profile."""
+    return args.target is not None or args.model is None or args.model.endswith(".gguf")
 
 
 def _generate(args) -> None:
@@ -214,9 +232,10 @@ def _generate(args) -> None:
     phases = getattr(backend, "load_seconds", {})   # an engine that measures its load's phases
     if profile:
         profile.check(backend, args.profile)
-    profile = profile or found
     if profile:
         print(f"calibrated: {profile.describe()}", file=sys.stderr)
+    elif found:
+        print(describe(found, backend.num_layers), file=sys.stderr)
     if args.stream and args.json:
         raise ConfigError("--json prints one object once the answer is complete; drop --stream")
     if args.stream:
@@ -253,7 +272,7 @@ def _calibrate(args) -> None:
                           model_name=args.model or "default", source=source, progress=True)
     print(_layer_report(profile))
     path = profile.save(args.out or default_path(model.backend, exit_config.policy))
-    if not args.target.met(profile.quality):
+    if not profile.met:
         print(f"river: warning: {args.target} is out of reach even at the strict end; the "
               "profile holds that end", file=sys.stderr)
     print(f"{profile.describe()}\nsaved {path}")

@@ -1,5 +1,7 @@
 """Calibration profiles: an exit policy's fitted options for one model at one river precision,
-kept in the user cache where `river generate` finds them (`river calibrate` writes them)."""
+kept in the user cache where `river generate` finds them (`river calibrate` writes them, and
+`river generate` at a model's first exit-mode call: operating_point.py), or shipped with River
+for the embedded model (data/profiles)."""
 
 from __future__ import annotations
 
@@ -16,8 +18,9 @@ from river_core.config import ExitConfig
 from river_core.errors import ConfigError
 from river_models import cache_root
 
-FORMAT = 1
-METRICS = ("agreement", "nll")
+FORMAT = 2   # 2: the gap target, the whole 4-bit model's quality and the held-apart check
+METRICS = ("agreement", "nll", "gap")
+SHIPPED = Path(__file__).resolve().parent / "data" / "profiles"
 
 
 def fingerprint(backend: Backend) -> str:
@@ -28,24 +31,28 @@ def fingerprint(backend: Backend) -> str:
     return hashlib.sha256(f"{backend.num_layers}|{eps}".encode()).hexdigest()[:16]
 
 
-def default_path(backend: Backend, policy: str) -> Path:
-    return cache_root() / "profiles" / f"{fingerprint(backend)}-{policy}.json"
+def default_path(backend: Backend, policy: str, root: Path | None = None) -> Path:
+    """Where the profile of this model, precision and policy lives under `root` (default: the
+    user cache's profiles/, beside the stand-ins it was fitted over)."""
+    return (root or cache_root() / "profiles") / f"{fingerprint(backend)}-{policy}.json"
 
 
 @attrs.frozen
 class Target:
     """What calibration holds: `agreement` (share of positions whose next token is full
-    depth's, at least `value`) or `nll` (NLL increase over full depth, nats per token, at most
-    `value`)."""
+    depth's, at least `value`), `nll` (NLL increase over full depth, nats per token, at most
+    `value`) or `gap` (share of the whole 4-bit model's NLL increase over full depth that exit
+    mode recovers, at least `value`: measured against that model on the same prompts)."""
 
     metric: str
     value: float
 
     def __attrs_post_init__(self) -> None:
         if self.metric not in METRICS:
-            raise ConfigError(f"a target is agreement=SHARE or nll=NATS, got {self.metric!r}")
-        if self.metric == "agreement" and not 0.0 < self.value <= 1.0:
-            raise ConfigError(f"an agreement target is in (0, 1], got {self.value}")
+            raise ConfigError(f"a target is agreement=SHARE, nll=NATS or gap=SHARE, got "
+                              f"{self.metric!r}")
+        if self.metric in ("agreement", "gap") and not 0.0 < self.value <= 1.0:
+            raise ConfigError(f"an {self.metric} target is in (0, 1], got {self.value}")
         if self.metric == "nll" and self.value < 0.0:
             raise ConfigError(f"an NLL target is >= 0 nats, got {self.value}")
 
@@ -55,15 +62,32 @@ class Target:
         try:
             return cls(metric.strip(), float(value))
         except ValueError:
-            raise ConfigError(f"a target is agreement=SHARE or nll=NATS, got {text!r}") from None
+            raise ConfigError(f"a target is agreement=SHARE, nll=NATS or gap=SHARE, got "
+                              f"{text!r}") from None
 
-    def met(self, quality: "Quality") -> bool:
+    def resolved(self, whole_model: "Quality") -> "Target":
+        """An absolute target: `gap` as the NLL increase it allows, given the whole 4-bit
+        model's on the same prompts (a whole model no worse than full depth leaves no gap)."""
+        if self.metric != "gap":
+            return self
+        return Target("nll", (1.0 - self.value) * max(whole_model.nll_delta, 0.0))
+
+    def met(self, quality: "Quality", whole_model: "Quality | None" = None) -> bool:
+        if self.metric == "gap":
+            if whole_model is None:
+                raise ConfigError("a gap target is measured against the whole 4-bit model")
+            return self.resolved(whole_model).met(quality)
         if self.metric == "agreement":
             return quality.agreement >= self.value
         return quality.nll_delta <= self.value
 
     def __str__(self) -> str:
         return f"{self.metric}={self.value:g}"
+
+
+DEFAULT_TARGET = Target("gap", 0.5)
+"""The paper's own claim: exit mode recovers at least half of the whole 4-bit model's NLL gap
+(below that, the whole model on stand-ins is the better choice, at more speed)."""
 
 
 @attrs.frozen
@@ -74,6 +98,11 @@ class Quality:
     agreement: float
     nll_delta: float
     mean_layers: float
+
+    def recovered(self, whole_model: "Quality") -> float | None:
+        """The share of the whole 4-bit model's NLL gap this point recovers (None: no gap)."""
+        gap = whole_model.nll_delta
+        return 1.0 - self.nll_delta / gap if gap > 0 else None
 
 
 @attrs.frozen
@@ -93,6 +122,29 @@ class Trial:
 
 
 @attrs.frozen
+class Measured:
+    """A setting of the tuned option on the held-apart prompts: its quality, and its decode
+    speed over full depth's (full depth's ms/token over its own, timed in the same run)."""
+
+    value: float
+    quality: Quality
+    speed: float
+
+
+@attrs.frozen
+class Point:
+    """The operating point chosen at a model's first exit-mode call (operating_point.py):
+    checked on prompts held apart from the fit, against the whole 4-bit model there."""
+
+    prompts: str
+    whole_model: Quality      # every token on stand-ins, on the held-apart prompts
+    fitted: Measured          # the fitted value
+    default: Measured         # the policy's own default (the paper's tau for settled)
+    reached: bool             # the target met there, faster than full depth
+    seconds: float            # the whole fit's wall-clock
+
+
+@attrs.frozen
 class Profile:
     model: str                        # as named at calibration (shown, not matched)
     fingerprint: str                  # what is matched: see fingerprint()
@@ -105,7 +157,14 @@ class Profile:
     tokens: int                       # continuation tokens per prompt
     trials: tuple[Trial, ...] = attrs.field(converter=tuple)
     layers: tuple[LayerRow, ...] = attrs.field(converter=tuple)
+    whole_model: Quality | None = None   # every token on stand-ins, on the calibration prompts
+    point: Point | None = None           # None: made by `river calibrate`
     format: int = FORMAT
+
+    @property
+    def met(self) -> bool:
+        """The target held at the fitted value on the calibration prompts."""
+        return self.target.met(self.quality, self.whole_model)
 
     def save(self, path: Path) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -123,21 +182,33 @@ class Profile:
         if data.get("format") != FORMAT:
             raise ConfigError(f"{path} is a calibration profile of format "
                               f"{data.get('format')}, this River reads {FORMAT}: calibrate again")
-        quality = lambda q: Quality(**q)
+        quality = lambda q: None if q is None else Quality(**q)
+        measured = lambda m: Measured(m["value"], quality(m["quality"]), m["speed"])
+        point = data.get("point")
+        if point is not None:
+            point = Point(**{**point, "whole_model": quality(point["whole_model"]),
+                             "fitted": measured(point["fitted"]),
+                             "default": measured(point["default"])})
         return cls(**{**data, "target": Target(**data["target"]),
                       "quality": quality(data["quality"]),
                       "trials": [Trial(t["value"], quality(t["quality"])) for t in data["trials"]],
                       "layers": [LayerRow(r["exit_layer"], quality(r["quality"]), r["kv_error"])
-                                 for r in data["layers"]]})
+                                 for r in data["layers"]],
+                      "whole_model": quality(data.get("whole_model")), "point": point})
 
     @classmethod
     def find(cls, backend: Backend, policy: str) -> "Profile | None":
-        """The profile `river calibrate` saved for this model, precision and policy, if any
-        (none for a backend without stand-ins, which has no exits to calibrate)."""
+        """The profile saved for this model, precision and policy in the user cache (`river
+        calibrate`'s, or the one fitted at the model's first exit-mode call), else the one
+        shipped with River, if any (none for a backend without stand-ins, which has no exits
+        to calibrate)."""
         if not isinstance(backend, StandIns):
             return None
-        path = default_path(backend, policy)
-        return cls.load(path) if path.is_file() else None
+        for root in (None, SHIPPED):
+            path = default_path(backend, policy, root)
+            if path.is_file():
+                return cls.load(path)
+        return None
 
     def check(self, backend: Backend, path: Path) -> None:
         """Refuse a profile made for another model or river precision."""

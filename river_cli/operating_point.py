@@ -1,0 +1,193 @@
+"""The operating point fitted to a model at its first exit-mode call.
+
+Exit mode is worth running only where it beats the whole 4-bit model (every token on the
+stand-ins: faster still) on quality and full depth on speed. A threshold fitted on one model
+does neither on another (issue 52: tau 0.97, fitted on SmolLM2, exits every token of a 270M
+model after layer 3, at the whole 4-bit model's quality). So at a model's first exit-mode call
+`river generate`:
+
+1. fits the policy's tuned option as `river calibrate` fits it (calibrate.py), on the first
+   FIT_PROMPTS questions of the bundled GSM8K train slice (never the test slice), to the
+   target: by default DEFAULT_TARGET, exit mode recovering at least half of the whole 4-bit
+   model's NLL gap over full depth (the paper's claim);
+2. checks the fitted value on the next HELD_APART questions, held apart from the fit: its
+   agreement and NLL increase against full depth there, against the whole 4-bit model's,
+   and against the policy's own default (the paper's tau);
+3. times both settings' decode against full depth's (SPEED_PROMPTS questions, interleaved);
+4. keeps the result as a profile in the user cache, keyed by the model's content and river
+   precision (profile.fingerprint), where every later call finds it.
+
+The point is reached where the fitted value meets the target on the held-apart questions at
+least FASTER times full depth's speed. Where it is not, no threshold of this policy is worth
+running on this model; `river generate` then runs lossless mode, full depth's own output
+(docs/river.md, "The operating point", says why).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Sequence
+
+import attrs
+from tqdm import tqdm
+
+from river_core.arguments import default
+from river_core.backend import StandIns
+from river_core.config import ExitConfig, GenerationConfig
+from river_core.errors import ConfigError
+from river_core.model import RiverModel
+from river_core.options import tuned
+
+from .calibrate import FULL, calibrate, force, full_depth_references, quality, whole_model
+from .profile import DEFAULT_TARGET, Measured, Point, Profile, Quality, Target, default_path
+from .prompts import GSM8K_TRAIN, read_prompts
+
+CALIBRATION = GSM8K_TRAIN
+SOURCE = "GSM8K train (bundled)"
+FIT_PROMPTS = 8      # the fit's questions: train 0..7
+HELD_APART = 8       # the check's: train 8..15
+TOKENS = 24          # full depth's continuation scored per question
+SPEED_PROMPTS = 2    # questions each setting decodes for its speed
+SPEED_TOKENS = 32
+FASTER = 1.05
+"""Exit mode's least speed over full depth for the point to count as reached: a smaller gain
+does not pay for a lossy output where lossless mode keeps full depth's own."""
+
+
+def operating_point(model: RiverModel, config: ExitConfig, target: Target | None = None, *,
+                    fit: bool = True, chat: bool = True, progress: bool = False,
+                    model_name: str = "", precision: str = "") -> Profile | None:
+    """The profile exit mode runs at on this model: the one saved for its content, precision
+    and policy (`river calibrate`'s or an earlier first call's), else the one shipped with
+    River, else (with `fit`) fitted now and saved. A `target` asks for a profile fitted to it.
+    None where nothing is fitted: a backend without stand-ins, a policy without a tuned
+    option, that option set by hand, or exit mode refused on this model."""
+    if not isinstance(model.backend, StandIns) or config.lossless or \
+            getattr(model.backend.capabilities, "exit_refused", None):
+        return None   # no exits to fit (exit mode refused: its own line says why)
+    mark = tuned(model.registry.policy(config.policy).options)
+    if mark is None or mark[0] in config.options:
+        return None
+    try:
+        found = Profile.find(model.backend, config.policy)
+    except ConfigError:
+        found = None   # a profile of an older format: fitted again, and replaced
+    if found is not None and (target is None or found.target == target):
+        return found
+    if not fit:
+        return None
+    profile = fit_point(model, config, target or DEFAULT_TARGET, chat=chat, progress=progress,
+                        model_name=model_name, precision=precision)
+    profile.save(default_path(model.backend, config.policy))
+    return profile
+
+
+def fit_point(model: RiverModel, config: ExitConfig, target: Target = DEFAULT_TARGET, *,
+              chat: bool = True, progress: bool = False, model_name: str = "",
+              precision: str = "") -> Profile:
+    """Steps 1-3 of the module's description: the fitted profile with its `point`."""
+    started = time.perf_counter()
+    name = tuned_name(model, config)
+    # each question's last tokens where a model's context is short (the generation prompt
+    # of a chat template comes last)
+    room = model.backend.max_positions - max(TOKENS, SPEED_TOKENS) - 1
+    ids = [q[-room:] for q in model.encode(read_prompts(CALIBRATION, FIT_PROMPTS + HELD_APART),
+                                           chat)]
+    fit_ids, held = ids[:FIT_PROMPTS], ids[FIT_PROMPTS:]
+    with tqdm(total=0, desc="fitting the exit rule to this model (once)", unit="pass",
+              disable=not progress) as bar:
+        [profile] = calibrate(model, fit_ids, config, [target], tokens=TOKENS, layer_prompts=0,
+                              model_name=model_name, precision=precision,
+                              source=f"{SOURCE}, questions 0-{FIT_PROMPTS - 1}", bar=bar)
+        bar.total += 4 * len(held) + (1 + 2) * SPEED_PROMPTS
+        bar.refresh()
+        tick = lambda: bar.update(1)
+        bar.set_postfix_str("held-apart questions")
+        refs = full_depth_references(model, held, TOKENS, 0, tick)
+        if not refs:
+            raise ConfigError("every held-apart question's continuation ended at once")
+        fitted = profile.exit_config(config)
+        paper = attrs.evolve(config, options={
+            **config.options, name: default(model.registry.policy(config.policy).options, name)})
+        whole = whole_model(model, refs, config, tick)
+        qualities = [quality(force(model, refs, c, tick)[0]) for c in (fitted, paper)]
+        bar.set_postfix_str("speed against full depth")
+        speeds = speed_over_full(model, held[:SPEED_PROMPTS], [fitted, paper], tick)
+        bar.total = bar.n
+        bar.refresh()
+    measured = [Measured(c.options[name], q, s) for c, q, s in zip((fitted, paper), qualities,
+                                                                   speeds)]
+    reached = profile.met and target.met(measured[0].quality, whole) and speeds[0] >= FASTER
+    point = Point(prompts=f"{len(refs)} questions of {SOURCE}, {FIT_PROMPTS}-"
+                  f"{FIT_PROMPTS + HELD_APART - 1}", whole_model=whole, fitted=measured[0],
+                  default=measured[1], reached=reached, seconds=time.perf_counter() - started)
+    return attrs.evolve(profile, point=point)
+
+
+def tuned_name(model: RiverModel, config: ExitConfig) -> str:
+    mark = tuned(model.registry.policy(config.policy).options)
+    if mark is None:
+        raise ConfigError(f"policy {config.policy} marks no option to fit")
+    return mark[0]
+
+
+def speed_over_full(model: RiverModel, prompts: Sequence[Sequence[int]],
+                    configs: Sequence[ExitConfig], tick: Callable[[], None]) -> list[float]:
+    """Each setting's decode speed over full depth's: full depth's ms/token over its own.
+    Every prompt decodes under full depth and each setting in turn, so a shared machine's
+    drift hits all alike, after an untimed short decode of each (an engine's first use of a
+    setting builds what it runs)."""
+    settings = [FULL, *configs]
+    for c in settings:
+        model.generate_ids([prompts[0]], c, GenerationConfig(max_new_tokens=4))
+    seconds, tokens = [0.0] * len(settings), [0] * len(settings)
+    for prompt in prompts:
+        for i, c in enumerate(settings):
+            out = model.generate_ids([prompt], c, GenerationConfig(max_new_tokens=SPEED_TOKENS))
+            seconds[i] += sum(out.step_seconds)
+            tokens[i] += out.decoded_tokens
+            tick()
+    ms = [s / max(n, 1) for s, n in zip(seconds, tokens)]
+    return [ms[0] / m if m > 0 else 0.0 for m in ms[1:]]
+
+
+def chosen(profile: Profile, config: ExitConfig, lossless: ExitConfig) -> ExitConfig:
+    """What runs: exit mode at the profile's fitted value, or `lossless` where the point was
+    not reached."""
+    if profile.point is not None and not profile.point.reached:
+        return lossless
+    return profile.exit_config(config)
+
+
+def _gap(q: Quality, whole: Quality) -> str:
+    share = q.recovered(whole)
+    return "no gap to recover" if share is None else f"{100 * share:.0f}% of the gap recovered"
+
+
+def describe(profile: Profile, num_layers: int) -> str:
+    """The one line `river generate` prints of the point it runs at."""
+    point = profile.point
+    if point is None:
+        return f"calibrated: {profile.describe()}"
+    name = next(iter(profile.options))
+    whole = point.whole_model
+
+    def figures(m: Measured) -> str:
+        q = m.quality
+        return (f"{q.mean_layers:.1f} of {num_layers} layers a token, agreement "
+                f"{q.agreement:.3f}, NLL {q.nll_delta:+.3f} ({_gap(q, whole)}), {m.speed:.2f}x "
+                f"full depth's speed")
+
+    setting = lambda m: f"{name}={m.value:.4g}: {figures(m)}"
+
+    where = (f"on {point.prompts} (the whole 4-bit model: agreement "
+             f"{whole.agreement:.3f}, NLL {whole.nll_delta:+.3f} nats/token over full depth)")
+    if point.reached:
+        return (f"operating point ({profile.target}, fitted to this model once): "
+                f"{profile.policy} {setting(point.fitted)} {where}")
+    return (f"operating point: no {profile.policy} {name} meets {profile.target} at "
+            f"{FASTER:g}x full depth's speed or more on this model (fitted "
+            f"{setting(point.fitted)} {where}), so River runs lossless mode: full depth's own "
+            f"output (--mode speculative). Other choices: -o {name}={point.default.value:g}, "
+            f"the policy's default ({figures(point.default)}); --target "
+            f"for another target; --no-profile for the policy's defaults")

@@ -1,0 +1,155 @@
+"""The operating point: at a model's first exit-mode call the exit rule's threshold is fitted as
+`river calibrate` fits it (to recover half the whole 4-bit model's NLL gap by default), checked
+on held-apart prompts, timed against full depth, cached by the model's content and reused; one
+line states the point, or says no faster point exists and runs lossless mode instead."""
+
+import pytest
+
+from river_cli import operating_point as op
+from river_cli.main import main
+from river_cli.profile import DEFAULT_TARGET, Profile, Quality, Target, default_path
+from river_conformance import example_backend
+from river_core import ConfigError, ExitConfig, RiverModel
+from river_core.plugins import default_registry
+
+
+@pytest.fixture(autouse=True)
+def small_fit(monkeypatch, tmp_path):
+    """The fit's own procedure on a few short prompts (seconds on the tiny models), into a
+    cache of the test's own."""
+    monkeypatch.setenv("RIVER_CACHE", str(tmp_path / "cache"))
+    text = tmp_path / "calibration.txt"
+    text.write_text("How many legs?\nAdd 3 and 4.\nName a color.\nIs it red?\nCount to 5.\n"
+                    "Say hi.\n")
+    monkeypatch.setattr(op, "CALIBRATION", text)
+    for name, value in (("FIT_PROMPTS", 4), ("HELD_APART", 2), ("TOKENS", 4),
+                        ("SPEED_PROMPTS", 1), ("SPEED_TOKENS", 4)):
+        monkeypatch.setattr(op, name, value)
+
+
+@pytest.fixture
+def fits(monkeypatch):
+    """The fits that ran, in order."""
+    ran = []
+    fit = op.fit_point
+
+    def counted(*a, **k):
+        ran.append(a[0])
+        return fit(*a, **k)
+    monkeypatch.setattr(op, "fit_point", counted)
+    return ran
+
+
+def model(seed: int = 0) -> RiverModel:
+    return RiverModel(example_backend.make("llama", seed, 4), default_registry())
+
+
+def test_the_gap_target_is_half_the_whole_4bit_models_nll_increase():
+    whole = Quality(0.8, 0.4, 0.0)
+    assert DEFAULT_TARGET == Target("gap", 0.5) == Target.parse("gap=0.5")
+    assert DEFAULT_TARGET.resolved(whole) == Target("nll", 0.2)
+    assert DEFAULT_TARGET.met(Quality(0.9, 0.2, 3.0), whole)
+    assert not DEFAULT_TARGET.met(Quality(0.9, 0.21, 3.0), whole)
+    assert Quality(0.9, 0.1, 3.0).recovered(whole) == pytest.approx(0.75)
+    with pytest.raises(ConfigError, match="measured against the whole 4-bit model"):
+        DEFAULT_TARGET.met(Quality(0.9, 0.1, 3.0))
+    with pytest.raises(ConfigError, match="gap target is in"):
+        Target("gap", 1.5)
+
+
+def test_the_point_is_fitted_once_and_reused(fits):
+    first = op.operating_point(model(), ExitConfig())
+    assert len(fits) == 1 and first.point is not None and first.target == DEFAULT_TARGET
+    assert default_path(fits[0].backend, "settled").is_file()
+    again = op.operating_point(model(), ExitConfig())   # another process would find it too
+    assert len(fits) == 1 and again == first
+    point = first.point
+    assert point.fitted.value == first.options["tau"] and point.default.value == 0.97
+    assert point.fitted.speed > 0 and point.seconds > 0 and first.whole_model is not None
+
+
+@pytest.fixture
+def gguf(tmp_path):
+    """A tiny random model as a GGUF file of its own (the ggml engine runs it)."""
+    import shutil
+
+    pytest.importorskip("ggml")
+    from river_models.tiny_gguf import gguf_file
+
+    path = tmp_path / "models" / "tiny.gguf"
+    path.parent.mkdir()
+    shutil.copy(gguf_file(0), path)
+    return path
+
+
+GENERATE = ["generate", "abc", "--no-chat", "--max-new-tokens", "3"]
+
+
+def test_the_profile_is_keyed_by_the_models_content(fits, gguf, tmp_path, capsys):
+    import shutil
+
+    copy = tmp_path / "elsewhere" / "renamed.gguf"
+    copy.parent.mkdir()
+    shutil.copy(gguf, copy)
+    assert main([*GENERATE, "--model", str(gguf)]) == 0
+    assert "operating point" in capsys.readouterr().err and len(fits) == 1
+    assert main([*GENERATE, "--model", str(copy)]) == 0   # the same weights: the same point
+    assert "operating point" in capsys.readouterr().err and len(fits) == 1
+    op.operating_point(model(seed=1), ExitConfig())         # other weights: fitted anew
+    assert len(fits) == 2
+
+
+def test_overrides_are_honoured(fits, gguf, tiny_folder, capsys):
+    generate = [*GENERATE, "--model", str(gguf)]
+    assert main([*generate, "-o", "tau=0.9"]) == 0        # the user's own threshold
+    assert main([*generate, "--no-profile"]) == 0         # the policy's defaults
+    assert main([*generate, "--mode", "speculative"]) == 0   # lossless: nothing to fit
+    assert main([*GENERATE, "--model", tiny_folder("llama")]) == 0   # a folder: calibrate's
+    assert fits == [] and "operating point" not in capsys.readouterr().err
+    assert main([*generate, "--target", "agreement=0.5"]) == 0
+    err = capsys.readouterr().err
+    assert "operating point (agreement=0.5" in err or "meets agreement=0.5" in err
+    assert main([*generate, "--target", "agreement=0.5"]) == 0   # saved for that target
+    assert main(generate) == 0                                   # any saved target will do
+    assert len(fits) == 1
+    assert op.operating_point(model(), ExitConfig(options={"tau": 0.9})) is None
+    assert op.operating_point(model(), ExitConfig(policy="fixed")) is None   # nothing to tune
+    assert op.operating_point(model(seed=2), ExitConfig(), fit=False) is None and len(fits) == 1
+
+
+def test_a_reached_point_runs_exit_mode_at_the_fitted_value(monkeypatch):
+    monkeypatch.setattr(op, "FASTER", 0.0)   # any speed counts as faster
+    profile = op.fit_point(model(), ExitConfig(), Target("agreement", 0.3))
+    assert profile.point.reached
+    config = op.chosen(profile, ExitConfig(), ExitConfig(mode="speculative"))
+    assert config == ExitConfig(options={"tau": profile.options["tau"]})
+    line = op.describe(profile, 4)
+    assert line.startswith("operating point (agreement=0.3, fitted to this model once): "
+                           f"settled tau={profile.options['tau']:.4g}: ")
+    for figure in ("of 4 layers a token", "agreement", "NLL", "full depth's speed",
+                   "the whole 4-bit model"):
+        assert figure in line
+
+
+def test_an_unreachable_target_says_so_and_runs_lossless_mode(monkeypatch, gguf, capsys):
+    monkeypatch.setattr(op, "FASTER", 1e9)   # no exit is that much faster than full depth
+    profile = op.fit_point(model(), ExitConfig())
+    assert not profile.point.reached
+    lossless = ExitConfig(mode="speculative")
+    assert op.chosen(profile, ExitConfig(), lossless) == lossless
+    line = op.describe(profile, 4)
+    assert line.startswith("operating point: no settled tau meets gap=0.5 at 1e+09x full "
+                           "depth's speed or more on this model")
+    assert "so River runs lossless mode" in line and "-o tau=0.97, the policy's default (" in line
+    assert main([*GENERATE, "--model", str(gguf)]) == 0
+    err = capsys.readouterr().err
+    assert "so River runs lossless mode" in err and "speculative:" in err   # lossless stats
+    assert "\n" not in line
+
+
+def test_a_saved_profile_of_an_older_format_is_fitted_again(fits):
+    path = default_path(model().backend, "settled")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text('{"format": 1}')
+    assert op.operating_point(model(), ExitConfig()).point is not None and len(fits) == 1
+    assert Profile.load(path).point is not None
