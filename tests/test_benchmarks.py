@@ -236,20 +236,26 @@ def gpu_parts_are_each_recorded(out: Path) -> None:
     assert parts["memory"] == parts["memory"] | {"status": "skipped"} and \
         "CUDA" in parts["memory"]["reason"]
     assert {r["engine"] for r in parts["onnx"]["result"]["rows"]} == {"onnx", "hf"}
+    # what a lent machine's call brings back from $OUT: 8 files of 16 MiB at most
+    files = [f for f in out.rglob("*") if f.is_file()]
+    assert {f.name for f in files} == {"gpu.json", "gpu.md", "gpu.log"}
+    assert all(f.stat().st_size <= 16 << 20 for f in files)
 
 
 CHECKS = {"grid": grid_rows_cover_the_grid, "gpu": gpu_parts_are_each_recorded}
 
-def test_gpu_dry_run_shows_each_parts_processes_dtype_memory_and_time(capsys):
-    """What a lent GPU's call would run, without a GPU: each part a process with its time
-    limit; the memory part one per shape and one without backbone weights; onnx at a dtype
-    CUDA takes; vLLM sized from the free memory."""
+def test_gpu_dry_run_shows_each_parts_processes_dtype_memory_and_time(capsys, monkeypatch):
+    """What a GPU host's call would run (every part's packages installed), without a GPU:
+    each part a process with its time limit; the memory part one per shape and one without
+    backbone weights; onnx at a dtype CUDA takes; vLLM sized from the free memory."""
     from river_bench import gpu
 
+    monkeypatch.setattr(gpu, "missing", lambda number, args: None)
     gpu.main(["--dry-run", "--device", "cuda", "--shapes", "default", "llama-8b"])
     out = capsys.readouterr().out
     for number, part in gpu.PARTS.items():
-        assert f"part {number} {part.name}: at most {part.limit_s} s" in out
+        assert f"part {number} {part.name}: about {part.estimate_s / 60:.1f} min, at most " \
+            f"{part.limit_s} s" in out
     assert out.count("--child 4") == 4 and out.count("--memory-modes whole-4bit") == 2
     assert "engines: onnx:float16, hf:bfloat16" in out or \
         "engines: onnx:bfloat16, hf:bfloat16" in out
@@ -267,7 +273,7 @@ def test_a_gpu_part_that_overruns_fails_alone_and_keeps_the_other_parts_rows(tmp
     earlier = {"part": 2, "date": "then", "command": "c", "status": "ran", "seconds": 1,
                "machine": info, "result": {"rows": []}}
     (tmp_path / "gpu.json").write_text(json.dumps({"parts": {"speed": earlier}}))
-    monkeypatch.setitem(gpu.PARTS, 1, gpu.Part("tests", 1))   # less than a process's start
+    monkeypatch.setitem(gpu.PARTS, 1, gpu.Part("tests", 1, 1))   # less than a process's start
     gpu.main(["--out", str(tmp_path), "--parts", "1", "--device", "cpu"])
     parts = json.loads((tmp_path / "gpu.json").read_text())["parts"]
     assert parts["speed"] == earlier

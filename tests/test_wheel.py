@@ -10,6 +10,7 @@ import subprocess
 import sys
 import sysconfig
 import tomllib
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -43,32 +44,52 @@ def test_the_wheel_lists_every_package_of_the_source_tree():
     assert listed - set(package_folders()) <= set(SETUPTOOLS.get("package-data", {}))
 
 
-def copy_source(to: Path) -> None:
-    """The checkout's files as git sees them, tracked or new but not ignored: no build/ left
-    from an earlier build (whose stale files setuptools would put in the wheel), no caches."""
+def source_files() -> list[Path]:
+    """The checkout's files as git sees them, tracked or new but not ignored (no build/ left
+    from an earlier build, whose stale files setuptools would put in the wheel; no caches),
+    relative to the checkout."""
     listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others",
                              "--exclude-standard"], cwd=ROOT, capture_output=True, check=True)
-    for name in filter(None, listed.stdout.decode().split("\0")):
-        if (ROOT / name).is_file():   # not one deleted since the last commit
-            (to / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / name, to / name)
+    return [Path(name) for name in listed.stdout.decode().split("\0")
+            if name and (ROOT / name).is_file()]   # not one deleted since the last commit
 
 
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory) -> Path:
+def wheel(tmp_path_factory) -> Path:
+    """River's wheel, built from a copy of the checkout's source files."""
+    tmp = tmp_path_factory.mktemp("wheel")
+    source, dist = tmp / "source", tmp / "dist"
+    for name in source_files():
+        (source / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / name, source / name)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
+                    "--no-build-isolation", "-w", str(dist), str(source)], check=True)
+    return next(dist.glob("*.whl"))
+
+
+@pytest.mark.slow
+def test_the_wheel_holds_every_file_of_every_package(wheel):
+    """Code and data: a data folder (river_cli/data/...) is in the wheel only as listed
+    package data."""
+    tops = {folder: name for name, folder in package_folders().items() if "." not in name}
+    expected = {"/".join((tops[top], *path.relative_to(top.relative_to(ROOT)).parts))
+                for path in source_files() for top in tops
+                if path.is_relative_to(top.relative_to(ROOT))}
+    assert sorted(expected - set(zipfile.ZipFile(wheel).namelist())) == []
+
+
+@pytest.fixture(scope="module")
+def installed(wheel, tmp_path_factory) -> Path:
     """A fresh virtual environment with River's wheel installed and the dependencies of the
     test environment, seen through a folder of links to its site-packages less River's own
     entries: neither the editable install's finder nor its metadata (whose entry points would
     stand in for a wheel that lacked them)."""
-    tmp = tmp_path_factory.mktemp("wheel")
-    source, dist, env, deps = (tmp / name for name in ("source", "dist", "env", "deps"))
-    copy_source(source)
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
-                    "--no-build-isolation", "-w", str(dist), str(source)], check=True)
+    tmp = tmp_path_factory.mktemp("installed")
+    env, deps = tmp / "env", tmp / "deps"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True)
     python = env / "bin" / "python"
     subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q",
-                    "--no-deps", "--no-index", *map(str, dist.glob("*.whl"))], check=True)
+                    "--no-deps", "--no-index", str(wheel)], check=True)
     deps.mkdir()
     for entry in Path(sysconfig.get_paths()["purelib"]).iterdir():
         if not entry.name.startswith(("river_llm", "__editable__")) \
