@@ -283,6 +283,13 @@ def decode_step(backend: Backend, tokens: Sequence[int], run: Run, rows: list[Ro
     if not caps.exits:   # an engine that only decodes at full depth
         return backend.decode(tokens, at), [backend.num_layers - 1] * len(tokens)
     movable = {} if run.steps_aside(len(tokens)) else dict(enumerate(rows))
+    if not at.draft and not (run.strategy.allows_exit and movable):
+        # no row can leave: the whole backbone and the head in the engine's one call
+        full = backend.num_layers - 1
+        logits = backend.decode(tokens, at)
+        for r in range(len(tokens)):
+            run.strategy.exited(r, full)
+        return logits, [full] * len(tokens)
     p = backend.begin(tokens, at)
     walk = Walk(backend, p, run, movable, step, len(tokens))
     h = walk.through(backend.embed(p))

@@ -68,6 +68,8 @@ class LayerEngine(StandInDefaults, abc.ABC):
     windowed_reads = True
     # The sequence length of the model's LongRoPE switch (`RotarySwitch`), or None.
     switch_at: int | None = None
+    # The most prompt tokens a prefill pass takes (None: the whole prompt in one pass).
+    prefill_chunk: int | None = None
     cache: KVCache | None = None
     switch: RotarySwitch | None = None
 
@@ -144,7 +146,26 @@ class LayerEngine(StandInDefaults, abc.ABC):
         self.cache = KVCache(*self.allocate((self.num_layers, layout.batch, self.kv_heads,
                                              capacity, self.head_dim)), layout)
         self.switch = None if self.switch_at is None else RotarySwitch(self.switch_at, layout)
-        p = self._begin(layout.ids(prompts), Step(0, layout.width))
+        ids = layout.ids(prompts)
+        # in chunks where the engine asks (its widest graph bounds its memory), but one pass
+        # under a rotary switch, whose table is chosen by the pass's last position
+        chunk = layout.width if self.prefill_chunk is None or self.switch is not None \
+            else self.prefill_chunk
+        every = []   # [batch, tokens, layers] per chunk
+        for start in range(0, layout.width, chunk):
+            tokens = min(chunk, layout.width - start)
+            h, cosines = self.prefill_layers(self._begin(ids[:, start:start + tokens],
+                                                         Step(start, tokens)), prefill_exit)
+            every.append(cosines)
+        every = np.concatenate(every, 1)
+        similarity = np.stack([layout.prompt_mean(every[..., i])
+                               for i in range(self.num_layers)], -1)
+        return Prefill(self.logits(h), similarity)
+
+    def prefill_layers(self, p: Pass, prefill_exit: int | None) -> tuple[Any, np.ndarray]:
+        """A prefill pass through every layer (stand-ins past `prefill_exit`, the paper's
+        sequence-level exit): the last layer's states and each layer's cosine of its input
+        and output per token, [batch, tokens, layers] on the host (read once)."""
         h = self.embed_ids(p.ids)
         cosines = []
         for i in range(self.num_layers):
@@ -152,10 +173,7 @@ class LayerEngine(StandInDefaults, abc.ABC):
             out = self.run_block(p, i, h, None, not deep, None)
             cosines.append(self.cosines([(h, out)]))
             h = out
-        every = self.host(self.concat(cosines, -1))   # [batch, tokens, layers], one read
-        similarity = np.stack([layout.prompt_mean(every[..., i])
-                               for i in range(self.num_layers)], -1)
-        return Prefill(self.logits(h), similarity)
+        return h, self.host(self.concat(cosines, -1))
 
     def begin(self, tokens: Sequence[int], step: Step) -> Pass:
         return self._begin(np.asarray(tokens, dtype=np.int64)[:, None], step)
@@ -164,7 +182,14 @@ class LayerEngine(StandInDefaults, abc.ABC):
         return self.embed_ids(p.ids)
 
     def decode(self, tokens: Sequence[int], step: Step) -> np.ndarray:
-        return self.logits(self._full_depth(self.begin(tokens, step)))
+        return self.full_depth_logits(self.begin(tokens, step), every_token=False)
+
+    def full_depth_logits(self, p: Pass, every_token: bool) -> np.ndarray:
+        """The whole backbone and the head on the host: logits [batch, vocab] of each row's
+        last token, or [batch, tokens, vocab] of every token. An engine that can runs it as
+        one call."""
+        h = self._full_depth(p)
+        return self.host(self.head(h)) if every_token else self.logits(h)
 
     def extend(self, tokens: Sequence[int], start: int) -> np.ndarray:
         if self.cache.layout.batch != 1:
@@ -177,7 +202,7 @@ class LayerEngine(StandInDefaults, abc.ABC):
 
     def _extend(self, tokens: Sequence[int], start: int) -> np.ndarray:
         p = self._begin(np.asarray([list(tokens)], dtype=np.int64), Step(start, len(tokens)))
-        return self.host(self.head(self._full_depth(p)[0]))
+        return self.full_depth_logits(p, every_token=True)[0]
 
     def trim(self, offset: int) -> None:
         self.cache.trim(offset)

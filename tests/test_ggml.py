@@ -15,7 +15,7 @@ from river_models import tiny  # noqa: E402
 from river_models.quant import quantize  # noqa: E402
 from river_models.tiny_gguf import gguf_file  # noqa: E402
 
-from river_ggml.lib import MappedGGUF  # noqa: E402
+from river_ggml.lib import MappedGGUF, g  # noqa: E402
 from river_ggml.plugin import tiny_backend  # noqa: E402
 from river_llamacpp.plugin import DIFFERS  # noqa: E402
 from river_ggml.stand_ins import q4_0, q4_1, q8_0  # noqa: E402
@@ -111,15 +111,52 @@ def test_a_subset_of_rows_runs_row_by_row_as_in_the_whole_batch():
     assert np.array_equal(backend.cache.k[3, 1, :, len(PROMPT)], k[1, :, len(PROMPT)])
 
 
-def test_a_layer_graph_is_built_once_per_shape():
+def test_graphs_live_as_long_as_their_shape():
+    """A graph is built once per shape and kept while steps of that shape run; a prefill
+    chunk's wide graph is gone once decoding begins, and decoding's graphs and their memory
+    do not grow with the steps or the generations at one context."""
+    from river_ggml.backend import KEPT_WIDTH
+
     backend = tiny_backend("qwen2", 0, 4)
-    backend.prefill([PROMPT], 64)
-    for k in range(5):
-        backend.decode([7], Step(len(PROMPT) + k))
-    shapes = [key for key in backend._graphs if key[0] != "head"]
-    # a graph per layer for the prefill (its cosines are read), and one for the whole
-    # backbone at decode (one key bucket)
-    assert len(shapes) == backend.num_layers + 1
+
+    def generation() -> list[tuple]:
+        backend.prefill([LONG[:40]], 64)
+        kept = []
+        for k in range(6):
+            backend.decode([7], Step(40 + k))
+            kept.append(sorted(map(str, backend._graphs)))
+        return kept
+
+    first = generation()
+    assert all(key[0] <= KEPT_WIDTH for key in backend._graphs)   # the prefill's 40 are gone
+    assert first[1:] == first[:-1]   # one set of graphs from the first step on
+    memory = sum(g.lib.ggml_gallocr_get_buffer_size(graph.alloc, 0)
+                 for graph in backend._graphs.values())
+    assert generation() == first
+    assert sum(g.lib.ggml_gallocr_get_buffer_size(graph.alloc, 0)
+               for graph in backend._graphs.values()) == memory
+    # full depth decodes as one graph beside the embedding's: the backbone's with the head
+    # (the head's own graph is the prefill's, for its last token)
+    assert sorted(key[2] for key in backend._graphs) == ["embed", "head", "span"]
+
+
+def test_a_prefill_in_chunks_is_the_prefill_in_one_pass():
+    """The engine prefills in chunks of `prefill_chunk` tokens, each chunk one graph that
+    also gives every layer's cosines: the logits, the K/V and the similarities the exit rule
+    reads are those of one pass layer by layer."""
+    from river_core.layer_engine import LayerEngine
+
+    chunked, whole = tiny_backend("qwen2", 0, 4), tiny_backend("qwen2", 0, 4)
+    chunked.prefill_chunk = 16
+    whole.prefill_chunk = None
+    whole.prefill_layers = lambda p, exit: LayerEngine.prefill_layers(whole, p, exit)
+    for prefill_exit in (None, 2):
+        a = chunked.prefill([LONG[:50], LONG[10:40]], 64, prefill_exit)
+        b = whole.prefill([LONG[:50], LONG[10:40]], 64, prefill_exit)
+        assert close(a.logits, b.logits) < 1e-3
+        assert np.abs(a.similarity - b.similarity).max() < 1e-4
+        assert close(chunked.cache.k[..., :50, :].astype(np.float32),
+                     whole.cache.k[..., :50, :].astype(np.float32)) < 1e-3
 
 
 def test_the_stand_ins_are_rivers_own_quantization_in_ggml_blocks():

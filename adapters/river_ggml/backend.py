@@ -28,12 +28,25 @@ from river_core.layout import View
 from river_models.spec import ModelSpec
 
 from . import CAPABILITIES
-from .blocks import F16, Layer, frequency_factors, head_graph, rope_mode, span_graph
+from .blocks import (F16, Head, Layer, embed_graph, frequency_factors, head_graph,
+                     rope_mode, span_graph)
 from .lib import HostTensors, MappedGGUF, aligned, cpu, default_threads
 from .stand_ins import head_name
 
 KEY_BUCKET = 256
 EVERY_ROW = (None,)   # one graph over every row
+PREFILL_CHUNK = 512   # a prefill's widest graph: llama.cpp's default micro-batch
+KEPT_WIDTH = 16       # the widest graph kept past its step: a verification of 15 drafts
+
+
+def backbone(i: int) -> bool:
+    """A span's layer i runs the backbone (`GgmlBackend._span`'s `stand_in`)."""
+    return False
+
+
+def stand_in(i: int) -> bool:
+    """A span's layer i runs its stand-in."""
+    return True
 
 
 def key_bucket(end: int, capacity: int) -> int:
@@ -54,18 +67,31 @@ class GgmlPass(Pass):
     together: bool = True              # every row takes the same rotary tables (LongRoPE
                                        # switches per row): all rows can run as one graph
 
+    def shared(self, layers: range) -> tuple[tuple[int, int], ...]:
+        """For each layer of a span, which of the span's distinct masks and frequency factors
+        it reads: the layers of one attention window, or of one rotary table, read one
+        input (the core hands them one object)."""
+        def first(values: Sequence) -> list[int]:
+            seen: dict[int, int] = {}
+            return [seen.setdefault(id(values[i]), len(seen)) for i in layers]
+
+        return tuple(zip(first(self.masks), first(self.rope)))
+
     def inputs(self, layers: range | int, row: int | None, attends: bool = True) -> dict:
-        """The graph inputs of layer i (`mask`, `factors`) or a span of `layers` (`mask{j}`,
-        `factors{j}`) for every row (None) or one; without `attends` (a K/V-only graph) no
-        mask or query scale."""
+        """The graph inputs of layer i (`mask`, `factors`) or a span of `layers` (its distinct
+        `mask{m}` and `factors{f}`, `shared`) for every row (None) or one; without `attends` (a
+        K/V-only graph) no mask or query scale."""
         pick = slice(None) if row is None else slice(row, row + 1)
         values = dict(pos=self.pos[pick].reshape(-1), slots=self.writes)
-        span = isinstance(layers, range)
-        for j, i in enumerate(layers if span else [layers]):
-            end = str(j) if span else ""
-            values["factors" + end] = self.rope[i][0 if row is None else row]
+        if isinstance(layers, range):
+            named = [(f"mask{m}", f"factors{f}", i)
+                     for (m, f), i in zip(self.shared(layers), layers)]
+        else:
+            named = [("mask", "factors", layers)]
+        for mask, factors, i in named:
+            values[factors] = self.rope[i][0 if row is None else row]
             if attends:
-                values["mask" + end] = self.masks[i][pick]
+                values[mask] = self.masks[i][pick]
         if attends and self.query_scale is not None:
             values["qscale"] = self.query_scale[pick].reshape(-1)
         return values
@@ -77,6 +103,7 @@ class GgmlBackend(NumpyArrays, LayerEngine):
     name = "ggml"
     floats = np.dtype(np.float16)   # the cache's and attention's: the kit's float16 bounds
     windowed_reads = False   # a graph reads its whole key bucket; the mask keeps the window
+    prefill_chunk = PREFILL_CHUNK
 
     def __init__(self, backbone: MappedGGUF, spec: ModelSpec, tokenizer,
                  stand_ins: MappedGGUF, stand_in_error, threads: int | None = None) -> None:
@@ -92,11 +119,17 @@ class GgmlBackend(NumpyArrays, LayerEngine):
         self.capabilities = CAPABILITIES
         self.tokenizer = tokenizer
         self.runs_on = ("cpu",)
-        self._embed = backbone.get("token_embd.weight")
-        self._heads = {False: backbone.get(head_name(backbone)),
-                       True: stand_ins.get("output.weight")}
-        self._final_norm = backbone.get("output_norm.weight")
+        final_norm = backbone.get("output_norm.weight")
+        self._heads = {False: Head(spec, final_norm, backbone.get(head_name(backbone))),
+                       True: Head(spec, final_norm, stand_ins.get("output.weight"))}
+        # each rotary table's frequency factors, short and long, made once
+        self._factors = {(key, long): frequency_factors(rotary.long_inv_freq if long
+                                                        else rotary.inv_freq)
+                         for key, rotary in spec.rotary.items()
+                         for long in ((False, True) if rotary.long_inv_freq else (False,))}
         self._shape = None
+        # graphs by (tokens, key bucket or 0, what they run...): `_evict` keeps those of the
+        # step being run and the narrow ones decoding reuses
         self._graphs: dict = {}
         self._made: dict = {}   # (stand_in, layer) -> Layer
 
@@ -132,10 +165,10 @@ class GgmlBackend(NumpyArrays, LayerEngine):
         factors, together = {}, True
         for key, rotary in self.spec.rotary.items():
             long = rotary.is_long(positions)   # per row
-            factors[key] = np.stack([frequency_factors(rotary.long_inv_freq if b
-                                                       else rotary.inv_freq) for b in long])
+            factors[key] = np.stack([self._factors[key, bool(b)] for b in long])
             together &= bool(long.all() or not long.any())
         keys = key_bucket(step.end, self.cache.layout.capacity)
+        self._evict(step.tokens, keys)
 
         def bias(attend: np.ndarray) -> np.ndarray:
             mask = np.full((len(attend), step.tokens, keys), -np.inf, np.float16)
@@ -150,18 +183,29 @@ class GgmlBackend(NumpyArrays, LayerEngine):
                         writes=np.arange(step.start, step.end, dtype=np.int64), keys=keys,
                         together=together)
 
-    def embed_ids(self, ids: np.ndarray) -> np.ndarray:
-        rows = self.backbone.raw("token_embd.weight")[ids.reshape(-1)]
-        kind = self.backbone.kind("token_embd.weight")
-        if kind in ("F32", "F16"):   # a view, as ggml reads them
-            h = rows.view(np.float32 if kind == "F32" else np.float16).astype(np.float32)
-        else:   # gguf-py's dequantizer (its import takes 0.7 s: only for these)
-            from gguf import GGMLQuantizationType
-            from gguf.quants import dequantize
+    def _evict(self, tokens: int, keys: int) -> None:
+        """Before a step of `tokens` tokens over key bucket `keys`: graphs of another key
+        bucket, and graphs wider than KEPT_WIDTH of another width (a prefill chunk's), are
+        dropped with their memory. What stays is what decoding runs again: its steps, drafts
+        and verifications at the current bucket, and the graphs that read no keys."""
+        self._graphs = {key: graph for key, graph in self._graphs.items()
+                        if key[1] in (0, keys) and (key[0] <= KEPT_WIDTH or key[0] == tokens)}
 
-            h = dequantize(rows, GGMLQuantizationType[kind]).astype(np.float32)
-        h = h * np.float32(self.spec.embed_scale)
-        return h.reshape(*ids.shape, self.spec.hidden)
+    def _graph(self, key: tuple, build):
+        """The cached graph `key` (its tokens and key bucket first), made by `build()` on first
+        use."""
+        graph = self._graphs.get(key)
+        if graph is None:
+            graph = self._graphs[key] = build()
+        return graph
+
+    def embed_ids(self, ids: np.ndarray) -> np.ndarray:
+        flat = ids.reshape(-1)
+        graph = self._graph((len(flat), 0, "embed"),
+                            lambda: embed_graph(self.spec, self.backbone.get("token_embd.weight"),
+                                                len(flat)))
+        cpu().set_threads(self.threads)
+        return graph.run(ids=flat)["x"].reshape(*ids.shape, self.spec.hidden).copy()
 
     def _rows(self, p: GgmlPass, idx) -> Sequence[int | None]:
         """The graphs' row keys for rows `idx` (None: all): None for one graph over every row,
@@ -174,25 +218,23 @@ class GgmlBackend(NumpyArrays, LayerEngine):
              attends: bool = True) -> list[dict]:
         """The graph `key` of layer i or a span of `layers` (made by `build(caches)` on first
         use) run on x [rows, tokens, hidden], all rows at once or row by row: its outputs per
-        run."""
+        run (views of its memory, valid until it runs again)."""
         outs = []
         cpu().set_threads(self.threads)
         for j, row in enumerate(self._rows(p, idx)):
-            graph = self._graphs.get(key + (row,))
-            if graph is None:
-                caches = [self._caches[i][row] for i in
-                          (layers if isinstance(layers, range) else [layers])]
-                graph = self._graphs[key + (row,)] = build(caches)
+            graph = self._graph(key + (row,), lambda: build(
+                [self._caches[i][row] for i in
+                 (layers if isinstance(layers, range) else [layers])]))
             states = x.reshape(-1, self.spec.hidden) if row is None else x[j]
             outs.append(graph.run(x=states, **p.inputs(layers, row, attends)))
         return outs
 
     def _states(self, outs: list[dict], name: str, rows: int, tokens: int) -> np.ndarray:
-        return np.concatenate([o[name] for o in outs]).reshape(rows, tokens, self.spec.hidden)
+        return np.concatenate([o[name] for o in outs]).reshape(rows, tokens, -1)
 
     def run_block(self, p: GgmlPass, i: int, x, idx, stand_in: bool, mids):
         tokens, layer = p.step.tokens, self._layer(stand_in, i)
-        outs = self._run(p, (i, stand_in, tokens, p.keys),
+        outs = self._run(p, (tokens, p.keys, i, stand_in),
                          lambda caches: layer.graph(tokens, p.keys, caches[0]),
                          i, x, idx)
         if mids is not None:
@@ -208,40 +250,64 @@ class GgmlBackend(NumpyArrays, LayerEngine):
                                                       self.mode)
         return layer
 
-    def _span(self, p: GgmlPass, start: int, stand_in: bool, x: np.ndarray,
-              idx=None) -> np.ndarray:
-        """Layers start..L-1 (their stand-ins with `stand_in`) on x [rows, tokens, hidden] as
-        one graph, built once per (start, stand_in, tokens, key bucket, rows)."""
-        tokens, layers = p.step.tokens, range(start, self.num_layers)
-        span = [self._layer(stand_in, i) for i in layers]
-        outs = self._run(p, ("span", start, stand_in, tokens, p.keys),
-                         lambda caches: span_graph(span, tokens, p.keys, caches), layers, x, idx)
-        return self._states(outs, "out", len(x), tokens)
+    def _span(self, p: GgmlPass, layers: range, stand_in, x: np.ndarray, idx=None,
+              cosines: bool = False, logits: str | None = None) -> list[dict]:
+        """`layers` (each its stand-in where `stand_in(i)`) on x [rows, tokens, hidden] as one
+        graph, built once per (tokens, key bucket, layers, which run stand-ins, shared inputs,
+        outputs, rows), with each layer's cosines and the backbone's head of the "last" or
+        "all" tokens where asked: its outputs per run (`span_graph`)."""
+        tokens, shared = p.step.tokens, p.shared(layers)
+        kinds = tuple(stand_in(i) for i in layers)
+        span = [self._layer(k, i) for k, i in zip(kinds, layers)]
+        key = (tokens, p.keys, "span", layers.start, layers.stop, kinds, shared, cosines,
+               logits)
+        return self._run(p, key, lambda caches: span_graph(
+            span, tokens, p.keys, caches, shared, cosines,
+            None if logits is None else (self._heads[False], logits)), layers, x, idx)
 
     def _full_depth(self, p: GgmlPass) -> np.ndarray:
-        return self._span(p, 0, False, self.embed_ids(p.ids))
+        outs = self._span(p, range(self.num_layers), backbone, self.embed_ids(p.ids))
+        return self._states(outs, "out", len(p.ids), p.step.tokens)
+
+    def full_depth_logits(self, p: GgmlPass, every_token: bool) -> np.ndarray:
+        """The whole backbone and the head as one graph run."""
+        tokens = p.step.tokens if every_token else 1
+        outs = self._span(p, range(self.num_layers), backbone, self.embed_ids(p.ids),
+                          logits="all" if every_token else "last")
+        logits = self._states(outs, "logits", len(p.ids), tokens)
+        return logits if every_token else logits[:, 0]
+
+    def prefill_layers(self, p: GgmlPass, prefill_exit: int | None):
+        """A prefill chunk through every layer (stand-ins past `prefill_exit`) as one graph
+        run, each layer's cosines computed in it."""
+        outs = self._span(p, range(self.num_layers),
+                          lambda i: prefill_exit is not None and i > prefill_exit,
+                          self.embed_ids(p.ids), cosines=True)
+        rows, tokens = len(p.ids), p.step.tokens
+        cosines = [self._states(outs, f"cos{j}", rows, tokens) for j in range(self.num_layers)]
+        return self._states(outs, "out", rows, tokens), np.concatenate(cosines, -1)
 
     def stand_in_tail(self, p: GgmlPass, start: int, h, rows):
         if start == self.num_layers:
             return h
+        layers = range(start, self.num_layers)
         if rows is None:
-            return self._span(p, start, True, h)
+            return self._states(self._span(p, layers, stand_in, h), "out", len(h),
+                                p.step.tokens)
         idx = p.index(rows, self.make_index)
-        return self.scatter(h, idx, self._span(p, start, True, h[idx], idx))
+        part = self._span(p, layers, stand_in, h[idx], idx)
+        return self.scatter(h, idx, self._states(part, "out", len(idx), p.step.tokens))
 
     def project_kv(self, p: GgmlPass, i: int, h, rows) -> None:
         tokens, layer = p.step.tokens, self._layer(False, i)
         idx = None if rows is None else p.index(rows, self.make_index)
-        self._run(p, ("kv", i, tokens), lambda caches: layer.kv_graph(tokens, caches[0]),
+        self._run(p, (tokens, 0, "kv", i), lambda caches: layer.kv_graph(tokens, caches[0]),
                   i, h if idx is None else h[idx], idx, attends=False)
 
     def head(self, x, stand_in: bool = False) -> np.ndarray:
         flat = x.reshape(-1, x.shape[-1])
-        key = ("head", stand_in, len(flat))
-        graph = self._graphs.get(key)
-        if graph is None:
-            graph = self._graphs[key] = head_graph(self.spec, self._final_norm,
-                                                   self._heads[stand_in], len(flat))
+        graph = self._graph((len(flat), 0, "head", stand_in),
+                            lambda: head_graph(self._heads[stand_in], len(flat)))
         cpu().set_threads(self.threads)
         logits = graph.run(x=flat)["logits"]
         return logits.reshape(*x.shape[:-1], self.spec.vocab).copy()

@@ -189,35 +189,83 @@ def by_row(ctx, a, tokens: int, rows: int):
                                                  tokens, rows), 0, 2, 1, 3)
 
 
-def span_graph(layers: "list[Layer]", tokens: int, keys: int, caches: list) -> Graph:
+def span_graph(layers: "list[Layer]", tokens: int, keys: int, caches: list,
+               shared: "tuple[tuple[int, int], ...]", cosines: bool = False,
+               head: "tuple[Head, str] | None" = None) -> Graph:
     """`layers` in turn as one graph over their `caches`, `x` in and `out` [rows * tokens,
-    hidden] out: the exit river's tail or the whole backbone in one compute, where no decision
-    reads the host between layers (a graph a layer costs some tens of microseconds from
-    Python: docs/backends.md). Each layer takes its own mask and frequency factors
-    (`mask{j}`, `factors{j}`, j its place in the span)."""
+    hidden] out: the exit river's tail, the whole backbone or a prefill chunk in one compute,
+    where no decision reads the host between layers (a graph a layer costs some tens of
+    microseconds from Python: docs/backends.md). `shared[j]` names the mask and the
+    rotary factors layer j reads (`mask{m}`, `factors{f}`): layers of one attention window
+    or one rotary table share one input, so a prefill's mask is written once, not once a
+    layer. With `cosines`, `cos{j}` [rows * tokens] is the cosine of layer j's input and
+    output (what the exit rule's prior reads of a prompt); with `head` (a Head and "last" or
+    "all"), `logits` [rows * (1 or tokens), vocab] are its logits of each row's last token or
+    of every token."""
     rows = rows_of(caches[0])
     first = layers[0]._inputs(tokens, keys, rows)
     inputs = {k: v for k, v in first.items() if k not in ("mask", "factors")}
-    for j, layer in enumerate(layers):
+    for layer, (m, f) in zip(layers, shared):
         own = layer._inputs(tokens, keys, rows)
-        inputs[f"mask{j}"], inputs[f"factors{j}"] = own["mask"], own["factors"]
+        inputs[f"mask{m}"], inputs[f"factors{f}"] = own["mask"], own["factors"]
 
     def build(ctx, t):
-        x = t["x"]
-        for j, (layer, cache) in enumerate(zip(layers, caches)):
-            x = layer.block(ctx, {**t, "x": x, "mask": t[f"mask{j}"],
-                                  "factors": t[f"factors{j}"]}, tokens, keys, cache)["out"]
-        return {"out": x}
-    return Graph(inputs, build)
+        x, outs = t["x"], {}
+        for j, (layer, cache, (m, f)) in enumerate(zip(layers, caches, shared)):
+            out = layer.block(ctx, {**t, "x": x, "mask": t[f"mask{m}"],
+                                    "factors": t[f"factors{f}"]}, tokens, keys, cache)["out"]
+            if cosines:
+                outs[f"cos{j}"] = cosine(ctx, x, out)
+            x = out
+        outs["out"] = x
+        if head is not None:
+            last = x if head[1] == "all" or tokens == 1 else g.ggml_view_2d(
+                ctx, x, x.contents.ne[0], rows, x.contents.nb[1] * tokens,
+                x.contents.nb[1] * (tokens - 1))
+            outs["logits"] = head[0].build(ctx, last)
+        return outs
+    return Graph(inputs, build, layers=len(layers) + (head is not None))
 
 
-def head_graph(spec: ModelSpec, final_norm, weight, rows: int) -> Graph:
-    """Final norm and LM head of `rows` states: logits [rows, vocab]."""
-    def build(ctx, t):
-        h = g.ggml_mul(ctx, g.ggml_rms_norm(ctx, t["x"], spec.norm_eps), final_norm)
-        logits = g.ggml_mul_mat(ctx, weight, h)
-        if spec.final_softcap:
-            cap = spec.final_softcap
+def cosine(ctx, a, b):
+    """The cosine of each column of a and b [hidden, n]: [n], in float32; 0 where a column
+    is 0 (a padding token's), as the core's `cosine`."""
+    def dot(u, v):
+        return g.ggml_sum_rows(ctx, g.ggml_mul(ctx, u, v))
+
+    norms = g.ggml_clamp(ctx, g.ggml_sqrt(ctx, g.ggml_mul(ctx, dot(a, a), dot(b, b))),
+                         1e-30, float("inf"))
+    return g.ggml_div(ctx, dot(a, b), norms)
+
+
+class Head:
+    """The final norm and the LM head (its weight the backbone's or the stand-in's), for a
+    graph of its own or the end of a span's."""
+
+    def __init__(self, spec: ModelSpec, final_norm, weight) -> None:
+        self.spec, self.final_norm, self.weight = spec, final_norm, weight
+
+    def build(self, ctx, x):
+        """Logits [vocab, columns] of states x [hidden, columns]."""
+        s = self.spec
+        h = g.ggml_mul(ctx, g.ggml_rms_norm(ctx, x, s.norm_eps), self.final_norm)
+        logits = g.ggml_mul_mat(ctx, self.weight, h)
+        if s.final_softcap:
+            cap = s.final_softcap
             logits = g.ggml_scale(ctx, g.ggml_tanh(ctx, g.ggml_scale(ctx, logits, 1 / cap)), cap)
-        return {"logits": logits}
-    return Graph({"x": (F32, [spec.hidden, rows])}, build)
+        return logits
+
+
+def head_graph(head: Head, rows: int) -> Graph:
+    """Final norm and LM head of `rows` states: logits [rows, vocab]."""
+    return Graph({"x": (F32, [head.spec.hidden, rows])},
+                 lambda ctx, t: {"logits": head.build(ctx, t["x"])})
+
+
+def embed_graph(spec: ModelSpec, table, tokens: int) -> Graph:
+    """Token ids [tokens] int32 to their rows of the embedding `table` (ggml dequantizes a
+    quantized table's rows as it reads them), scaled by the model's embedding scale."""
+    def build(ctx, t):
+        h = g.ggml_get_rows(ctx, table, t["ids"])
+        return {"x": h if spec.embed_scale == 1 else g.ggml_scale(ctx, h, spec.embed_scale)}
+    return Graph({"ids": (I32, [tokens])}, build)

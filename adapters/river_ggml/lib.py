@@ -57,7 +57,7 @@ def repack_buffer_type() -> int | None:
     """The CPU backend's CPU_REPACK buffer type, where ggml keeps 4-bit weights interleaved
     for its fastest kernels (Q4_0 as q4_0_8x8 on AVX2), as llama.cpp loads them; None where
     this CPU's ggml offers none."""
-    device = g.ggml_backend_dev_by_type(g.GGML_BACKEND_DEVICE_TYPE_CPU)
+    device = _cpu_device()
     address = g.ggml_backend_reg_get_proc_address(g.ggml_backend_dev_backend_reg(device),
                                                   b"ggml_backend_dev_get_extra_bufts")
     if not address:
@@ -72,11 +72,39 @@ def repack_buffer_type() -> int | None:
 
 
 def repacks(t) -> bool:
-    """Whether ggml repacks tensor `t` (the rule of its `ggml_repack_get_optimal_repack_type`
-    for x86: Q4_0 matrices of a multiple of 8 rows, on AVX2)."""
+    """Whether ggml's CPU backend repacks weight `t` for its matrix products, asked as
+    llama.cpp's loader asks (`weight_buft_supported`): a product with `t` placed in the
+    CPU_REPACK buffer type, which the CPU device supports only for the types and shapes its
+    repacked kernels take on this CPU (Q4_0, Q4_K, IQ4_NL... as this build of ggml has them)."""
+    kind = repack_buffer_type()
+    if kind is None or g.ggml_n_dims(t) != 2:
+        return False
     c = t.contents
-    return (c.type == g.GGML_TYPE_Q4_0 and g.ggml_n_dims(t) == 2 and c.ne[1] % 8 == 0
-            and bool(g.ggml_cpu_has_avx2()) and repack_buffer_type() is not None)
+    ctx = new_context(3, nodes=0)
+    try:
+        w = g.ggml_new_tensor_2d(ctx, c.type, c.ne[0], c.ne[1])
+        x = g.ggml_new_tensor_2d(ctx, g.GGML_TYPE_F32, c.ne[0], 1)
+        product = g.ggml_mul_mat(ctx, w, x)
+        probe = g.ggml_backend_buft_alloc_buffer(ctypes.c_void_p(kind), 0)
+        try:
+            w.contents.buffer = probe
+            return bool(g.ggml_backend_dev_supports_op(_cpu_device(), product))
+        finally:
+            g.ggml_backend_buffer_free(probe)
+    finally:
+        g.ggml_free(ctx)
+
+
+@functools.cache
+def _cpu_device():
+    return g.ggml_backend_dev_by_type(g.GGML_BACKEND_DEVICE_TYPE_CPU)
+
+
+def has_sgemm() -> bool:
+    """Whether this ggml was built with llamafile's tinyBLAS (GGML_LLAMAFILE), as llama.cpp
+    builds it: the kernel of every product of several activation columns (prefill,
+    verification) in F16, BF16 and Q8_0."""
+    return bool(g.ggml_cpu_has_llamafile())
 
 
 def version() -> str:
@@ -90,6 +118,11 @@ class Cpu:
     """ggml's CPU backend, one per process, on `threads` threads."""
 
     def __init__(self) -> None:
+        if not has_sgemm():
+            os.write(2, b"river: this ggml-python was built without llamafile's sgemm, so "
+                        b"prefill and verification run ggml's slower per-dot path; rebuild it "
+                        b"as the README installs it: CMAKE_ARGS=-DGGML_LLAMAFILE=ON pip install "
+                        b"--no-cache-dir --force-reinstall --no-deps ggml-python==0.0.45\n")
         self.backend = g.ggml_backend_cpu_init()
         self.threads = 0
         self.buffer_type = g.lib.ggml_backend_cpu_buffer_type()
@@ -127,12 +160,13 @@ def as_array(tensor) -> np.ndarray:
     return np.frombuffer(buffer, dtype).reshape(tuple(reversed(dims)))
 
 
-NODES = 8192   # a graph's most ops: 30 layers of about 40
+NODES_PER_LAYER = 96   # a block's ops (about 60) and its exit cosines, with room to spare
 
 
-def new_context(tensors: int):
-    params = g.ggml_init_params(mem_size=g.ggml_tensor_overhead() * tensors
-                                + g.ggml_graph_overhead_custom(NODES, False),
+def new_context(tensors: int, nodes: int):
+    """A context for `tensors` tensors' metadata (no data) and a graph of `nodes` ops."""
+    graph = g.ggml_graph_overhead_custom(nodes, False) if nodes else 0
+    params = g.ggml_init_params(mem_size=g.ggml_tensor_overhead() * tensors + graph,
                                 mem_buffer=None, no_alloc=True)
     return g.ggml_init(params)
 
@@ -143,8 +177,10 @@ class Graph:
     get their memory once, and `inputs`/`outputs` are numpy views of it: a run copies new
     values into the inputs' views, computes, and reads the outputs' views."""
 
-    def __init__(self, inputs: dict[str, tuple[int, Sequence[int]]], build) -> None:
-        self.ctx = new_context(NODES)
+    def __init__(self, inputs: dict[str, tuple[int, Sequence[int]]], build,
+                 layers: int = 1) -> None:
+        nodes = NODES_PER_LAYER * layers + 32   # sized from what it holds: a layer's graph
+        self.ctx = new_context(nodes + len(inputs), nodes)   # is small beside a span's
         made = {}
         for name, (kind, ne) in inputs.items():
             t = g.ggml_new_tensor(self.ctx, kind, len(ne),
@@ -152,7 +188,7 @@ class Graph:
             g.ggml_set_input(t)
             made[name] = t
         outs = build(self.ctx, made)
-        self.graph = g.ggml_new_graph_custom(self.ctx, NODES, False)
+        self.graph = g.ggml_new_graph_custom(self.ctx, nodes, False)
         for t in outs.values():
             g.ggml_set_output(t)
             g.ggml_build_forward_expand(self.graph, t)
@@ -274,7 +310,7 @@ class HostTensors:
 
     def __init__(self, array: np.ndarray, tensors: int) -> None:
         self.array = array
-        self.ctx = new_context(tensors)
+        self.ctx = new_context(tensors, 0)
         self._buffer = g.lib.ggml_backend_cpu_buffer_from_ptr(
             array.__array_interface__["data"][0], array.nbytes)
 
