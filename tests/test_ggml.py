@@ -256,3 +256,12 @@ def test_its_head_stand_in_is_ggml_q8_0_with_a_scale_per_block():
     per_row = q8_0(quantize(w, QuantSpec(bits=8)))
     assert close(dequantize(ours, Q.Q8_0), w) < close(dequantize(per_row, Q.Q8_0), w) / 2
     assert np.array_equal(dequantize(ours, Q.Q8_0), dequantize(ggml_quantize(w, Q.Q8_0), Q.Q8_0))
+
+
+def test_its_ggml_is_built_as_llama_cpp_builds_it():
+    """llamafile's sgemm (the README's install asks for it): the kernel of a product of
+    several columns, which prefill and verification are; without it ggml takes its per-dot
+    path, which costs more a column."""
+    from river_ggml.lib import has_sgemm
+
+    assert has_sgemm()
