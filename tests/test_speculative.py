@@ -234,11 +234,12 @@ def test_a_new_process_starts_from_what_the_last_one_measured_on_this_cpu(folder
 
 def test_hf_prepacks_its_backbone_only_for_verifications_that_run_the_packed_kernel():
     """oneDNN's prepacked copy (0.17 s to make on the embedded model) serves verifications of
-    4-16 tokens; lossless mode's plain rounds verify one token and never need it."""
+    4-16 tokens; lossless mode's plain rounds verify one token and never need it. oneDNN is
+    the CPU's: the backend is on the CPU whatever RIVER_TEST_DEVICE says."""
     from river_hf.backend import PACK_AFTER
     from river_hf.plugin import tiny_backend
 
-    backend = tiny_backend("llama", 0, 4)
+    backend = tiny_backend("llama", 0, 4, device="cpu")
     backend.prefill([[1, 20, 21]], 64)
     for _ in range(PACK_AFTER + 2):   # plain rounds
         backend.extend([5], 3)

@@ -16,12 +16,17 @@ from . import CAPABILITIES
 CONTEXT = 8192   # positions allocated; smaller than most models' trained context, to save memory
 
 
-def _llama(path: Path, context: int, exact: bool):
+def _llama_cpp():
     try:
         import llama_cpp
     except ImportError:
         raise CapabilityError("the llamacpp backend needs llama-cpp-python: "
                               "pip install 'river-llm[llamacpp]'") from None
+    return llama_cpp
+
+
+def _llama(path: Path, context: int, exact: bool):
+    llama_cpp = _llama_cpp()
     # exact: float32 K/V (llama.cpp defaults to float16), for comparisons with other backends
     kv_type = {"type_k": 0, "type_v": 0} if exact else {}
     try:
@@ -66,12 +71,13 @@ DIFFERS = {"mistral": "its llama architecture has no sliding window",
 def tiny_backend(family: str, seed: int, bits: int, exact: bool = True):
     """llama.cpp over a tiny random model written as a float32 GGUF as its converter writes
     it, with float32 K/V (`exact`) or its default float16."""
-    from .backend import LlamaCppBackend
-    from river_models.tiny_gguf import gguf_file
-
     if family in DIFFERS:
         raise CapabilityError(f"llama.cpp computes the tiny {family} otherwise than "
                               f"transformers: {DIFFERS[family]}")
+    _llama_cpp()   # before the tiny GGUF, whose writer needs gguf (absent where it is absent)
+    from .backend import LlamaCppBackend
+    from river_models.tiny_gguf import gguf_file
+
     path = gguf_file(seed, family)
     llm, layers = _llama(path, 256, exact)
     return LlamaCppBackend(llm, layers, path)
