@@ -151,8 +151,8 @@ def speed(args) -> dict:
 def layers(args) -> dict:
     out = {}
     for shape in args.shapes:
-        out[shape] = int4_error(shape, args.device)
         model = grid.load_models([engine(args)], shape, grid_args(args, [], []))[engine(args)]
+        out[shape] = int4_error(model.backend.spec, args.device)
         out[shape] |= grid.layer_costs(model, args.device)
         out[shape]["stand_in_over_layer"] = out[shape]["stand_in_us"] / out[shape]["layer_us"]
         del model
@@ -166,11 +166,12 @@ def layers(args) -> dict:
 INT4_RTOL = 2e-2
 
 
-def int4_error(shape: str, device: str) -> dict:
+def int4_error(s, device: str) -> dict:
     """The stand-ins' int4 kernel (`packed`: tinygemm on CUDA, aten's int4 kernel on the CPU)
-    on one random layer of `shape` quantized as the shape's stand-ins are (RTN, groups of 64),
-    fused as the engine fuses them, against x @ W^T with W the stand-in's dequantized weights,
-    in float32 on the same device; raises where a projection is off by more than INT4_RTOL."""
+    on one random layer of a model's dimensions `s` (a ModelSpec, or a random shape's Shape)
+    quantized as random shapes' stand-ins are (RTN, groups of 64), fused as the engine fuses
+    them, against x @ W^T with W the stand-in's dequantized weights, in float32 on the same
+    device; raises where a projection is off by more than INT4_RTOL."""
     import numpy as np
     import torch
 
@@ -179,7 +180,7 @@ def int4_error(shape: str, device: str) -> dict:
     from river_models.spec import FUSED
     from river_models.torch_blocks import packed
 
-    s, rng = shapes.SHAPES[shape], np.random.default_rng(0)
+    rng = np.random.default_rng(0)
     rows = {"q": s.heads * s.head_dim, "k": s.kv_heads * s.head_dim,
             "v": s.kv_heads * s.head_dim, "o": s.hidden, "gate": s.intermediate,
             "up": s.intermediate, "down": s.hidden}
@@ -199,7 +200,7 @@ def int4_error(shape: str, device: str) -> dict:
     if errors[worst] > INT4_RTOL:
         raise RuntimeError(f"the int4 kernel on {device} is off its dequantized weights by "
                            f"{errors[worst]:.3g} of the largest output (bound {INT4_RTOL}) on "
-                           f"{shape}'s {worst} projection")
+                           f"the {worst} projection")
     return {"int4_error": errors}
 
 

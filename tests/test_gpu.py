@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from river_bench import gpu
+from river_bench.library.shapes import SHAPES
 
 
 def _args(**overrides):
@@ -87,7 +88,7 @@ def test_the_int4_kernel_is_checked_against_the_stand_ins_dequantized_weights(mo
 
     from river_models import torch_blocks
 
-    errors = gpu.int4_error("tiny", "cpu")["int4_error"]
+    errors = gpu.int4_error(SHAPES["tiny"], "cpu")["int4_error"]
     assert set(errors) == {"qkv", "o", "gate_up", "down"}
     assert max(errors.values()) <= gpu.INT4_RTOL
     packed = torch_blocks.packed
@@ -98,7 +99,7 @@ def test_the_int4_kernel_is_checked_against_the_stand_ins_dequantized_weights(mo
         return packed(attrs.evolve(q, codes=codes.copy()), bias, dtype, device)
     monkeypatch.setattr(torch_blocks, "packed", swapped)
     with pytest.raises(RuntimeError, match="int4 kernel on cpu is off"):
-        gpu.int4_error("tiny", "cpu")
+        gpu.int4_error(SHAPES["tiny"], "cpu")
 
 
 def _gone(pid: int, wait_s: float = 5.0) -> bool:
