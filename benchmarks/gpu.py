@@ -22,19 +22,22 @@ every other's. Each records ran, skipped with its reason, or failed with its err
    per token over the device's measured copy bandwidth), on random Llama-3.2-1B- and
    Llama-3.1-8B-shaped models (`--shapes`; RTN stand-ins; nothing carried to the machine;
    `default`: the embedded model or --model, where it is installed);
-3. layers: one decoding token's backbone layer and stand-in layer, per shape, and the int4
-   kernel the stand-ins run (tinygemm on CUDA) against their dequantized weights on the
-   device;
+3. layers: per shape, one decoding token's backbone layer and stand-in layer; prefill, a
+   plain decode step and a lossless round (k drafts and a verification of k + 1 tokens); and
+   the int4 kernel the stand-ins run (tinygemm on CUDA) against their dequantized weights on
+   the device;
 4. memory: per shape in a fresh process, the weights (memory allocated by loading) and each
    mode's per-generation peak (torch.cuda.max_memory_allocated minus what was allocated
    before it); the whole 4-bit model in a process of its own whose backend holds no backbone
    layer (its prompt runs the stand-ins too);
 5. onnx: the grid on River's onnx engine at the dtype the device takes (CUDA: the onnx
-   engine's CUDA default, never float32), beside torch;
+   engine's CUDA default, never float32), beside torch, on the embedded model (skipped, in one
+   line, where onnxruntime has no CUDA provider, as on a lent machine's image);
 6. vllm: vLLM plain (CUDA graphs on) against River's exit and lossless modes inside vLLM at
    1, 4, 16 and 64 concurrent requests (`river bench vllm`'s machinery), in a process that
    holds no model, each engine with `gpu_memory_utilization` from the memory free when it
-   starts (vLLM refuses to start with less free than the fraction it asks for).
+   starts (vLLM refuses to start with less free than the fraction it asks for); River's modes
+   on FLASH_ATTN, lossless mode on vLLM's V1 model runner (skipped, in one line, without vLLM).
 Every timer is read after the device has finished its queued work (library/timing.py).
 """
 
@@ -69,7 +72,7 @@ class Part:
     per_shape: bool = False   # a fresh process per shape (and mode kind)
 
 
-PARTS = {1: Part("tests", 240, 150), 2: Part("speed", 240, 120), 3: Part("layers", 120, 60),
+PARTS = {1: Part("tests", 240, 150), 2: Part("speed", 240, 120), 3: Part("layers", 150, 90),
          4: Part("memory", 180, 120, per_shape=True), 5: Part("onnx", 240, 150),
          6: Part("vllm", 300, 240)}
 BUDGET_S = 480   # the default call: 8 of a lent machine's 10 minutes a command
@@ -154,8 +157,39 @@ def layers(args) -> dict:
         model = grid.load_models([engine(args)], shape, grid_args(args, [], []))[engine(args)]
         out[shape] = int4_error(model.backend.spec, args.device)
         out[shape] |= grid.layer_costs(model, args.device)
+        out[shape] |= step_costs(model, shape, args)
         out[shape]["stand_in_over_layer"] = out[shape]["stand_in_us"] / out[shape]["layer_us"]
         del model
+    return out
+
+
+def step_costs(model, shape: str, args, runs: int = 3) -> dict:
+    """Prefill of a `--positions` prompt, a plain decode step (full depth) and a lossless
+    round at a fixed draft length k (k drafts and one verification of k + 1 tokens), from
+    runs of the two modes in turn, the first of each a warm-up; River's own step times, which
+    end at the host read of the chosen token (after the device's work). Random weights keep
+    few drafts, but a round drafts k all the same: its cost is what it is on a real model."""
+    import statistics
+
+    from river_core import GenerationConfig
+
+    prompt = grid.prompts_for(model, shape, max(args.positions), 1)[0]
+    plain = grid.exit_config("backbone")
+    lossless = attrs.evolve(grid.exit_config("lossless"), adaptive=False)
+    k, gen = lossless.draft_tokens, GenerationConfig(max_new_tokens=args.tokens)
+    prefill, steps, rounds = [], [], []
+    for run in range(runs + 1):
+        a = model.generate_ids([prompt], plain, gen)
+        b = model.generate_ids([prompt], lossless, gen)
+        if run:
+            prefill.append(a.prefill_seconds)
+            steps += a.step_seconds
+            rounds += [s for s, d in zip(b.step_seconds, b.drafted) if d == k]
+    median_ms = lambda xs: 1e3 * statistics.median(xs) if xs else None
+    out = {"prefill_ms": median_ms(prefill), "plain_step_ms": median_ms(steps),
+           "draft_tokens": k, "lossless_round_ms": median_ms(rounds)}
+    out["round_over_step"] = out["lossless_round_ms"] / out["plain_step_ms"] \
+        if rounds and steps else None
     return out
 
 
@@ -601,9 +635,16 @@ def report(record: dict) -> str:
                                  "command": e["command"]})
             lines += table.splitlines()[4:]
         elif name == "layers":
-            lines += ["| shape | backbone layer µs | stand-in µs | ratio |", "|---|---|---|---|"]
+            lines += ["| shape | backbone layer µs | stand-in µs | ratio | prefill ms | plain "
+                      "step ms | lossless round ms (k drafts, k+1 verified) | round / step | "
+                      "int4 kernel's error |", "|---|" + "---|" * 8]
+            cell = lambda v, f: "-" if v is None else format(v, f)
             lines += [f"| {s} | {c['layer_us']:.0f} | {c['stand_in_us']:.0f} | "
-                      f"{c['stand_in_over_layer']:.2f}x |" for s, c in r.items()]
+                      f"{c['stand_in_over_layer']:.2f}x | {cell(c.get('prefill_ms'), '.1f')} | "
+                      f"{cell(c.get('plain_step_ms'), '.2f')} | "
+                      f"{cell(c.get('lossless_round_ms'), '.2f')} (k={c.get('draft_tokens')}) | "
+                      f"{cell(c.get('round_over_step'), '.2f')} | "
+                      f"{max(c.get('int4_error', {0: 0}).values()):.1e} |" for s, c in r.items()]
         elif name == "memory":
             columns = ["weights_mb", "backbone", "exit mode", "lossless mode",
                        "whole 4-bit weights_mb", WHOLE]

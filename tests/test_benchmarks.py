@@ -234,8 +234,11 @@ def gpu_parts_are_each_recorded(out: Path) -> None:
     assert list(parts) == ["tests", "speed", "layers", "memory", "onnx"]
     assert "passed" in parts["tests"]["result"]["summary"]
     assert {r["config"] for r in parts["speed"]["result"]["rows"]} == \
-        {"backbone", "whole-4bit", "exit", "lossless"}
+        {"backbone", "whole-4bit", "exit", "lossless", "exit@3"}
     assert set(parts["layers"]["result"]) == {"tiny"}
+    assert max(parts["layers"]["result"]["tiny"]["int4_error"].values()) < 0.02
+    assert {"prefill_ms", "plain_step_ms", "lossless_round_ms", "round_over_step"} <= \
+        set(parts["layers"]["result"]["tiny"])
     assert parts["memory"] == parts["memory"] | {"status": "skipped"} and \
         "CUDA" in parts["memory"]["reason"]
     assert {r["engine"] for r in parts["onnx"]["result"]["rows"]} == {"onnx", "hf"}
