@@ -63,8 +63,9 @@ def operating_point(model: RiverModel, config: ExitConfig, target: Target | None
     None where nothing is fitted: a backend without stand-ins, a policy without a tuned
     option, that option set by hand, or exit mode refused on this model."""
     if not isinstance(model.backend, StandIns) or config.lossless or \
+            not model.registry.kv_strategy(config.kv).make.allows_exit or \
             getattr(model.backend.capabilities, "exit_refused", None):
-        return None   # no exits to fit (exit mode refused: its own line says why)
+        return None   # no exits to fit (full depth; exit mode refused: its own line says why)
     mark = tuned(model.registry.policy(config.policy).options)
     if mark is None or mark[0] in config.options:
         return None
