@@ -269,6 +269,12 @@ class MappedGGUF:
             g.ggml_backend_tensor_alloc(buffer, t, at)
             g.ggml_backend_tensor_set(t, ctypes.c_void_p(self._base + offset), 0,
                                       g.ggml_nbytes(t))
+            # the file's pages of a repacked tensor are read once: give them back, or the
+            # process holds its weights twice (a later read maps them in again)
+            start, end = -(-offset // mmap.PAGESIZE) * mmap.PAGESIZE, offset + g.ggml_nbytes(t)
+            if end - start >= mmap.PAGESIZE:
+                self._map.madvise(mmap.MADV_DONTNEED, start,
+                                  (end - start) // mmap.PAGESIZE * mmap.PAGESIZE)
             at += size
         return buffer
 
