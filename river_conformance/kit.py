@@ -27,7 +27,7 @@ Tolerances and why (docs/backends.md), per the float type the backend computes i
 from __future__ import annotations
 
 import functools
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 import attrs
 import numpy as np
@@ -45,7 +45,9 @@ from river_core.kv import Full, Mask, Monotonic, Propagate, Recompute, River
 from river_core.model import RiverModel
 from river_core.plugins import default_registry
 from river_core.predictor import STAND_IN_BOUND_C, relative_error
-from river_core.speculative import DraftLength, rounds, speculative_ids
+from river_core.ngram import NgramOptions, NgramSource
+from river_core.speculative import (DraftLength, DraftSource, RiverSource, rounds,
+                                    speculative_ids)
 from river_models import tiny
 
 from .distribution import Comparison, Scored, compare, score
@@ -532,6 +534,37 @@ def test_speculative_greedy_output_is_full_depths_token_for_token(
     assert sum(got.accepted) + len(got.accepted) >= len(want[0]) - 1   # every round yields
 
 
+# prompts that repeat themselves, so that the context's n-grams propose drafts
+repeating_prompts = st.tuples(st.lists(st.integers(3, tiny.VOCAB - 1), min_size=1, max_size=6),
+                              st.integers(2, 4)).map(lambda pk: [1] + pk[0] * pk[1])
+
+
+@given(prompt=repeating_prompts, n=st.integers(1, 16), gamma=st.integers(1, 5),
+       exits=draft_exits, adaptive=st.booleans(), shortest=st.integers(1, 3), data=st.data())
+def test_speculative_greedy_output_with_ngram_drafts_is_full_depths_token_for_token(
+        conformance_backend, prompt, n, gamma, exits, adaptive, shortest, data):
+    """Drafts from the context's n-grams, alone or with the river's (either asked first):
+    full depth's tokens still, every round drafted by whichever source proposed."""
+    b = conformance_backend.backend(conformance_backend.family(data))
+    strategy = _drafting(b, data)
+    ngram = NgramSource(NgramOptions(ngram_min=shortest, ngram_max=max(shortest, 4),
+                                     ngram_tokens=gamma))
+    river = RiverSource()
+    sources = data.draw(st.sampled_from([{"ngram": ngram}, {"ngram": ngram, "river": river},
+                                         {"river": river, "ngram": ngram}]), label="sources")
+    want = _greedy(b, prompt, n).tokens
+    got = speculative_ids(b, [prompt], GenerationConfig(max_new_tokens=n),
+                          scripted_run(strategy, exits),
+                          DraftLength({name: gamma for name in sources}, adaptive), sources)
+    full_logits = lambda: forced_logits(b, prompt, want[0], Full())
+    precision = conformance_backend.precision
+    assert precision.keeps_to(got.tokens[0], want[0], full_logits, precision.own_rtol)
+    assert sum(got.accepted) + len(got.accepted) >= len(want[0]) - 1   # every round yields
+    assert set(got.draft_sources) <= {*sources, "plain"}
+    drafted = [d for d, s in zip(got.drafted, got.draft_sources) if s == "ngram"]
+    assert all(0 < d <= gamma for d in drafted)
+
+
 @given(prompt=prompts, n=st.integers(2, 16), gamma=st.integers(1, 5), exits=draft_exits,
        data=st.data())
 def test_no_river_kv_survives_verification(conformance_backend, prompt, n, gamma, exits, data):
@@ -662,14 +695,17 @@ def plain_samples(backend, prompt, gen: GenerationConfig, n: int) -> list[list[i
                          scripted_run(Full())).tokens[0] for s in range(n)]
 
 
-def lossless_samples(backend, prompt, gen: GenerationConfig, n: int) -> list[list[int]]:
+def lossless_samples(backend, prompt, gen: GenerationConfig, n: int,
+                     sources: Mapping[str, DraftSource] | None = None) -> list[list[int]]:
     """n continuations of `prompt` in speculative mode (seeds gen.seed * n + 0..n-1), drafting
     as far from the backbone as the backend allows: stand-ins only where it has them, so that
-    about half of the drafts are rejected and both branches of the ratio test run."""
+    about half of the drafts are rejected and both branches of the ratio test run; with
+    `sources`, from those (None: the river)."""
     strategy, exits = (River(), [-1] * 4 * gen.max_new_tokens) \
         if backend.capabilities.stand_in else (Full(), [])
+    length = lambda: DraftLength({name: 4 for name in sources} if sources else 4)
     return [speculative_ids(backend, [prompt], attrs.evolve(gen, seed=gen.seed * n + s),
-                            scripted_run(strategy, exits), DraftLength(4)).tokens[0]
+                            scripted_run(strategy, exits), length(), sources).tokens[0]
             for s in range(n)]
 
 
@@ -685,17 +721,27 @@ def scored(backend, prompt, continuations, gen: GenerationConfig) -> Scored:
                  gen.top_k)
 
 
-def lossless_against_plain(backend, n: int = SAMPLES, seed: int = 0, **sampling) -> Comparison:
+def lossless_against_plain(backend, n: int = SAMPLES, seed: int = 0,
+                           sources: Mapping[str, DraftSource] | None = None,
+                           prompt: Sequence[int] = SAMPLED_PROMPT, **sampling) -> Comparison:
     """The sampled-exactness comparison of a backend's speculative mode (`sampling`:
-    GenerationConfig's temperature, top_p, top_k)."""
+    GenerationConfig's temperature, top_p, top_k; `sources`: the draft sources, None: the
+    river)."""
     # its tests (chi-square, power) are scipy's, which the test extra installs and a lent
     # GPU's image lacks: there they skip, in one line
     pytest.importorskip("scipy", reason="the kit's sampled comparisons need scipy")
     gen = GenerationConfig(max_new_tokens=SAMPLED_TOKENS, **sampling)
-    plain = plain_samples(backend, SAMPLED_PROMPT, attrs.evolve(gen, seed=2 * seed), n)
-    other = lossless_samples(backend, SAMPLED_PROMPT, attrs.evolve(gen, seed=2 * seed + 1), n)
-    return compare(scored(backend, SAMPLED_PROMPT, plain, gen),
-                   scored(backend, SAMPLED_PROMPT, other, gen), SAMPLED_POSITIONS)
+    plain = plain_samples(backend, prompt, attrs.evolve(gen, seed=2 * seed), n)
+    other = lossless_samples(backend, prompt, attrs.evolve(gen, seed=2 * seed + 1), n, sources)
+    return compare(scored(backend, prompt, plain, gen), scored(backend, prompt, other, gen),
+                   SAMPLED_POSITIONS)
+
+
+# N-gram drafts under the sampling rule: a prompt that repeats, and matches of one token on,
+# so that the n-grams propose in most rounds; a draft that is a function of the context is a
+# point mass, kept with the target's probability of it (speculative.verify)
+NGRAM_PROMPT = [1, 20, 21, 22, 20, 21, 22, 20, 21]
+NGRAM_DRAFTS = {"ngram": NgramSource(NgramOptions(ngram_min=1))}
 
 
 @pytest.mark.parametrize("sampling", SAMPLED_SETTINGS.values(), ids=SAMPLED_SETTINGS.keys())
@@ -703,6 +749,15 @@ def test_speculative_sampling_draws_full_depths_distribution(conformance_backend
     b = conformance_backend.backend(bits=4)
     _needs(b, "verify")
     comparison = lossless_against_plain(b, **sampling)
+    assert comparison.same, comparison.summary()
+
+
+def test_speculative_sampling_with_ngram_drafts_draws_full_depths_distribution(
+        conformance_backend):
+    b = conformance_backend.backend(bits=4)
+    _needs(b, "verify")
+    comparison = lossless_against_plain(b, sources=NGRAM_DRAFTS, prompt=NGRAM_PROMPT,
+                                        temperature=1.0)
     assert comparison.same, comparison.summary()
 
 

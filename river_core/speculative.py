@@ -400,10 +400,10 @@ def rounds(backend: Backend, prompt: Sequence[int], gen: GenerationConfig, run: 
            ) -> Iterator[Round]:
     """Prefill `prompt`, then rounds of draft, verify, accept, trim until EOS, a stop string
     or gen.max_new_tokens; each round's tokens end at whichever comes first. Each round asks
-    the `sources` in `length`'s order (its measure of what each costs a token) and drafts from
-    the first that proposes (`sources` by name, as `length` names them; None: the river
-alone); none: a plain step. `run` comes from a resolved plan
-    (`Plan.run`), whose resolution checked that the backend and the strategy can draft."""
+    the `sources` (by name, as `length` names them; None: the river alone) in `length`'s order,
+    its measure of what each costs a token, and drafts from the first that proposes; none: a
+    plain step. `run` comes from a resolved plan (`Plan.run`), whose resolution checked that
+    the backend and the strategy can draft."""
     check_capacity(backend, [prompt], gen.max_new_tokens)
     choice = Choice(gen, np.random.default_rng(gen.seed))
     eos, out, stops = backend.tokenizer.eos_ids, [], StopScan(backend.tokenizer, gen.stop)
