@@ -3,7 +3,7 @@ suite on the device, decode speed against the byte limit, per-layer costs, GPU m
 mode, ONNX Runtime on CUDA, and vLLM's CUDA engine against River's modes inside it.
 
     river bench gpu --dry-run                    # each part's commands, shapes, memory, minutes
-    river bench gpu --out $OUT --budget 480      # all of it in one call of a lent machine
+    river bench gpu --out $OUT --budget 510      # all of it in one call of a lent machine
 
 Parts, in order (`--parts` picks some). Each runs in a process of its own (the memory part:
 one per shape and mode kind) in a process group of its own, inside the time left of its own
@@ -23,7 +23,8 @@ every other's. Each records ran, skipped with its reason, or failed with its err
    Llama-3.1-8B-shaped models (`--shapes`; RTN stand-ins; nothing carried to the machine;
    `default`: the embedded model or --model, where it is installed);
 3. layers: per shape, one decoding token's backbone layer and stand-in layer; prefill, a
-   plain decode step and a lossless round (k drafts and a verification of k + 1 tokens); and
+   plain decode step against transformers' own generate() on the same random weights, and a
+   lossless round (k drafts and a verification of k + 1 tokens); and
    the int4 kernel the stand-ins run (tinygemm on CUDA) against their dequantized weights on
    the device;
 4. memory: per shape in a fresh process, the weights (memory allocated by loading) and each
@@ -72,10 +73,10 @@ class Part:
     per_shape: bool = False   # a fresh process per shape (and mode kind)
 
 
-PARTS = {1: Part("tests", 240, 150), 2: Part("speed", 240, 120), 3: Part("layers", 150, 90),
+PARTS = {1: Part("tests", 240, 150), 2: Part("speed", 240, 120), 3: Part("layers", 180, 120),
          4: Part("memory", 180, 120, per_shape=True), 5: Part("onnx", 240, 150),
          6: Part("vllm", 300, 240)}
-BUDGET_S = 480   # the default call: 8 of a lent machine's 10 minutes a command
+BUDGET_S = 510   # the default call: 8.5 of a lent machine's 10 minutes a command
 DEVICE_S = 15 * 60   # a session's device time, the machine's start included
 START_S = 120        # a lent machine's start (1-2 minutes)
 MODES = {"backbone": "backbone", "whole 4-bit model": "whole-4bit", "exit mode": "exit",
@@ -164,11 +165,12 @@ def layers(args) -> dict:
 
 
 def step_costs(model, shape: str, args, runs: int = 3) -> dict:
-    """Prefill of a `--positions` prompt, a plain decode step (full depth) and a lossless
-    round at a fixed draft length k (k drafts and one verification of k + 1 tokens), from
-    runs of the two modes in turn, the first of each a warm-up; River's own step times, which
-    end at the host read of the chosen token (after the device's work). Random weights keep
-    few drafts, but a round drafts k all the same: its cost is what it is on a real model."""
+    """Prefill of a `--positions` prompt, a plain decode step (full depth), a lossless round at
+    a fixed draft length k (k drafts and one verification of k + 1 tokens) and, on a random
+    shape, transformers' own greedy generate() on the same weights, from runs of each in turn,
+    the first of each a warm-up. River's own step times end at the host read of the chosen
+    token, transformers' between its logits-processor calls (grid.Transformers), both after
+    the device's work. Random weights keep few drafts, but a round drafts k all the same."""
     import statistics
 
     from river_core import GenerationConfig
@@ -177,20 +179,68 @@ def step_costs(model, shape: str, args, runs: int = 3) -> dict:
     plain = grid.exit_config("backbone")
     lossless = attrs.evolve(grid.exit_config("lossless"), adaptive=False)
     k, gen = lossless.draft_tokens, GenerationConfig(max_new_tokens=args.tokens)
-    prefill, steps, rounds = [], [], []
+    twin = grid.Transformers.of(hf_twin(shape, model.backend.max_positions, args.device,
+                                        engine_dtype(args))) if shape in shapes.SHAPES else None
+    prefill, steps, rounds, theirs, same = [], [], [], [], []
     for run in range(runs + 1):
         a = model.generate_ids([prompt], plain, gen)
         b = model.generate_ids([prompt], lossless, gen)
+        h = twin.generate(prompt, args.tokens) if twin else None
         if run:
             prefill.append(a.prefill_seconds)
             steps += a.step_seconds
             rounds += [s for s, d in zip(b.step_seconds, b.drafted) if d == k]
+            if h:
+                theirs.append(h["decode_seconds"] / max(len(h["tokens"]) - 1, 1))
+                same.append(h["tokens"] == a.tokens[0])
     median_ms = lambda xs: 1e3 * statistics.median(xs) if xs else None
     out = {"prefill_ms": median_ms(prefill), "plain_step_ms": median_ms(steps),
-           "draft_tokens": k, "lossless_round_ms": median_ms(rounds)}
+           "draft_tokens": k, "lossless_round_ms": median_ms(rounds),
+           "transformers_step_ms": median_ms(theirs),
+           "same_tokens_as_transformers": sum(same) / len(same) if same else None}
     out["round_over_step"] = out["lossless_round_ms"] / out["plain_step_ms"] \
         if rounds and steps else None
+    out["step_over_transformers"] = out["plain_step_ms"] / out["transformers_step_ms"] \
+        if theirs and steps else None
     return out
+
+
+def engine_dtype(args) -> str:
+    return engine(args).partition(":")[2] or "float32"
+
+
+def hf_twin(shape: str, max_positions: int, device: str, dtype: str):
+    """transformers' own LlamaForCausalLM holding random shape `shape`'s weights (the same
+    draw River's engine runs: shapes.random_checkpoint), on `device` in `dtype`."""
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    c = shapes.random_checkpoint(shape, max_positions)
+    s, w = c.spec, c.weights
+    config = LlamaConfig(vocab_size=s.vocab, hidden_size=s.hidden,
+                         intermediate_size=s.intermediate, num_hidden_layers=s.num_layers,
+                         num_attention_heads=s.heads, num_key_value_heads=s.kv_heads,
+                         head_dim=s.head_dim, rms_norm_eps=s.norm_eps,
+                         max_position_embeddings=max_positions,
+                         tie_word_embeddings=shapes.SHAPES[shape].tied,
+                         rope_parameters={"rope_type": "default", "rope_theta": shapes.ROPE_BASE})
+    with torch.device(device):   # made there in `dtype`: no float32 copy of 8B weights
+        hf = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype)).eval()
+    hf.generation_config.pad_token_id = 0
+    put = lambda param, array: param.data.copy_(torch.from_numpy(array))
+    put(hf.model.embed_tokens.weight, w.embed)
+    put(hf.model.norm.weight, w.final_norm)
+    if not config.tie_word_embeddings:
+        put(hf.lm_head.weight, w.head)
+    names = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj",
+             "o": "self_attn.o_proj", "gate": "mlp.gate_proj", "up": "mlp.up_proj",
+             "down": "mlp.down_proj"}
+    for layer, weights in zip(hf.model.layers, w.layers):
+        put(layer.input_layernorm.weight, weights.input_norm)
+        put(layer.post_attention_layernorm.weight, weights.pre_mlp_norm)
+        for name, module in names.items():
+            put(layer.get_submodule(module).weight, weights.projections[name])
+    return hf
 
 
 # The int4 kernel's output against the same weights dequantized, as a share of the largest
@@ -636,12 +686,13 @@ def report(record: dict) -> str:
             lines += table.splitlines()[4:]
         elif name == "layers":
             lines += ["| shape | backbone layer µs | stand-in µs | ratio | prefill ms | plain "
-                      "step ms | lossless round ms (k drafts, k+1 verified) | round / step | "
-                      "int4 kernel's error |", "|---|" + "---|" * 8]
+                      "step ms | transformers' step ms | lossless round ms (k drafts, k+1 "
+                      "verified) | round / step | int4 kernel's error |", "|---|" + "---|" * 9]
             cell = lambda v, f: "-" if v is None else format(v, f)
             lines += [f"| {s} | {c['layer_us']:.0f} | {c['stand_in_us']:.0f} | "
                       f"{c['stand_in_over_layer']:.2f}x | {cell(c.get('prefill_ms'), '.1f')} | "
                       f"{cell(c.get('plain_step_ms'), '.2f')} | "
+                      f"{cell(c.get('transformers_step_ms'), '.2f')} | "
                       f"{cell(c.get('lossless_round_ms'), '.2f')} (k={c.get('draft_tokens')}) | "
                       f"{cell(c.get('round_over_step'), '.2f')} | "
                       f"{max(c.get('int4_error', {0: 0}).values()):.1e} |" for s, c in r.items()]

@@ -94,6 +94,13 @@ class Transformers:
 
         self.model, _ = hf_model(locate(model))
 
+    @classmethod
+    def of(cls, hf) -> "Transformers":
+        """The same for a transformers model at hand (`river bench gpu`: random weights)."""
+        worker = cls.__new__(cls)
+        worker.model = hf
+        return worker
+
     def generate(self, ids: list[int], tokens: int) -> dict:
         import torch
         from transformers import LogitsProcessor, LogitsProcessorList
@@ -110,7 +117,8 @@ class Transformers:
 
         clock = Clock()
         with torch.inference_mode():
-            out = self.model.generate(torch.tensor([ids]), do_sample=False,
+            out = self.model.generate(torch.tensor([ids], device=self.model.device),
+                                      do_sample=False,
                                       max_new_tokens=tokens,
                                       logits_processor=LogitsProcessorList([clock]))
         return {"tokens": out[0, len(ids):].tolist(),

@@ -140,3 +140,32 @@ def test_the_log_stays_within_what_a_call_brings_back(tmp_path, monkeypatch):
     gpu.keep_log(log, "b" * 600)
     gpu.keep_log(log, "c")
     assert log.stat().st_size <= 1000 and "cut" in log.read_text()
+
+
+def test_transformers_twin_runs_the_weights_rivers_engine_runs():
+    """Part 3's reference: transformers' own model over a random shape's draw gives River's
+    full-depth logits (float32 on the CPU: within the kit's float32 bound) and tokens."""
+    import argparse
+
+    import torch
+
+    from river_bench import grid
+    from river_conformance.kit import FULL_DEPTH_RTOL
+    from river_conformance.scripted import forced_logits
+    from river_core import GenerationConfig
+    from river_core.kv import Full
+    from river_core.predictor import relative_error
+
+    args = argparse.Namespace(positions=[16], tokens=8, prompts=1, rounds=1, device="cpu",
+                              model=None)
+    model = grid.load_models(["hf"], "tiny", gpu.grid_args(args, [], []))["hf"]
+    twin = gpu.hf_twin("tiny", model.backend.max_positions, "cpu", "float32")
+    prompt = grid.prompts_for(model, "tiny", 16, 1)[0]
+    theirs = grid.Transformers.of(twin).generate(prompt, 8)["tokens"]
+    ours = model.generate_ids([prompt], grid.exit_config("backbone"),
+                              GenerationConfig(max_new_tokens=8)).tokens[0]
+    assert theirs == ours
+    with torch.no_grad():
+        logits = twin(torch.tensor([prompt + ours])).logits[0, len(prompt) - 1:-1].numpy()
+    for got, want in zip(forced_logits(model.backend, prompt, ours, Full()), logits):
+        assert relative_error(got, want) <= FULL_DEPTH_RTOL
