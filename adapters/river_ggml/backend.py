@@ -1,13 +1,17 @@
-"""The ggml backend: each layer one ggml graph on llama.cpp's CPU kernels, over the user's GGUF
+"""The ggml backend: layers as ggml graphs on llama.cpp's CPU kernels, over the user's GGUF
 memory-mapped in its own tensor types, with the K/V cache in F16 as llama.cpp keeps it.
+Where no host decision sits between layers, a run of them is one graph: full depth with the
+head (a decode step, a verification), a prefill chunk with every layer's cosines, the exit
+river's tail; exit mode's walk runs a graph a layer, since the host decides after each.
 
 Hidden states are numpy arrays [batch, tokens, hidden] on the host (a layer's output is a
 few kilobytes at decode); the cache is two numpy float16 arrays [layers, batch, kv_heads,
 capacity, head_dim] that ggml's graphs write in place (`lib.HostTensors`), so `KVCache`,
-masks and measurement index them as numpy. A layer's graph is built once per (layer,
-backbone or stand-in, rows, tokens, key bucket) and run again with the step's inputs: the
-keys a step attends are the first `keys` slots, `keys` rounded up to KEY_BUCKET, the mask
-hiding the rest. A batch runs as one graph over every row (the rows the graph's batch
+masks and measurement index them as numpy. A graph is built once per (tokens, key bucket,
+what it runs, rows) and run again with the step's inputs while steps of its shape run (a
+prefill chunk's, wider than a verification, is dropped when decoding begins): the keys a
+step attends are the first `keys` slots, `keys` rounded up to KEY_BUCKET, the mask hiding
+the rest. A batch runs as one graph over every row (the rows the graph's batch
 dimension) where the step runs them all with one rotary table; a subset of its rows (rows
 that left at different layers) runs row by row, each over its own row of the cache.
 """
