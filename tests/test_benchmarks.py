@@ -174,6 +174,7 @@ TINY = [   # each benchmark at a tiny size, in an order that gives later ones th
     ("first_contact", "--engines", "onnx", "--repeats", "2", "--short", "1", "--long", "0",
      "--short-tokens", "3", "--llamacpp", "none"),
     ("levers",),
+    ("frontier", "--questions", "1", "--tokens", "4", "--llamacpp", "none"),
     ("predictor_fidelity", "--prompts", "1", "--tokens", "2"),
     ("prefill_exit", "--problems", "1", "--exits", "1"),
     ("quantizers", "--solutions", "1"),
