@@ -131,7 +131,8 @@ def report_stats(stats: DecodeResult) -> str:
     if stats.speculative:
         lines[0] += (f" | speculative: {100 * stats.acceptance_rate:.1f}% of "
                      f"{sum(stats.drafted)} drafts kept, {stats.tokens_per_round:.2f} tokens "
-                     f"per verification")
+                     f"per verification; rounds: " + ", ".join(
+                         f"{n} {source}" for source, n in stats.rounds_by_source.items()))
     else:
         lines[0] += f" | {100 * stats.skipped_share:.1f}% of layers skipped"
     hist = stats.layers_run_histogram()
@@ -157,7 +158,8 @@ def stats_record(text: str, stats: DecodeResult) -> dict:
               "mean_layers_run": stats.mean_layers_run if decoded else None}
     if stats.speculative:
         record |= {"acceptance_rate": stats.acceptance_rate,
-                   "tokens_per_round": stats.tokens_per_round}
+                   "tokens_per_round": stats.tokens_per_round,
+                   "rounds_by_source": stats.rounds_by_source}
     return record
 
 

@@ -173,6 +173,8 @@ TINY = [   # each benchmark at a tiny size, in an order that gives later ones th
      "2", "3", "4", "5"),
     ("first_contact", "--engines", "onnx", "--repeats", "2", "--short", "1", "--long", "0",
      "--short-tokens", "3", "--llamacpp", "none"),
+    ("ngram", "--engines", "onnx", "--kinds", "summary", "gsm8k", "--copying", "1", "--gsm8k",
+     "1", "--tokens", "3", "--llamacpp", "none"),
     ("levers",),
     ("frontier", "--questions", "1", "--tokens", "4", "--llamacpp", "none"),
     ("predictor_fidelity", "--prompts", "1", "--tokens", "2"),

