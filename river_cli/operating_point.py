@@ -25,6 +25,7 @@ running on this model; `river generate` then runs lossless mode, full depth's ow
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Callable, Sequence
 
@@ -79,7 +80,12 @@ def operating_point(model: RiverModel, config: ExitConfig, target: Target | None
         return None
     profile = fit_point(model, config, target or DEFAULT_TARGET, chat=chat, progress=progress,
                         model_name=model_name, precision=precision)
-    profile.save(default_path(model.backend, config.policy))
+    path = default_path(model.backend, config.policy)
+    try:
+        profile.save(path)
+    except OSError as e:   # a read-only cache: the point still runs, and is fitted next time
+        print(f"river: the operating point could not be kept in {path.parent}: {e.strerror}; "
+              "the next call fits it again", file=sys.stderr)
     return profile
 
 
@@ -184,10 +190,11 @@ def describe(profile: Profile, num_layers: int) -> str:
     where = (f"on {point.prompts} (the whole 4-bit model: agreement "
              f"{whole.agreement:.3f}, NLL {whole.nll_delta:+.3f} nats/token over full depth)")
     if point.reached:
-        return (f"operating point ({profile.target}, fitted to this model once): "
-                f"{profile.policy} {setting(point.fitted)} {where}")
+        return (f"operating point ({profile.target}, fitted to this model once, in "
+                f"{point.seconds:.0f} s): {profile.policy} {setting(point.fitted)} {where}")
     return (f"operating point: no {profile.policy} {name} meets {profile.target} at "
-            f"{FASTER:g}x full depth's speed or more on this model (fitted "
+            f"{FASTER:g}x full depth's speed or more on this model (fitted once, in "
+            f"{point.seconds:.0f} s, "
             f"{setting(point.fitted)} {where}), so River runs lossless mode: full depth's own "
             f"output (--mode speculative). Other choices: -o {name}={point.default.value:g}, "
             f"the policy's default ({figures(point.default)}); --target "

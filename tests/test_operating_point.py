@@ -14,10 +14,11 @@ from river_core.plugins import default_registry
 
 
 @pytest.fixture(autouse=True)
-def small_fit(monkeypatch, tmp_path):
+def small_fit(monkeypatch, tmp_path, request):
     """The fit's own procedure on a few short prompts (seconds on the tiny models), into a
-    cache of the test's own."""
-    monkeypatch.setenv("RIVER_CACHE", str(tmp_path / "cache"))
+    cache of the test's own (the embedded model's tests keep the session's: its builds)."""
+    if not request.node.get_closest_marker("slow"):
+        monkeypatch.setenv("RIVER_CACHE", str(tmp_path / "cache"))
     text = tmp_path / "calibration.txt"
     text.write_text("How many legs?\nAdd 3 and 4.\nName a color.\nIs it red?\nCount to 5.\n"
                     "Say hi.\n")
@@ -124,8 +125,8 @@ def test_a_reached_point_runs_exit_mode_at_the_fitted_value(monkeypatch):
     config = op.chosen(profile, ExitConfig(), ExitConfig(mode="speculative"))
     assert config == ExitConfig(options={"tau": profile.options["tau"]})
     line = op.describe(profile, 4)
-    assert line.startswith("operating point (agreement=0.3, fitted to this model once): "
-                           f"settled tau={profile.options['tau']:.4g}: ")
+    assert line.startswith("operating point (agreement=0.3, fitted to this model once, in ")
+    assert f" s): settled tau={profile.options['tau']:.4g}: " in line
     for figure in ("of 4 layers a token", "agreement", "NLL", "full depth's speed",
                    "the whole 4-bit model"):
         assert figure in line
