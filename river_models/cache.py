@@ -158,7 +158,8 @@ def orphaned(target: Path) -> str | None:
 
 
 WHAT = {"converted": "converted copy", "stand-ins": "stand-ins", "onnx": "ONNX export",
-        "onnx-optimized": "ONNX Runtime's optimized graphs", "spec": "model spec"}
+        "onnx-optimized": "ONNX Runtime's optimized graphs", "spec": "spec and tokenizer",
+        "gguf": "F16 copy", "ggml-stand-ins": "ggml stand-ins"}
 
 
 def cached(target: Path, build: Callable[[Path], object], inputs: str,
