@@ -140,3 +140,80 @@ def test_what_each_source_measured_carries_over_to_another_generation():
     again.resume(length.state())
     assert again.seconds_per_token == length.seconds_per_token
     assert again.order()[0][0] == "ngram"
+
+
+@pytest.fixture(scope="module")
+def model(tiny_folder):
+    from river_core import RiverModel
+
+    return RiverModel.from_pretrained(tiny_folder("llama"))
+
+
+LOSSLESS = dict(chat=False, mode="speculative", policy="fixed", layer=-1)
+
+
+@pytest.mark.parametrize("drafts", ["ngram", "river", "river,ngram", ["ngram", "river"]])
+def test_each_choice_of_draft_sources_gives_full_depths_text(model, drafts):
+    full = model.generate("abcabcab", chat=False, max_new_tokens=24, kv="full")
+    lossless = model.generate("abcabcab", max_new_tokens=24, drafts=drafts, **LOSSLESS)
+    assert lossless.text == full.text
+    named = drafts.split(",") if isinstance(drafts, str) else drafts
+    assert set(lossless.stats.rounds_by_source) <= {*named, PLAIN}
+
+
+def test_an_unknown_draft_source_or_an_ngram_option_outside_speculative_mode_is_refused(model):
+    with pytest.raises(ConfigError, match="unknown draft source 'suffix'"):
+        model.generate("abc", drafts="river,suffix", **LOSSLESS)
+    with pytest.raises(ConfigError, match="drafts must name one draft source or more"):
+        model.generate("abc", drafts="river,river", **LOSSLESS)
+    with pytest.raises(ConfigError, match="unknown option 'ngram_tokens'"):
+        model.generate("abc", chat=False, ngram_tokens=4)
+
+
+def test_cli_drafts_option(tiny_folder, capsys):
+    from river_cli.main import main
+
+    assert main(["generate", "abcabcab", "--model", tiny_folder("llama"), "--no-chat",
+                 "--max-new-tokens", "12", "--mode", "speculative", "--drafts", "ngram",
+                 "--policy", "fixed", "-o", "layer=-1", "-o", "ngram_tokens=4"]) == 0
+    assert "rounds: " in capsys.readouterr().err
+    assert main(["plugins"]) == 0
+    listed = capsys.readouterr().out
+    assert "draft source:" in listed and "ngram_tokens" in listed
+
+
+@pytest.mark.slow
+def test_on_a_copying_prompt_the_round_drafts_from_ngrams():
+    """The embedded model summarising a given passage copies whole phrases of it: with both
+    sources the n-grams draft most rounds, each keeping several tokens, and the text is full
+    depth's (ggml, the default engine on the CPU)."""
+    from benchmarks.library.copying import COPYING
+    from river_core import ModelError, RiverModel
+    from river_models import default_gguf
+
+    pytest.importorskip("ggml")
+    try:
+        default_gguf()
+    except ModelError as e:
+        pytest.skip(str(e))
+    model = RiverModel.from_pretrained(backend="ggml")
+    prompt = COPYING["summary"][0]
+    full = model.generate(prompt, max_new_tokens=48, kv="full")
+    both = model.generate(prompt, max_new_tokens=48, mode="speculative", drafts="river,ngram")
+    stats = both.stats
+    rounds = stats.rounds_by_source
+    kept = sum(a for a, s in zip(stats.accepted, stats.draft_sources) if s == "ngram")
+    assert both.text == full.text
+    assert rounds.get("ngram", 0) > rounds.get("river", 0) and kept >= 24
+
+
+def test_the_kits_sampled_test_catches_ngram_drafts_kept_without_the_ratio_test(monkeypatch):
+    """The kit's sampled test with n-gram drafts has power: a verification that keeps every
+    (point-mass) draft fails it."""
+    from river_conformance.kit import NGRAM_DRAFTS, NGRAM_PROMPT, lossless_against_plain
+    from river_hf.plugin import tiny_backend
+
+    monkeypatch.setattr("river_core.speculative.verify_draft", lambda *args: None)
+    comparison = lossless_against_plain(tiny_backend("llama", 0, 4), sources=NGRAM_DRAFTS,
+                                        prompt=NGRAM_PROMPT, temperature=1.0)
+    assert not comparison.same, comparison.summary()
