@@ -10,7 +10,7 @@ Every call is a process of its own, cold as a user's CLI call is: `river generat
 too) and `llama-completion` (greedy, --ignore-eos, --threads threads) on the same raw text,
 its token count checked against River's. A context is a prompt of that many tokens (bundled
 GSM8K questions in turn) and --decode tokens decoded after it: its prefill time, the decode's
-ms/token and the process's peak resident memory (its rusage) are recorded, after one call per
+ms/token and the process's peak resident memory (GNU time's) are recorded, after one call per
 file and mode that is not (a new file's first call builds its cache entries: `river bench
 first_contact` measures that); the configurations
 run interleaved, the order rotated each repeat, and each figure is the median of --repeats.
@@ -24,6 +24,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -40,27 +41,37 @@ MODES = {"full depth": ["--kv", "full"], "exit mode": [], "lossless": ["--mode",
 DECODE_TARGET, PREFILL_TARGET, MEMORY_TARGET = 1.1, 1.2, 1.5
 
 
-def measured(command: list[str], env: dict | None = None) -> tuple[str, float, float]:
-    """Run `command` to its end: its output (stdout and stderr), wall seconds and peak
-    resident memory in MB (its own rusage, not the benchmark's)."""
-    start = time.perf_counter()
-    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                             stdin=subprocess.DEVNULL, text=True, env=env)
-    output = child.stdout.read()
-    _, status, usage = os.wait4(child.pid, 0)
-    child.returncode = os.waitstatus_to_exitcode(status)
-    wall = time.perf_counter() - start
-    if child.returncode:
+TIME = "/usr/bin/time"   # GNU time: a small parent whose child's peak memory is the command's
+
+
+def measured(command: list[str]) -> tuple[str, str, float, float]:
+    """Run `command` to its end: its stdout, its stderr, wall seconds and peak resident memory
+    in MB. The peak comes from GNU time, whose child the command is: a child of this process
+    would inherit this process's own high-water mark (the kernel keeps a process's before
+    exec), and this one holds torch."""
+    if not Path(TIME).is_file():
+        raise SystemExit(f"river bench ggml_cost reads peak memory with GNU time ({TIME}): "
+                         "apt-get install time")
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        start = time.perf_counter()
+        done = subprocess.run([TIME, "-f", "peak_kb %M", *command], stdout=out, stderr=err,
+                              stdin=subprocess.DEVNULL, text=True)
+        wall = time.perf_counter() - start
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
+    stderr, _, peak = stderr.rstrip().rpartition("\n")
+    if done.returncode:
         raise SystemExit(f"{command[0]} failed ({' '.join(command[1:4])} ...):\n"
-                         f"{output[-3000:]}")
-    return output, wall, usage.ru_maxrss / 1024
+                         f"{stderr[-3000:]}")
+    return stdout, stderr, wall, int(peak.split()[-1]) / 1024
 
 
 def river(gguf: Path, text: str, mode: str, tokens: int) -> dict:
     command = [sys.executable, "-m", "river_cli.main", "generate", text, "--backend", "ggml",
                "--model", str(gguf), "--no-chat", *MODES[mode], "--max-new-tokens",
                str(tokens), "--json"]
-    output, wall, rss = measured(command)
+    output, _, wall, rss = measured(command)
     record = json.loads(output.strip().splitlines()[-1])
     return {"wall_s": wall, "peak_rss_mb": rss, "prefill_ms": record["prefill_ms"],
             "ms_per_token": record["ms_per_token"], "decoded": record["decoded_tokens"],
@@ -71,7 +82,8 @@ def llamacpp(folder: Path, gguf: Path, text: str, tokens: int, threads: int) -> 
     command = [str(folder / "llama-completion"), "-m", str(gguf), "-p", text, "-n", str(tokens),
                "--temp", "0", "--ignore-eos", "-t", str(threads), "-tb", str(threads),
                "-c", "4096", "-no-cnv"]
-    output, wall, rss = measured(command)
+    stdout, stderr, wall, rss = measured(command)
+    output = stdout + stderr
     r = parse_llamacpp(output)
     prompt_ms = float(output.split("prompt eval time =")[1].split("ms")[0])
     return {"wall_s": wall, "peak_rss_mb": rss, "prefill_ms": prompt_ms,
@@ -224,9 +236,7 @@ def fmt(value: float | None, digits: int) -> str:
 
 def plot(out: Output, name: str, payload: dict) -> None:
     """Decode ms/token by context, one panel per type: River's modes and llama.cpp."""
-    save = plot_file(out, name)
-    import matplotlib.pyplot as plt
-
+    plt, save = plot_file(out, name)
     types = payload["types"]
     fig, axes = plt.subplots(1, len(types), figsize=(4 * len(types), 3.2), squeeze=False)
     for ax, kind in zip(axes[0], types):
