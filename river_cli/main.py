@@ -215,9 +215,10 @@ def _load(args, exit_config: ExitConfig, max_new_tokens: int = 1,
 
 def _fits(args) -> bool:
     """Whether a first exit-mode call fits the model's operating point where none is saved:
-    for a GGUF (the embedded model's included: issue 52's scope, a user's own file) or where
-    a --target asks for one; a Hugging Face folder takes `river calibrate`'s profile."""
-    return args.target is not None or args.model is None or args.model.endswith(".gguf")
+    on the ggml engine, which runs a GGUF as it is (the embedded model's included: issue 52's
+    scope, a user's own file), or where a --target asks for one; elsewhere the profile `river
+    calibrate` saved, if any."""
+    return args.target is not None or args.backend == "ggml"
 
 
 def _generate(args) -> None:

@@ -154,3 +154,15 @@ def test_a_saved_profile_of_an_older_format_is_fitted_again(fits):
     path.write_text('{"format": 1}')
     assert op.operating_point(model(), ExitConfig()).point is not None and len(fits) == 1
     assert Profile.load(path).point is not None
+
+
+@pytest.mark.slow
+def test_the_embedded_model_finds_its_shipped_profile():
+    """Made by the same fit (river_cli/data/profiles); the fit runs for a model the user
+    cache and River hold none for."""
+    pytest.importorskip("ggml")
+    embedded = RiverModel.from_pretrained(backend="ggml")
+    profile = op.operating_point(embedded, ExitConfig(), fit=False)
+    assert profile is not None and profile.point is not None
+    assert profile.target == DEFAULT_TARGET and not default_path(embedded.backend,
+                                                                  "settled").exists()
