@@ -270,7 +270,7 @@ def report(p: dict) -> str:
              f"continuations; ms/token decode only, greedy"
              + (f"; llama.cpp's rows skipped: {p['llamacpp']}." if p["llamacpp"] else
                 f"; llama.cpp with {p['threads']} threads."), "",
-             f"Operating point: {p['operating_point']['line'] or NO_POINT}", "",
+             p["operating_point"]["line"] or f"Operating point: {NO_POINT}", "",
              "| point | engine | ms/token | speed over River full depth | agreement | "
              "NLL delta, nats/token | layers a token | notes |",
              "|---|---|---|---|---|---|---|---|"]
