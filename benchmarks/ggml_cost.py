@@ -95,10 +95,14 @@ def llamacpp(folder: Path, gguf: Path, text: str, tokens: int, threads: int) -> 
 
 
 def files(f16: Path, types: list[str], folder: Path) -> dict[str, Path]:
-    """The model in each type, made once from its F16 copy by llama.cpp's quantizer."""
-    made = {}
+    """The model in each type, made once from its F16 copy by llama.cpp's quantizer into the
+    user cache's anchors/ (beside the F16 copy they would be strangers in its cache entry)."""
+    from river_models.cache import cache_root
+
+    made, anchors = {}, cache_root() / "anchors"
+    anchors.mkdir(parents=True, exist_ok=True)
     for kind in types:
-        path = f16 if kind == "F16" else f16.with_name(f"{f16.stem}.{kind}.gguf")
+        path = f16 if kind == "F16" else anchors / f"{f16.stem}.{kind}.gguf"
         if not path.is_file():
             print(f"llama-quantize {kind}", file=sys.stderr, flush=True)
             partial = path.with_suffix(".partial")
