@@ -1,5 +1,5 @@
-"""The user's plane: for one model, decode ms/token against quality (teacher-forced agreement
-and NLL increase over the F16 model at full depth, on held-apart GSM8K test questions), for
+"""The user's plane: for one model, decode ms/token against quality (agreement and NLL
+increase over the F16 model at full depth, teacher forced on held apart GSM8K test questions), for
 llama.cpp's own F16, Q8_0, Q4_K_M and Q4_0 of the model and River's full depth, exit mode at
 the model's fitted operating point and at the paper's tau, lossless mode and the whole model
 on stand-ins.

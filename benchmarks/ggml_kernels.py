@@ -36,7 +36,7 @@ def measure(kind: str, rows: int, columns: int, count: int, tokens: int, repeats
     from river_ggml.lib import Graph, cpu, g, new_context, repack_buffer_type
 
     data = weights(kind, rows, columns)
-    ctx = new_context(count + 4)
+    ctx = new_context(count + 4, 0)
     stored = getattr(g, f"GGML_TYPE_{kind.split()[0]}")
     matrices = [g.ggml_new_tensor_2d(ctx, stored, columns, rows) for _ in range(count)]
     buffer_type = repack_buffer_type() if kind.endswith("repacked") else cpu().buffer_type

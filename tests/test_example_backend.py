@@ -23,7 +23,7 @@ def test_the_core_drives_the_backend_only_through_the_contract(conformance_backe
     from river_core import RiverModel
 
     b, calls, steps = conformance_backend.backend(), Counter(), []
-    for name in ("prefill", "embed", "layer"):
+    for name in ("prefill", "decode", "layer"):
         method = getattr(b, name)
         setattr(b, name, lambda *a, _method=method, _name=name, **k:
                 (calls.update([_name]), _method(*a, **k))[1])
@@ -32,6 +32,7 @@ def test_the_core_drives_the_backend_only_through_the_contract(conformance_backe
     model = RiverModel(b)
     prompt = model.encode("ab", chat=False)[0]
     model.generate("ab", chat=False, max_new_tokens=3, kv="full")
-    # two decode steps, each through every layer, at the two slots after the prompt's
-    assert calls["prefill"] == 1 and calls["layer"] == 2 * b.num_layers
-    assert calls["embed"] == 2 and [s.start for s in steps] == [len(prompt), len(prompt) + 1]
+    # two decode steps at the two slots after the prompt's, each the engine's one full-depth
+    # call (no row can leave, so the walk does not go layer by layer)
+    assert calls["prefill"] == 1 and calls["decode"] == 2 and calls["layer"] == 0
+    assert [s.start for s in steps] == [len(prompt), len(prompt) + 1]
