@@ -135,9 +135,9 @@ def test_graphs_live_as_long_as_their_shape():
     assert generation() == first
     assert sum(g.lib.ggml_gallocr_get_buffer_size(graph.alloc, 0)
                for graph in backend._graphs.values()) == memory
-    # full depth decodes as one graph beside the embedding's: the backbone's with the head
-    # (the head's own graph is the prefill's, for its last token)
-    assert sorted(key[2] for key in backend._graphs) == ["embed", "head", "span"]
+    # full depth decodes as one graph from the ids to the logits (the head's own graph is
+    # the prefill's, for its last token)
+    assert sorted(key[2] for key in backend._graphs) == ["head", "span"]
 
 
 def test_a_prefill_in_chunks_is_the_prefill_in_one_pass():

@@ -219,18 +219,20 @@ class GgmlBackend(NumpyArrays, LayerEngine):
         return range(len(p.pos)) if idx is None else idx
 
     def _run(self, p: GgmlPass, key: tuple, build, layers: range | int, x, idx,
-             attends: bool = True) -> list[dict]:
+             attends: bool = True, feed: str = "x") -> list[dict]:
         """The graph `key` of layer i or a span of `layers` (made by `build(caches)` on first
-        use) run on x [rows, tokens, hidden], all rows at once or row by row: its outputs per
-        run (views of its memory, valid until it runs again)."""
+        use) run on x [rows, tokens, hidden] (or, with `feed` "ids", the token ids [rows,
+        tokens]), all rows at once or row by row: its outputs per run (views of its memory,
+        valid until it runs again)."""
         outs = []
         cpu().set_threads(self.threads)
+        width = x.shape[2:] if feed == "x" else ()
         for j, row in enumerate(self._rows(p, idx)):
             graph = self._graph(key + (row,), lambda: build(
                 [self._caches[i][row] for i in
                  (layers if isinstance(layers, range) else [layers])]))
-            states = x.reshape(-1, self.spec.hidden) if row is None else x[j]
-            outs.append(graph.run(x=states, **p.inputs(layers, row, attends)))
+            values = x.reshape(-1, *width) if row is None else x[j]
+            outs.append(graph.run(**{feed: values}, **p.inputs(layers, row, attends)))
         return outs
 
     def _states(self, outs: list[dict], name: str, rows: int, tokens: int) -> np.ndarray:
@@ -254,39 +256,42 @@ class GgmlBackend(NumpyArrays, LayerEngine):
                                                       self.mode)
         return layer
 
-    def _span(self, p: GgmlPass, layers: range, stand_in, x: np.ndarray, idx=None,
-              cosines: bool = False, logits: str | None = None) -> list[dict]:
+    def _span(self, p: GgmlPass, layers: range, stand_in, x: np.ndarray | None = None,
+              idx=None, cosines: bool = False, logits: str | None = None) -> list[dict]:
         """`layers` (each its stand-in where `stand_in(i)`) on x [rows, tokens, hidden] as one
         graph, built once per (tokens, key bucket, layers, which run stand-ins, shared inputs,
         outputs, rows), with each layer's cosines and the backbone's head of the "last" or
-        "all" tokens where asked: its outputs per run (`span_graph`)."""
+        "all" tokens where asked: its outputs per run (`span_graph`). Without x, the span
+        starts from the step's token ids, embedded in the same graph."""
         tokens, shared = p.step.tokens, p.shared(layers)
         kinds = tuple(stand_in(i) for i in layers)
         span = [self._layer(k, i) for k, i in zip(kinds, layers)]
+        table = self.backbone.get("token_embd.weight") if x is None else None
         key = (tokens, p.keys, "span", layers.start, layers.stop, kinds, shared, cosines,
-               logits)
+               logits, x is None)
         return self._run(p, key, lambda caches: span_graph(
             span, tokens, p.keys, caches, shared, cosines,
-            None if logits is None else (self._heads[False], logits)), layers, x, idx)
+            None if logits is None else (self._heads[False], logits), table), layers,
+            p.ids if x is None else x, idx, feed="ids" if x is None else "x")
 
     def _full_depth(self, p: GgmlPass) -> np.ndarray:
-        outs = self._span(p, range(self.num_layers), backbone, self.embed_ids(p.ids))
-        return self._states(outs, "out", len(p.ids), p.step.tokens)
+        return self._states(self._span(p, range(self.num_layers), backbone), "out",
+                            len(p.ids), p.step.tokens)
 
     def full_depth_logits(self, p: GgmlPass, every_token: bool) -> np.ndarray:
-        """The whole backbone and the head as one graph run."""
+        """The embedding, the whole backbone and the head as one graph run."""
         tokens = p.step.tokens if every_token else 1
-        outs = self._span(p, range(self.num_layers), backbone, self.embed_ids(p.ids),
+        outs = self._span(p, range(self.num_layers), backbone,
                           logits="all" if every_token else "last")
         logits = self._states(outs, "logits", len(p.ids), tokens)
         return logits if every_token else logits[:, 0]
 
     def prefill_layers(self, p: GgmlPass, prefill_exit: int | None):
-        """A prefill chunk through every layer (stand-ins past `prefill_exit`) as one graph
-        run, each layer's cosines computed in it."""
+        """A prefill chunk from its ids through every layer (stand-ins past `prefill_exit`)
+        as one graph run, each layer's cosines computed in it."""
         outs = self._span(p, range(self.num_layers),
                           lambda i: prefill_exit is not None and i > prefill_exit,
-                          self.embed_ids(p.ids), cosines=True)
+                          cosines=True)
         rows, tokens = len(p.ids), p.step.tokens
         cosines = [self._states(outs, f"cos{j}", rows, tokens) for j in range(self.num_layers)]
         return self._states(outs, "out", rows, tokens), np.concatenate(cosines, -1)

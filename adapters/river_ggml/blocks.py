@@ -191,7 +191,7 @@ def by_row(ctx, a, tokens: int, rows: int):
 
 def span_graph(layers: "list[Layer]", tokens: int, keys: int, caches: list,
                shared: "tuple[tuple[int, int], ...]", cosines: bool = False,
-               head: "tuple[Head, str] | None" = None) -> Graph:
+               head: "tuple[Head, str] | None" = None, table=None) -> Graph:
     """`layers` in turn as one graph over their `caches`, `x` in and `out` [rows * tokens,
     hidden] out: the exit river's tail, the whole backbone or a prefill chunk in one compute,
     where no decision reads the host between layers (a graph a layer costs some tens of
@@ -201,16 +201,21 @@ def span_graph(layers: "list[Layer]", tokens: int, keys: int, caches: list,
     layer. With `cosines`, `cos{j}` [rows * tokens] is the cosine of layer j's input and
     output (what the exit rule's prior reads of a prompt); with `head` (a Head and "last" or
     "all"), `logits` [rows * (1 or tokens), vocab] are its logits of each row's last token or
-    of every token."""
+    of every token. With the embedding `table`, the input is the token `ids` [rows * tokens]
+    (int32), embedded in the graph: a step from ids to logits is one compute."""
     rows = rows_of(caches[0])
     first = layers[0]._inputs(tokens, keys, rows)
     inputs = {k: v for k, v in first.items() if k not in ("mask", "factors")}
+    if table is not None:
+        inputs["ids"] = (I32, [rows * tokens])
+        del inputs["x"]
     for layer, (m, f) in zip(layers, shared):
         own = layer._inputs(tokens, keys, rows)
         inputs[f"mask{m}"], inputs[f"factors{f}"] = own["mask"], own["factors"]
 
     def build(ctx, t):
-        x, outs = t["x"], {}
+        x = t["x"] if table is None else embed(ctx, layers[0].spec, table, t["ids"])
+        outs = {}
         for j, (layer, cache, (m, f)) in enumerate(zip(layers, caches, shared)):
             out = layer.block(ctx, {**t, "x": x, "mask": t[f"mask{m}"],
                                     "factors": t[f"factors{f}"]}, tokens, keys, cache)["out"]
@@ -262,10 +267,14 @@ def head_graph(head: Head, rows: int) -> Graph:
                  lambda ctx, t: {"logits": head.build(ctx, t["x"])})
 
 
+def embed(ctx, spec: ModelSpec, table, ids):
+    """Token ids (int32) to their rows of the embedding `table` (ggml dequantizes a quantized
+    table's rows as it reads them), scaled by the model's embedding scale."""
+    h = g.ggml_get_rows(ctx, table, ids)
+    return h if spec.embed_scale == 1 else g.ggml_scale(ctx, h, spec.embed_scale)
+
+
 def embed_graph(spec: ModelSpec, table, tokens: int) -> Graph:
-    """Token ids [tokens] int32 to their rows of the embedding `table` (ggml dequantizes a
-    quantized table's rows as it reads them), scaled by the model's embedding scale."""
-    def build(ctx, t):
-        h = g.ggml_get_rows(ctx, table, t["ids"])
-        return {"x": h if spec.embed_scale == 1 else g.ggml_scale(ctx, h, spec.embed_scale)}
-    return Graph({"ids": (I32, [tokens])}, build)
+    """The embedding of `tokens` ids as a graph of its own: `ids` in, `x` out."""
+    return Graph({"ids": (I32, [tokens])},
+                 lambda ctx, t: {"x": embed(ctx, spec, table, t["ids"])})
