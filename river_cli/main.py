@@ -201,8 +201,7 @@ def _load(args, exit_config: ExitConfig, max_new_tokens: int = 1,
     model = RiverModel.from_pretrained(args.model, backend=args.backend, device=args.device,
                                        quant=_quant(args), progress=True,
                                        registry=registry, **dtype)
-    found = operating_point(model, exit_config, args.target, fit=_fits(args),
-                            chat=not args.no_chat, progress=True,
+    found = operating_point(model, exit_config, args.target, fit=_fits(args), progress=True,
                             model_name=args.model or "default",
                             precision=_quant(args).label) if find_profile else None
     if found is not None:

@@ -56,7 +56,7 @@ does not pay for a lossy output where lossless mode keeps full depth's own."""
 
 
 def operating_point(model: RiverModel, config: ExitConfig, target: Target | None = None, *,
-                    fit: bool = True, chat: bool = True, progress: bool = False,
+                    fit: bool = True, progress: bool = False,
                     model_name: str = "", precision: str = "") -> Profile | None:
     """The profile exit mode runs at on this model: the one saved for its content, precision
     and policy (`river calibrate`'s or an earlier first call's), else the one shipped with
@@ -78,7 +78,7 @@ def operating_point(model: RiverModel, config: ExitConfig, target: Target | None
         return found
     if not fit:
         return None
-    profile = fit_point(model, config, target or DEFAULT_TARGET, chat=chat, progress=progress,
+    profile = fit_point(model, config, target or DEFAULT_TARGET, progress=progress,
                         model_name=model_name, precision=precision)
     path = default_path(model.backend, config.policy)
     try:
@@ -90,16 +90,17 @@ def operating_point(model: RiverModel, config: ExitConfig, target: Target | None
 
 
 def fit_point(model: RiverModel, config: ExitConfig, target: Target = DEFAULT_TARGET, *,
-              chat: bool = True, progress: bool = False, model_name: str = "",
-              precision: str = "") -> Profile:
-    """Steps 1-3 of the module's description: the fitted profile with its `point`."""
+              progress: bool = False, model_name: str = "", precision: str = "") -> Profile:
+    """Steps 1-3 of the module's description: the fitted profile with its `point`. The
+    questions go under the model's chat template where it has one, whatever the call that
+    fits asked for itself (`--no-chat`): the point is kept for every later call, and an
+    instruct model's raw continuation of a question often ends at once."""
     started = time.perf_counter()
     name = tuned_name(model, config)
     # each question's last tokens where a model's context is short (the generation prompt
     # of a chat template comes last)
     room = model.backend.max_positions - max(TOKENS, SPEED_TOKENS) - 1
-    ids = [q[-room:] for q in model.encode(read_prompts(CALIBRATION, FIT_PROMPTS + HELD_APART),
-                                           chat)]
+    ids = [q[-room:] for q in model.encode(read_prompts(CALIBRATION, FIT_PROMPTS + HELD_APART))]
     fit_ids, held = ids[:FIT_PROMPTS], ids[FIT_PROMPTS:]
     with tqdm(total=0, desc="fitting the exit rule to this model (once)", unit="pass",
               disable=not progress) as bar:
