@@ -46,8 +46,8 @@ from river_core.model import RiverModel
 from river_core.plugins import default_registry
 from river_core.predictor import STAND_IN_BOUND_C, relative_error
 from river_core.ngram import NgramOptions, NgramSource
-from river_core.speculative import (DraftLength, DraftSource, RiverSource, rounds,
-                                    speculative_ids)
+from river_core.draft_length import DraftLength
+from river_core.speculative import DraftSource, RiverSource, rounds, speculative_ids
 from river_models import tiny
 
 from .distribution import Comparison, Scored, compare, score

@@ -18,7 +18,8 @@ from .plugins import Registry, default_registry
 from .policy import ScriptedExits
 from .sampling import Sampler
 from .drafting import DraftStore
-from .speculative import DraftLength, speculative_stream
+from .draft_length import DraftLength
+from .speculative import speculative_stream
 
 _EXIT_FIELDS = {f.name for f in attrs.fields(ExitConfig)} - {"options"}
 _GEN_FIELDS = {f.name for f in attrs.fields(GenerationConfig)}

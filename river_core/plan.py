@@ -9,19 +9,22 @@ and hands the plan to the model; `RiverModel` resolves the same way from a loade
 from __future__ import annotations
 
 import functools
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import attrs
 
 from .backend import Capabilities, ModelShape
 from .config import DRAFT_WINDOW, ExitConfig
 from .decode import Run
+from .draft_length import DraftLength
 from .errors import CapabilityError, ConfigError
 from .hookspecs import KVStrategyPlugin, PredictorPlugin
 from .options import bind
 from .plugins import Registry
 from .policy import ExitPolicy
-from .speculative import DraftLength, DraftSource
+
+if TYPE_CHECKING:   # a type only: the plan does not import the loop
+    from .speculative import DraftSource
 
 
 @attrs.frozen

@@ -241,7 +241,8 @@ def test_lossless_mode_across_the_longrope_switch_gives_full_depths_tokens(engin
     """Drafts and verification that carry the sequence past Phi-3's switch: full depth's tokens
     (the recompute runs wherever the step that first passes it is a draft or a verification)."""
     from river_core.kv import River
-    from river_core.speculative import DraftLength, speculative_ids
+    from river_core.draft_length import DraftLength
+    from river_core.speculative import speculative_ids
 
     prompt, n = LONG_PROMPT[:tiny.PHI3_SWITCH - 4], 8
     b = _backend(engine, "phi3")

@@ -5,7 +5,7 @@ import pytest
 
 from river_core import ConfigError
 from river_core.ngram import NgramIndex, NgramOptions
-from river_core.speculative import PLAIN, DraftLength, Round
+from river_core.draft_length import PLAIN, DraftLength, Round
 
 
 def _index(tokens, shortest=2, longest=8) -> NgramIndex:

@@ -8,7 +8,7 @@ import pytest
 from river_core import ConfigError, RiverModel
 from river_cli.main import main
 from river_core.sampling import verify_draft
-from river_core.speculative import DraftLength, Round
+from river_core.draft_length import DraftLength, Round
 from river_conformance.kit import SAMPLED_SETTINGS, lossless_against_plain
 
 

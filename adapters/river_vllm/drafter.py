@@ -30,7 +30,7 @@ import torch
 
 from river_core import ConfigError
 from river_core.layout import window_slots
-from river_core.speculative import DraftLength, Round
+from river_core.draft_length import DraftLength, Round
 
 from .models import RiverExits, to_host
 from .pages import Reader

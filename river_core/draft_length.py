@@ -1,0 +1,216 @@
+"""Which source drafts a lossless round, and how many tokens: `DraftLength`, from the measured
+time of each source's last rounds against plain steps (a round of no drafts). The loop that
+drafts and verifies is speculative.py; this is what it (and vLLM's drafter) consults between
+rounds, and what drafting.py keeps between calls."""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import attrs
+import numpy as np
+
+RIVER = "river"   # the exit river's drafts: the source of a round that names none
+PLAIN = "plain"   # a round of no drafts: the backbone's next token alone
+
+
+@attrs.frozen
+class Round:
+    """One draft-and-verify round (the first, from prefill, drafts nothing)."""
+
+    tokens: list[int]       # what stands: the accepted drafts, then the backbone's token
+    drafted: int
+    accepted: int
+    exit_layers: list[int]  # per draft step, the last backbone layer it ran
+    draft_seconds: float
+    verify_seconds: float
+    source: str = RIVER     # the draft source (a round that drafted nothing is a plain step)
+
+
+@attrs.define
+class _Way:
+    """One way of taking rounds: its last KEEP rounds' [seconds, tokens], and when it is next
+    tried while it loses (a draft source's `wait` counts towards a try of drafting with it;
+    plain steps' towards a try of plain steps while some source wins)."""
+
+    most: int = 0
+    next: int = 0           # a source's draft length
+    rounds: list[list[float]] = attrs.Factory(list)
+    wait: int = 0
+    since: int = 0
+
+
+class DraftLength:
+    """Which source drafts next, and how many tokens. Agreement comes in runs (a number copied
+    from the question, a formula's boilerplate, a passage the answer quotes) more than token by
+    token, so each source's length follows its last round: one more after a round the backbone
+    kept whole, one less after a rejection, between 1 and its `most` (on GSM8K train this beat
+    a cost model that assumed independent acceptances, but not a fixed length:
+    docs/benchmarks.md, "Lossless mode").
+
+    And it steps aside where drafts do not pay (a CPU whose low-bit kernel is slower than the
+    float one, docs/benchmarks.md "Defaults that never lose"): it keeps the seconds and tokens
+    of the last KEEP rounds of each source (the river, the context's n-grams, ...) and of
+    plain steps (a round of no drafts: the backbone's next token alone), and asks a source to
+    draft only while its time per token over them is lower than plain steps' by MARGIN at
+    least: where the two ways cost about the same, a call-to-call spread of a few percent
+    would otherwise choose drafting half the time and lose as often as it wins, while a plain
+    step is full depth's own (first contact, hf: 0.96x). Sources that pay are asked cheapest
+    first; a source may have nothing to propose (no n-gram of the context repeats), and the
+    next is asked. A source's rounds are those it proposed in, so its time per token is what
+    it costs where it drafts. The time per token is the rounds' seconds over their tokens, as
+    a user's clock adds them up, not a median of each round's own ratio: that counts a round
+    that kept every draft as much as one that kept none, and inside vLLM at one request it put
+    drafting 9% under plain steps where it cost 3% more (docs/benchmarks.md). A round counts at
+    most CLIP times the median round's seconds, so a one-off cost (hf's first prepacked
+    verification) weighs as a slow round, not as ten.
+
+    The first round is a plain step and each source's first TRIAL rounds are trials, asked
+    before any measured source, so it has chosen once every source has proposed TRIAL times.
+    Then a losing source is tried again after PROBE rounds, plain steps likewise while some
+    source wins, and after twice as many each time that way still loses (at most LONGEST): a
+    losing way costs ever fewer rounds. A try that beats the chosen way replaces the other's
+    record and wins at once. Fixed at each source's `most` when not adaptive, every source
+    asked in its order."""
+
+    TRIAL = 2
+    PROBE = 4
+    LONGEST = 64
+    KEEP = 10       # rounds of each way: a round of drafts gives 1 to `most` + 1 tokens
+    MARGIN = 0.05   # of a plain step's time per token
+    CLIP = 2.0      # a round's seconds count at most this many median rounds'
+
+    def __init__(self, most: int | Mapping[str, int], adaptive: bool = False) -> None:
+        """`most`: the most tokens each source drafts a round, by name, in the order they are
+        asked before they are measured; a number: the river's alone."""
+        most = {RIVER: most} if isinstance(most, int) else dict(most)
+        self.adaptive = adaptive
+        self._ways = {name: _Way(n, n, wait=self.PROBE) for name, n in most.items()}
+        self._plain = _Way(wait=self.PROBE)
+        self._kept = self._drafted = 0
+        self._trying: set[str] = set()   # the ways the last `order` tried
+
+    @property
+    def sources(self) -> list[str]:
+        return list(self._ways)
+
+    def state(self) -> dict:
+        """What it has measured and chosen, as JSON (`resume` takes it, in another process:
+        `drafting.DraftStore`)."""
+        return {"plain": self._plain.rounds, "wait": self._plain.wait,
+                "sources": {name: {"rounds": w.rounds, "next": w.next, "wait": w.wait}
+                            for name, w in self._ways.items()}}
+
+    def resume(self, state: dict) -> None:
+        """Start from `state` (another generation's `state()`): its choice stands from the
+        first round, and it keeps measuring and trying the other ways as before. A source
+        the state does not name starts with trials."""
+        self._plain.rounds = [list(r) for r in state["plain"]][-self.KEEP:]
+        self._plain.wait = self._bounded_wait(state["wait"])
+        for name, stored in state["sources"].items():
+            if name in self._ways:
+                way = self._ways[name]
+                way.rounds = [list(r) for r in stored["rounds"]][-self.KEEP:]
+                way.next = min(way.most, max(1, int(stored["next"])))
+                way.wait = self._bounded_wait(stored["wait"])
+
+    def _bounded_wait(self, wait) -> int:
+        return min(max(self.PROBE, int(wait)), self.LONGEST)
+
+    @property
+    def acceptance(self) -> float:
+        """The share of drafted tokens kept so far."""
+        return self._kept / self._drafted if self._drafted else float("nan")
+
+    @property
+    def seconds_per_token(self) -> dict[str, float | None]:
+        """Time per token of each source's last rounds, and of plain steps (PLAIN)."""
+        ways = self._ways | {PLAIN: self._plain}
+        return {name: self._per_token(w.rounds) if w.rounds else None
+                for name, w in ways.items()}
+
+    def _per_token(self, rounds: list[list[float]]) -> float:
+        seconds, tokens = np.array(rounds).T
+        return float(np.minimum(seconds, self.CLIP * np.median(seconds)).sum() / tokens.sum())
+
+    def pays(self, source: str) -> bool:
+        """Whether drafting with `source` beats plain steps (or either is not measured yet)."""
+        drafted, plain = self._ways[source].rounds, self._plain.rounds
+        return not drafted or not plain or self._pays(self._per_token(drafted),
+                                                      self._per_token(plain))
+
+    @property
+    def drafting_pays(self) -> bool:
+        """Whether some source's drafts beat plain steps."""
+        return any(self.pays(name) for name in self._ways)
+
+    def _pays(self, drafted: float, plain: float) -> bool:
+        """Whether drafting at `drafted` seconds a token beats plain steps at `plain`."""
+        return drafted <= (1 - self.MARGIN) * plain
+
+    def _decided(self, way: _Way) -> bool:
+        return bool(self._plain.rounds) and len(way.rounds) >= self.TRIAL
+
+    def order(self) -> list[tuple[str, int]]:
+        """The sources to ask this round, first first, each with its draft length; none: a
+        plain step."""
+        if not self.adaptive:
+            return [(name, w.most) for name, w in self._ways.items()]
+        self._trying = set()
+        if not self._plain.rounds:
+            return []
+        trials = [n for n, w in self._ways.items() if not self._decided(w)]
+        decided = [n for n in self._ways if n not in trials]
+        paying = sorted((n for n in decided if self.pays(n)),
+                        key=lambda n: self._per_token(self._ways[n].rounds))
+        if paying and not trials and self._plain.since >= self._plain.wait:
+            self._trying = {PLAIN}
+            return []
+        tries = [n for n in decided if n not in paying
+                 and self._ways[n].since >= self._ways[n].wait]
+        self._trying = set(tries)
+        return [(n, self._ways[n].next) for n in trials + tries + paying]
+
+    def next(self) -> int:
+        """The first source's draft length this round (0: a plain step): for a caller with
+        one source."""
+        order = self.order()
+        return order[0][1] if order else 0
+
+    def update(self, r: Round) -> None:
+        if r.verify_seconds > 0 and r.tokens:   # a round after prefill's
+            self._time(r.source if r.drafted else PLAIN,
+                       [r.draft_seconds + r.verify_seconds, len(r.tokens)])
+        if r.drafted:
+            self._kept += r.accepted
+            self._drafted += r.drafted
+            way = self._ways[r.source]
+            if self.adaptive:   # a short proposal kept whole does not shorten the next
+                way.next = min(way.most, max(way.next, r.drafted + 1)) \
+                    if r.accepted == r.drafted else max(1, r.drafted - 1)
+
+    def _time(self, name: str, seconds_tokens: list[float]) -> None:
+        way = self._plain if name == PLAIN else self._ways[name]
+        kept = (way.rounds + [seconds_tokens])[-self.KEEP:]
+        if name not in self._trying:
+            for w in self._ways.values():
+                w.since += self._decided(w)
+            self._plain.since += any(self._decided(w) for w in self._ways.values())
+            way.rounds = kept
+            return
+        self._trying.discard(name)
+        way.since = 0
+        tried = self._per_token([seconds_tokens])
+        if name == PLAIN:   # a try of plain steps against the cheapest source that paid
+            best = min(self._per_token(w.rounds) for n, w in self._ways.items()
+                       if self._decided(w) and self.pays(n))
+            wins = not self._pays(best, tried)
+        else:
+            wins = self._pays(tried, self._per_token(self._plain.rounds))
+        if wins:   # it replaces its record, and the ways it beat are tried from now
+            way.rounds, way.wait = [seconds_tokens], self.PROBE
+            others = self._ways.values() if name == PLAIN else [self._plain]
+            for w in others:
+                w.wait, w.since = self.PROBE, 0
+        else:
+            way.rounds, way.wait = kept, min(2 * way.wait, self.LONGEST)
