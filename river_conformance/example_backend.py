@@ -29,6 +29,7 @@ from river_core.layer_engine import LayerEngine, NumpyArrays
 from river_core.layout import View
 from river_core.hookspecs import hookimpl
 from river_models import Checkpoint, StandInWeights, tiny
+from river_models.skeleton import decoder_layer, norms_of
 
 
 def rms_norm(x, w, eps):
@@ -119,29 +120,34 @@ class NumpyBackend(NumpyArrays, LayerEngine):
         their new states, and their states between attention and MLP."""
         spec = self.spec
         rows = slice(None) if idx is None else idx
-        layer = self.w.layers[i]
-        xn = rms_norm(x, layer.input_norm, spec.norm_eps)
-        q = self._rope(p, i, self._heads(self._linear(i, "q", xn, proj), spec.heads), idx)
-        self._write_kv(p, i, xn, idx, proj)
-        slots = p.slots[i]
-        keys = np.repeat(self.cache.k[i][rows][:, :, slots], spec.group, axis=1)
-        values = np.repeat(self.cache.v[i][rows][:, :, slots], spec.group, axis=1)
-        scores = q @ keys.transpose(0, 1, 3, 2) * spec.attn_scale
-        scores = np.where(p.masks[i][rows][:, None], scores, -np.inf)
-        e = np.exp(scores - scores.max(-1, keepdims=True))
-        a = (e / e.sum(-1, keepdims=True)) @ values
-        x = x + self._linear(i, "o", a.transpose(0, 2, 1, 3).reshape(*x.shape[:2], -1), proj)
-        xn = rms_norm(x, layer.pre_mlp_norm, spec.norm_eps)
-        m = silu(self._linear(i, "gate", xn, proj)) * self._linear(i, "up", xn, proj)
-        return x + self._linear(i, "down", m, proj), x
+
+        def attention(xn):
+            q = self._rope(p, i, self._heads(self._linear(i, "q", xn, proj), spec.heads), idx)
+            self._write_kv(p, i, xn, idx, proj)
+            slots = p.slots[i]
+            keys = np.repeat(self.cache.k[i][rows][:, :, slots], spec.group, axis=1)
+            values = np.repeat(self.cache.v[i][rows][:, :, slots], spec.group, axis=1)
+            scores = q @ keys.transpose(0, 1, 3, 2) * spec.attn_scale
+            scores = np.where(p.masks[i][rows][:, None], scores, -np.inf)
+            e = np.exp(scores - scores.max(-1, keepdims=True))
+            a = (e / e.sum(-1, keepdims=True)) @ values
+            return self._linear(i, "o", a.transpose(0, 2, 1, 3).reshape(*x.shape[:2], -1), proj)
+
+        def mlp(xn):
+            return self._linear(i, "down", silu(self._linear(i, "gate", xn, proj)) *
+                                self._linear(i, "up", xn, proj), proj)
+        return decoder_layer(x, norms_of(self.w.layers[i], self._norm), attention, mlp)
+
+    def _norm(self, x, w):
+        return rms_norm(x, w, self.spec.norm_eps)
 
     # -- the contract beyond the base -------------------------------------------------------
 
     def project_kv(self, p: Pass, i: int, h, rows) -> None:
         idx = None if rows is None else p.index(rows, self.make_index)
         x = h if idx is None else h[idx]
-        xn = rms_norm(x, self.w.layers[i].input_norm, self.spec.norm_eps)
-        self._write_kv(p, i, xn, idx, self.w.layers[i].projections)
+        self._write_kv(p, i, self._norm(x, self.w.layers[i].input_norm), idx,
+                       self.w.layers[i].projections)
 
     def footprint(self) -> Footprint:
         layers = self.w.layers

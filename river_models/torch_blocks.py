@@ -11,6 +11,7 @@ for torch tensors, `torch_pass` a step's `Pass` on the engine's device.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Callable, Sequence
 
 import attrs
@@ -23,6 +24,7 @@ from river_core.errors import CapabilityError
 from river_core.layout import View
 
 from .quant import QuantWeight
+from .skeleton import decoder_layer
 from .spec import FUSED, PROJECTIONS, LayerWeights, ModelSpec, QueryScale
 
 
@@ -325,12 +327,22 @@ def forward(b: Block, p: Pass, i: int, x: torch.Tensor, cache, rows,
     batch (None: all), over the step's slots of `cache` (a `river_core.KVCache`), which it
     writes. `mids`, when given, receives the state between the attention and MLP
     sub-blocks."""
+    out, mid = decoder_layer(x, (b.input_norm, b.post_attn_norm, b.pre_mlp_norm,
+                                 b.post_mlp_norm),
+                             partial(attention, b, p, i, cache, rows), partial(mlp, b))
+    if mids is not None:
+        mids.append(mid)
+    return out
+
+
+def attention(b: Block, p: Pass, i: int, cache, rows, h: torch.Tensor) -> torch.Tensor:
+    """The attention sub-block of layer i on its normalised input h (`forward`'s arguments)."""
     (cos, sin), qs, mask, slots = p.rope[i], p.query_scale, p.masks[i], p.slots[i]
     if rows is not None:
         cos, sin = cos[rows], sin[rows]
         qs = None if qs is None else qs[rows]
         mask = None if mask is None else mask[rows]
-    q, k, v = project_kv(b, b.input_norm(x), cos, sin, qs)
+    q, k, v = project_kv(b, h, cos, sin, qs)
     step = p.step
     cache.write(i, rows, k, v, step.start, step.end)
     if isinstance(slots, slice):
@@ -343,13 +355,4 @@ def forward(b: Block, p: Pass, i: int, x: torch.Tensor, cache, rows,
     a = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=b.scaling,
                                        is_causal=mask is None and q.shape[2] > 1,
                                        enable_gqa=True)
-    a = b.proj["o"](a.transpose(1, 2).reshape(*x.shape[:2], -1))
-    if b.post_attn_norm is not None:
-        a = b.post_attn_norm(a)
-    x = x + a
-    if mids is not None:
-        mids.append(x)
-    m = mlp(b, b.pre_mlp_norm(x))
-    if b.post_mlp_norm is not None:
-        m = b.post_mlp_norm(m)
-    return x + m
+    return b.proj["o"](a.transpose(1, 2).reshape(*h.shape[:2], -1))
