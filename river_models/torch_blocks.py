@@ -139,8 +139,8 @@ class Norm:
     def of(cls, w: np.ndarray | None, spec: ModelSpec, dtype, device) -> "Norm | None":
         if w is None:
             return None
-        t = upload(w, torch.float32, device)
-        return cls(1.0 + t if spec.norm_offset else t.to(dtype), spec.norm_eps, spec.norm_offset)
+        t = upload(spec.norm_scale(w), torch.float32, device)
+        return cls(t if spec.norm_offset else t.to(dtype), spec.norm_eps, spec.norm_offset)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         xf = x.float()

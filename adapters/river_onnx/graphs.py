@@ -38,7 +38,7 @@ class Norm:
     def of(cls, w: np.ndarray | None, spec: ModelSpec) -> "Norm | None":
         if w is None:
             return None
-        return cls((1 + w if spec.norm_offset else w).astype(np.float32), spec.norm_eps)
+        return cls(spec.norm_scale(w), spec.norm_eps)
 
 
 @attrs.frozen
