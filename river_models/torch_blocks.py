@@ -327,8 +327,7 @@ def forward(b: Block, p: Pass, i: int, x: torch.Tensor, cache, rows,
     batch (None: all), over the step's slots of `cache` (a `river_core.KVCache`), which it
     writes. `mids`, when given, receives the state between the attention and MLP
     sub-blocks."""
-    out, mid = decoder_layer(x, (b.input_norm, b.post_attn_norm, b.pre_mlp_norm,
-                                 b.post_mlp_norm),
+    out, mid = decoder_layer(x, (b.input_norm, b.post_attn_norm, b.pre_mlp_norm, b.post_mlp_norm),
                              partial(attention, b, p, i, cache, rows), partial(mlp, b))
     if mids is not None:
         mids.append(mid)

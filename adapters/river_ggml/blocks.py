@@ -93,11 +93,7 @@ class Layer:
     def graph(self, tokens: int, keys: int, cache) -> Graph:
         """The block: outputs `out` and `mid` [rows * tokens, hidden]."""
         return Graph(self._inputs(tokens, keys, rows_of(cache)),
-                     lambda ctx, t: self._block(ctx, t, tokens, keys, cache))
-
-    def block(self, ctx, t: dict, tokens: int, keys: int, cache) -> dict:
-        """The block's ops in a graph being built (`span_graph`), from inputs `t`."""
-        return self._block(ctx, t, tokens, keys, cache)
+                     lambda ctx, t: self.block(ctx, t, tokens, keys, cache))
 
     def kv_graph(self, tokens: int, cache) -> Graph:
         """The step's K/V of this layer written from x without running it (`propagate`)."""
@@ -148,7 +144,8 @@ class Layer:
         return g.ggml_rope_ext(ctx, a, t["pos"], t["factors"], 2 * self._rotary_pairs(),
                                self.mode, 0, BASE, 1.0, 0.0, rotary.scaling, 32.0, 1.0)
 
-    def _block(self, ctx, t, tokens: int, keys: int, cache) -> dict:
+    def block(self, ctx, t: dict, tokens: int, keys: int, cache) -> dict:
+        """The block's ops in a graph being built (`graph`, `span_graph`), from inputs `t`."""
         s, hd, rows = self.spec, self.spec.head_dim, rows_of(cache)
         n = tokens * rows
 

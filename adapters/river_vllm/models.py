@@ -257,9 +257,9 @@ class ForwardLayers(TorchArrays, StandInDefaults):
             return by_row(lambda h: attn.o_proj(h)[0],
                           stand_in and (lambda h: stand_in.proj["o"](_all_heads(h))),
                           p.attention(i)(q, k, v))
-        river_mlp = stand_in and (lambda h: mlp(stand_in, h))
-        return decoder_layer(x, (layer.input_layernorm, None, layer.post_attention_layernorm,
-                                 None), attention, lambda m: by_row(layer.mlp, river_mlp, m))
+        return decoder_layer(x, (layer.input_layernorm, None, layer.post_attention_layernorm, None),
+                             attention, lambda m: by_row(layer.mlp, stand_in and (
+                                 lambda h: mlp(stand_in, h)), m))
 
 
 # Tensor parallelism: each rank's vLLM layers hold its share of the heads (column-parallel
