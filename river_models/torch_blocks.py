@@ -11,7 +11,6 @@ for torch tensors, `torch_pass` a step's `Pass` on the engine's device.
 
 from __future__ import annotations
 
-from functools import partial
 from typing import Callable, Sequence
 
 import attrs
@@ -24,7 +23,6 @@ from river_core.errors import CapabilityError
 from river_core.layout import View
 
 from .quant import QuantWeight
-from .skeleton import decoder_layer
 from .spec import FUSED, PROJECTIONS, LayerWeights, ModelSpec, QueryScale
 
 
@@ -321,21 +319,11 @@ def mlp(b: Block, h: torch.Tensor) -> torch.Tensor:
     return b.proj["down"](b.act(gate) * up)
 
 
-def forward(b: Block, p: Pass, i: int, x: torch.Tensor, cache, rows,
-            mids: list | None = None) -> torch.Tensor:
-    """Layer i in pass `p` (`torch_pass`) on x: [batch, tokens, hidden] for `rows` of the
-    batch (None: all), over the step's slots of `cache` (a `river_core.KVCache`), which it
-    writes. `mids`, when given, receives the state between the attention and MLP
-    sub-blocks."""
-    out, mid = decoder_layer(x, (b.input_norm, b.post_attn_norm, b.pre_mlp_norm, b.post_mlp_norm),
-                             partial(attention, b, p, i, cache, rows), partial(mlp, b))
-    if mids is not None:
-        mids.append(mid)
-    return out
-
-
 def attention(b: Block, p: Pass, i: int, cache, rows, h: torch.Tensor) -> torch.Tensor:
-    """The attention sub-block of layer i on its normalised input h (`forward`'s arguments)."""
+    """Layer i's attention sub-block in pass `p` (`torch_pass`) on its normalised input h:
+    [batch, tokens, hidden] for `rows` of the batch (None: all), over the step's slots of
+    `cache` (a `river_core.KVCache`), which it writes. The layer around it is
+    `river_models.skeleton.decoder_layer`."""
     (cos, sin), qs, mask, slots = p.rope[i], p.query_scale, p.masks[i], p.slots[i]
     if rows is not None:
         cos, sin = cos[rows], sin[rows]
