@@ -29,6 +29,7 @@ from river_core.layer_engine import LayerEngine, NumpyArrays
 from river_core.layout import View
 from river_core.hookspecs import hookimpl
 from river_models import Checkpoint, StandInWeights, tiny
+from river_models.skeleton import decoder_layer, norms_of
 
 
 def rms_norm(x, w, eps):
@@ -77,8 +78,13 @@ class NumpyBackend(NumpyArrays, LayerEngine):
         return self.w.embed[ids] * self.spec.embed_scale
 
     def run_block(self, p, i, x, idx, stand_in, mids):
+        """Layer i (its stand-in's projections with `stand_in`) on the states `x` of rows
+        `idx`."""
         proj = self.stand_in_weights[i] if stand_in else self.w.layers[i].projections
-        out, mid = self._block(p, i, x, idx, proj)
+        mlp = lambda xn: self._linear(i, "down", silu(self._linear(i, "gate", xn, proj)) *
+                                      self._linear(i, "up", xn, proj), proj)
+        norms = norms_of(self.w.layers[i], lambda h, w: rms_norm(h, w, self.spec.norm_eps))
+        out, mid = decoder_layer(x, norms, lambda xn: self._attention(p, i, xn, idx, proj), mlp)
         if mids is not None:
             mids.append(mid)
         return out
@@ -114,13 +120,10 @@ class NumpyBackend(NumpyArrays, LayerEngine):
         v = self._heads(self._linear(i, "v", xn, proj), self.spec.kv_heads)
         self.cache.write(i, idx, k, v, p.step.start, p.step.end)
 
-    def _block(self, p: Pass, i, x, idx, proj):
-        """Layer i (backbone or stand-in weights `proj`) on the states `x` of rows `idx`:
-        their new states, and their states between attention and MLP."""
-        spec = self.spec
-        rows = slice(None) if idx is None else idx
-        layer = self.w.layers[i]
-        xn = rms_norm(x, layer.input_norm, spec.norm_eps)
+    def _attention(self, p: Pass, i, xn, idx, proj):
+        """Layer i's attention sub-block (weights `proj`) on the normalised states `xn` of
+        rows `idx`."""
+        spec, rows = self.spec, slice(None) if idx is None else idx
         q = self._rope(p, i, self._heads(self._linear(i, "q", xn, proj), spec.heads), idx)
         self._write_kv(p, i, xn, idx, proj)
         slots = p.slots[i]
@@ -130,10 +133,7 @@ class NumpyBackend(NumpyArrays, LayerEngine):
         scores = np.where(p.masks[i][rows][:, None], scores, -np.inf)
         e = np.exp(scores - scores.max(-1, keepdims=True))
         a = (e / e.sum(-1, keepdims=True)) @ values
-        x = x + self._linear(i, "o", a.transpose(0, 2, 1, 3).reshape(*x.shape[:2], -1), proj)
-        xn = rms_norm(x, layer.pre_mlp_norm, spec.norm_eps)
-        m = silu(self._linear(i, "gate", xn, proj)) * self._linear(i, "up", xn, proj)
-        return x + self._linear(i, "down", m, proj), x
+        return self._linear(i, "o", a.transpose(0, 2, 1, 3).reshape(*xn.shape[:2], -1), proj)
 
     # -- the contract beyond the base -------------------------------------------------------
 

@@ -103,6 +103,12 @@ class ModelSpec:
         switches = [r.switch for r in self.rotary.values() if r.long_inv_freq]
         return min(switches) if switches else None
 
+    def norm_scale(self, w: np.ndarray) -> np.ndarray:
+        """A norm's weight as the norm multiplies by it, float32: Gemma's 1 + w (the one
+        place `norm_offset` changes a weight; GGUF files store it so)."""
+        w = np.asarray(w, np.float32)
+        return w + np.float32(1) if self.norm_offset else w
+
     def to_json(self) -> dict:
         d = attrs.asdict(self, recurse=False)
         d["rotary"] = {k: attrs.asdict(r) for k, r in self.rotary.items()}

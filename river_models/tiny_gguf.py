@@ -51,11 +51,6 @@ def projections(family: str, spec, p, permute=permuted, fuse=np.concatenate) -> 
     return {f"{k}.weight": v for k, v in tensors.items()}
 
 
-def _norm(spec, w: np.ndarray) -> np.ndarray:
-    """A norm's weight as llama.cpp multiplies by it: Gemma's 1 + w."""
-    return w + np.float32(1) if spec.norm_offset else w
-
-
 def _layer_tensors(family: str, spec, layer) -> dict[str, np.ndarray]:
     biases = {f"{short}.bias": layer.biases[SEPARATE[short]]
               for short in ("attn_q", "attn_k", "attn_v") if SEPARATE[short] in layer.biases}
@@ -63,7 +58,7 @@ def _layer_tensors(family: str, spec, layer) -> dict[str, np.ndarray]:
              "attn_q_norm": layer.q_norm, "attn_k_norm": layer.k_norm,
              "post_attention_norm": layer.post_attn_norm, "post_ffw_norm": layer.post_mlp_norm}
     return {**projections(family, spec, layer.projections), **biases,
-            **{f"{k}.weight": _norm(spec, v) for k, v in norms.items() if v is not None}}
+            **{f"{k}.weight": spec.norm_scale(v) for k, v in norms.items() if v is not None}}
 
 
 def _rope(w, family: str, config, spec) -> None:
@@ -150,7 +145,7 @@ def gguf_file(seed: int = 0, family: str = FAMILY, vocabulary: str | None = None
     if not vocabulary:
         w.add_eos_token_id(spec.eos_ids[0])
     w.add_tensor("token_embd.weight", weights.embed)
-    w.add_tensor("output_norm.weight", _norm(spec, weights.final_norm))
+    w.add_tensor("output_norm.weight", spec.norm_scale(weights.final_norm))
     if weights.head is not weights.embed:   # tied: llama.cpp's converter writes no output
         w.add_tensor("output.weight", weights.head)
     for i, layer in enumerate(weights.layers):

@@ -137,8 +137,8 @@ class Norm:
     def of(cls, w: np.ndarray | None, spec: ModelSpec, dtype, device) -> "Norm | None":
         if w is None:
             return None
-        t = upload(w, torch.float32, device)
-        return cls(1.0 + t if spec.norm_offset else t.to(dtype), spec.norm_eps, spec.norm_offset)
+        t = upload(spec.norm_scale(w), torch.float32, device)
+        return cls(t if spec.norm_offset else t.to(dtype), spec.norm_eps, spec.norm_offset)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         xf = x.float()
@@ -319,18 +319,17 @@ def mlp(b: Block, h: torch.Tensor) -> torch.Tensor:
     return b.proj["down"](b.act(gate) * up)
 
 
-def forward(b: Block, p: Pass, i: int, x: torch.Tensor, cache, rows,
-            mids: list | None = None) -> torch.Tensor:
-    """Layer i in pass `p` (`torch_pass`) on x: [batch, tokens, hidden] for `rows` of the
-    batch (None: all), over the step's slots of `cache` (a `river_core.KVCache`), which it
-    writes. `mids`, when given, receives the state between the attention and MLP
-    sub-blocks."""
+def attention(b: Block, p: Pass, i: int, cache, rows, h: torch.Tensor) -> torch.Tensor:
+    """Layer i's attention sub-block in pass `p` (`torch_pass`) on its normalised input h:
+    [batch, tokens, hidden] for `rows` of the batch (None: all), over the step's slots of
+    `cache` (a `river_core.KVCache`), which it writes. The layer around it is
+    `river_models.skeleton.decoder_layer`."""
     (cos, sin), qs, mask, slots = p.rope[i], p.query_scale, p.masks[i], p.slots[i]
     if rows is not None:
         cos, sin = cos[rows], sin[rows]
         qs = None if qs is None else qs[rows]
         mask = None if mask is None else mask[rows]
-    q, k, v = project_kv(b, b.input_norm(x), cos, sin, qs)
+    q, k, v = project_kv(b, h, cos, sin, qs)
     step = p.step
     cache.write(i, rows, k, v, step.start, step.end)
     if isinstance(slots, slice):
@@ -343,13 +342,4 @@ def forward(b: Block, p: Pass, i: int, x: torch.Tensor, cache, rows,
     a = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=b.scaling,
                                        is_causal=mask is None and q.shape[2] > 1,
                                        enable_gqa=True)
-    a = b.proj["o"](a.transpose(1, 2).reshape(*x.shape[:2], -1))
-    if b.post_attn_norm is not None:
-        a = b.post_attn_norm(a)
-    x = x + a
-    if mids is not None:
-        mids.append(x)
-    m = mlp(b, b.pre_mlp_norm(x))
-    if b.post_mlp_norm is not None:
-        m = b.post_mlp_norm(m)
-    return x + m
+    return b.proj["o"](a.transpose(1, 2).reshape(*h.shape[:2], -1))

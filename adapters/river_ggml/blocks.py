@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from river_core.errors import ModelError
+from river_models.skeleton import decoder_layer, norms_of
 from river_models.spec import ModelSpec
 
 from .lib import Graph, MappedGGUF, g
@@ -67,11 +68,12 @@ class Layer:
         self.o = w(weights, "attn_output.weight")
         self.gate = w(weights, "ffn_gate.weight", False)   # None: fused into ffn_up (Phi-3)
         self.up, self.down = w(weights, "ffn_up.weight"), w(weights, "ffn_down.weight")
-        self.attn_norm, self.ffn_norm = w(norms, "attn_norm.weight"), w(norms, "ffn_norm.weight")
+        self.input_norm, self.pre_mlp_norm = w(norms, "attn_norm.weight"), \
+            w(norms, "ffn_norm.weight")
         self.q_norm, self.k_norm = w(norms, "attn_q_norm.weight", False), \
             w(norms, "attn_k_norm.weight", False)
-        self.post_attn = w(norms, "post_attention_norm.weight", False)
-        self.post_ffn = w(norms, "post_ffw_norm.weight", False)
+        self.post_attn_norm = w(norms, "post_attention_norm.weight", False)
+        self.post_mlp_norm = w(norms, "post_ffw_norm.weight", False)
 
     def _inputs(self, tokens: int, keys: int | None, rows: int) -> dict:
         """A graph's inputs; with `keys` (attention over that many slots) the mask and the
@@ -91,26 +93,22 @@ class Layer:
     def graph(self, tokens: int, keys: int, cache) -> Graph:
         """The block: outputs `out` and `mid` [rows * tokens, hidden]."""
         return Graph(self._inputs(tokens, keys, rows_of(cache)),
-                     lambda ctx, t: self._block(ctx, t, tokens, keys, cache))
-
-    def block(self, ctx, t: dict, tokens: int, keys: int, cache) -> dict:
-        """The block's ops in a graph being built (`span_graph`), from inputs `t`."""
-        return self._block(ctx, t, tokens, keys, cache)
+                     lambda ctx, t: self.block(ctx, t, tokens, keys, cache))
 
     def kv_graph(self, tokens: int, cache) -> Graph:
         """The step's K/V of this layer written from x without running it (`propagate`)."""
-        return Graph(self._inputs(tokens, None, rows_of(cache)),
-                     lambda ctx, t: dict(zip("kv", self._kv(ctx, t, tokens, False, cache)[1:])))
+        return Graph(self._inputs(tokens, None, rows_of(cache)), lambda ctx, t: dict(zip(
+            "kv", self._kv(ctx, t, self._norm(ctx, t["x"], self.input_norm), tokens, False,
+                           cache)[1:])))
 
     def _norm(self, ctx, a, weight):
         return g.ggml_mul(ctx, g.ggml_rms_norm(ctx, a, self.spec.norm_eps), weight)
 
-    def _kv(self, ctx, t, tokens: int, queries: bool, cache):
+    def _kv(self, ctx, t, h, tokens: int, queries: bool, cache):
         """(q [head_dim, tokens, heads, rows] or None, K and V as written into the cache):
-        the projections of the normed input, rotated, the step's K/V stored in its slots."""
+        the projections of the normed input h, rotated, the step's K/V stored in its slots."""
         s, hd, rows = self.spec, self.spec.head_dim, rows_of(cache)
         n = tokens * rows
-        h = self._norm(ctx, t["x"], self.attn_norm)
         if self.fused_qkv is not None:
             qkv = g.ggml_mul_mat(ctx, self.fused_qkv, h)
             sizes = [s.heads * hd, s.kv_heads * hd, s.kv_heads * hd]
@@ -146,35 +144,34 @@ class Layer:
         return g.ggml_rope_ext(ctx, a, t["pos"], t["factors"], 2 * self._rotary_pairs(),
                                self.mode, 0, BASE, 1.0, 0.0, rotary.scaling, 32.0, 1.0)
 
-    def _block(self, ctx, t, tokens: int, keys: int, cache) -> dict:
+    def block(self, ctx, t: dict, tokens: int, keys: int, cache) -> dict:
+        """The block's ops in a graph being built (`graph`, `span_graph`), from inputs `t`."""
         s, hd, rows = self.spec, self.spec.head_dim, rows_of(cache)
         n = tokens * rows
-        x = t["x"]
-        q, kw, vw = self._kv(ctx, t, tokens, True, cache)
-        c = cache[0].contents
-        kv = [g.ggml_view_4d(ctx, a, hd, keys, s.kv_heads, rows, c.nb[1], c.nb[2], c.nb[3], 0)
-              for a in (kw, vw)]
-        # [hd, heads, tokens, rows] out: each row's tokens in turn, as x holds them
-        attn = g.ggml_flash_attn_ext(ctx, q, kv[0], kv[1], t["mask"], s.attn_scale, 0.0, 0.0)
-        g.ggml_flash_attn_ext_set_prec(attn, g.GGML_PREC_F32)
-        attn = g.ggml_mul_mat(ctx, self.o, g.ggml_reshape_2d(ctx, attn, hd * s.heads, n))
-        if self.post_attn is not None:
-            attn = self._norm(ctx, attn, self.post_attn)
-        mid = g.ggml_add(ctx, x, attn)
-        h = self._norm(ctx, mid, self.ffn_norm)
-        if self.gate is None:
-            gate_up = g.ggml_mul_mat(ctx, self.up, h)
-            m = s.intermediate
-            gate, up = (g.ggml_cont(ctx, g.ggml_view_2d(ctx, gate_up, m, n,
-                                                        gate_up.contents.nb[1], o * m * 4))
-                        for o in (0, 1))
-        else:
-            gate, up = g.ggml_mul_mat(ctx, self.gate, h), g.ggml_mul_mat(ctx, self.up, h)
-        act = g.ggml_silu(ctx, gate) if s.activation == "silu" else g.ggml_gelu(ctx, gate)
-        down = g.ggml_mul_mat(ctx, self.down, g.ggml_mul(ctx, act, up))
-        if self.post_ffn is not None:
-            down = self._norm(ctx, down, self.post_ffn)
-        return {"out": g.ggml_add(ctx, mid, down), "mid": mid}
+
+        def attention(h):
+            q, kw, vw = self._kv(ctx, t, h, tokens, True, cache)
+            c = cache[0].contents
+            kv = [g.ggml_view_4d(ctx, a, hd, keys, s.kv_heads, rows, c.nb[1], c.nb[2], c.nb[3],
+                                 0) for a in (kw, vw)]
+            # [hd, heads, tokens, rows] out: each row's tokens in turn, as x holds them
+            attn = g.ggml_flash_attn_ext(ctx, q, kv[0], kv[1], t["mask"], s.attn_scale, 0.0, 0.0)
+            g.ggml_flash_attn_ext_set_prec(attn, g.GGML_PREC_F32)
+            return g.ggml_mul_mat(ctx, self.o, g.ggml_reshape_2d(ctx, attn, hd * s.heads, n))
+
+        def mlp(h):
+            if self.gate is None:
+                gate_up, m = g.ggml_mul_mat(ctx, self.up, h), s.intermediate
+                gate, up = (g.ggml_cont(ctx, g.ggml_view_2d(ctx, gate_up, m, n,
+                                                            gate_up.contents.nb[1], o * m * 4))
+                            for o in (0, 1))
+            else:
+                gate, up = g.ggml_mul_mat(ctx, self.gate, h), g.ggml_mul_mat(ctx, self.up, h)
+            act = g.ggml_silu(ctx, gate) if s.activation == "silu" else g.ggml_gelu(ctx, gate)
+            return g.ggml_mul_mat(ctx, self.down, g.ggml_mul(ctx, act, up))
+        out, mid = decoder_layer(t["x"], norms_of(self, lambda a, w: self._norm(ctx, a, w)),
+                                 attention, mlp, lambda a, b: g.ggml_add(ctx, a, b))
+        return {"out": out, "mid": mid}
 
 
 def rows_of(cache) -> int:

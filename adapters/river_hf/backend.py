@@ -8,6 +8,8 @@ logits a token is chosen from.
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import torch
 
@@ -16,9 +18,9 @@ from river_core.footprint import Footprint
 from river_core.layer_engine import LayerEngine
 from river_core.layout import View
 from river_models import Checkpoint, StandInWeights
-
-from river_models.torch_blocks import (Block, Dense, Norm, Rotaries, TorchArrays, forward,
-                                       packed, project_kv, torch_pass, upload)
+from river_models.skeleton import decoder_layer
+from river_models.torch_blocks import (Block, Dense, Norm, Rotaries, TorchArrays, attention,
+                                       mlp, packed, project_kv, torch_pass, upload)
 from . import CAPABILITIES
 
 
@@ -83,8 +85,13 @@ class HFBackend(TorchArrays, LayerEngine):
 
     @torch.inference_mode()
     def run_block(self, p: Pass, i: int, x, idx, stand_in: bool, mids):
-        block = (self.stand_ins if stand_in else self.blocks)[i]
-        return forward(block, p, i, x, self.cache, idx, mids)
+        b = (self.stand_ins if stand_in else self.blocks)[i]
+        norms = (b.input_norm, b.post_attn_norm, b.pre_mlp_norm, b.post_mlp_norm)
+        out, mid = decoder_layer(x, norms, partial(attention, b, p, i, self.cache, idx),
+                                 partial(mlp, b))
+        if mids is not None:
+            mids.append(mid)
+        return out
 
     @torch.inference_mode()
     def head(self, x, stand_in: bool = False):

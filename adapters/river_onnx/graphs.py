@@ -18,6 +18,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from river_models import FUSED, LayerWeights, ModelSpec, QuantWeight
+from river_models.skeleton import decoder_layer, norms_of
 
 from .quant import NBits, nbits
 
@@ -37,7 +38,7 @@ class Norm:
     def of(cls, w: np.ndarray | None, spec: ModelSpec) -> "Norm | None":
         if w is None:
             return None
-        return cls((1 + w if spec.norm_offset else w).astype(np.float32), spec.norm_eps)
+        return cls(spec.norm_scale(w), spec.norm_eps)
 
 
 @attrs.frozen
@@ -285,14 +286,9 @@ class LayerInputs:
 def _decoder_block(g: Graph, b: BlockWeights, h: str, rope: Rope, layer: LayerInputs,
                    suffix: str = "") -> tuple[str, str]:
     """(h_out, mid): mid is the state between the attention and MLP sub-blocks."""
-    a = g.attention(g.rms_norm(h, b.input_norm), b, rope, layer, suffix)
-    if b.post_attn_norm is not None:
-        a = g.rms_norm(a, b.post_attn_norm)
-    mid = g.op("Add", h, a)
-    m = g.mlp(g.rms_norm(mid, b.pre_mlp_norm), b)
-    if b.post_mlp_norm is not None:
-        m = g.rms_norm(m, b.post_mlp_norm)
-    return g.op("Add", mid, m), mid
+    return decoder_layer(h, norms_of(b, g.rms_norm),
+                         lambda x: g.attention(x, b, rope, layer, suffix),
+                         lambda x: g.mlp(x, b), lambda x, y: g.op("Add", x, y))
 
 
 def block(b: BlockWeights, causal_branch: bool = False) -> onnx.ModelProto:

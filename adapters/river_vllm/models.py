@@ -50,6 +50,7 @@ from river_core import ConfigError, ModelShape, Pass, Walk, default_registry, re
 from river_core.decode import Row
 from river_core.layer_engine import StandInDefaults
 from river_models import open_model, stand_ins
+from river_models.skeleton import decoder_layer
 from river_models.spec import QueryScale
 from river_models.torch_blocks import Block, TorchArrays, mlp, packed, query_factors
 
@@ -214,7 +215,7 @@ class ForwardLayers(TorchArrays, StandInDefaults):
                     sub_blocks: bool = False):
         # row indices, not masks: indexing by a mask waits on the device for its count
         d, g = p.index(deep, self.make_index), p.index(gone, self.make_index)
-        mid, out = self._layer(p, i, h, d, g)
+        out, mid = self._layer(p, i, h, d, g)
         if not sub_blocks:
             return out, None
         return out, self.host(self.cosines([(h[d], mid[d]), (mid[d], out[d])]))
@@ -237,26 +238,28 @@ class ForwardLayers(TorchArrays, StandInDefaults):
 
     def _layer(self, p: ForwardPass, i: int, x: torch.Tensor, deep: torch.Tensor,
                gone: torch.Tensor):
-        """Layer i for every row, backbone or stand-in; one attention call for all rows.
-        Returns the state after attention and after the MLP."""
+        """Layer i for every row, backbone or stand-in; one attention call for all rows:
+        (out, mid), as `decoder_layer`."""
         layer = self.model.model.layers[i]
         attn, stand_in = layer.self_attn, self.model.river_stand_ins[i] if len(gone) else None
         by_row = lambda backbone, river, h: _rows(backbone, river, h, deep, gone)
-        n = layer.input_layernorm(x)
-        qkv = by_row(lambda h: attn.qkv_proj(h)[0],
-                     stand_in and (lambda h: _local_heads(attn, stand_in.proj["qkv"](h))), n)
-        q, k, v = qkv.split([attn.q_size, attn.kv_size, attn.kv_size], dim=-1)
-        if hasattr(attn, "q_norm"):   # Qwen3: per-head norms, kept by the stand-ins
-            q = attn.q_norm(q.reshape(*q.shape[:-1], -1, attn.head_dim)).reshape(q.shape)
-            k = attn.k_norm(k.reshape(*k.shape[:-1], -1, attn.head_dim)).reshape(k.shape)
-        q, k = attn.rotary_emb(p.positions, q, k)   # vLLM's rules (Phi-3: its LongRoPE table)
-        if p.query_scale is not None:   # Ministral 3, as vLLM's Mistral attention applies it
-            q = (q * p.query_scale).to(q.dtype)
-        a = p.attention(i)(q, k, v)
-        mid = x + by_row(lambda h: attn.o_proj(h)[0],
-                         stand_in and (lambda h: stand_in.proj["o"](_all_heads(h))), a)
-        m = layer.post_attention_layernorm(mid)
-        return mid, mid + by_row(layer.mlp, stand_in and (lambda h: mlp(stand_in, h)), m)
+
+        def attention(n):
+            qkv = by_row(lambda h: attn.qkv_proj(h)[0],
+                         stand_in and (lambda h: _local_heads(attn, stand_in.proj["qkv"](h))), n)
+            q, k, v = qkv.split([attn.q_size, attn.kv_size, attn.kv_size], dim=-1)
+            if hasattr(attn, "q_norm"):   # Qwen3: per-head norms, kept by the stand-ins
+                q = attn.q_norm(q.reshape(*q.shape[:-1], -1, attn.head_dim)).reshape(q.shape)
+                k = attn.k_norm(k.reshape(*k.shape[:-1], -1, attn.head_dim)).reshape(k.shape)
+            q, k = attn.rotary_emb(p.positions, q, k)   # vLLM's rules (Phi-3: its LongRoPE)
+            if p.query_scale is not None:   # Ministral 3, as vLLM's Mistral attention does
+                q = (q * p.query_scale).to(q.dtype)
+            return by_row(lambda h: attn.o_proj(h)[0],
+                          stand_in and (lambda h: stand_in.proj["o"](_all_heads(h))),
+                          p.attention(i)(q, k, v))
+        return decoder_layer(x, (layer.input_layernorm, None, layer.post_attention_layernorm, None),
+                             attention, lambda m: by_row(layer.mlp, stand_in and (
+                                 lambda h: mlp(stand_in, h)), m))
 
 
 # Tensor parallelism: each rank's vLLM layers hold its share of the heads (column-parallel
