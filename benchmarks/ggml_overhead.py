@@ -24,6 +24,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from .ggml_cost import MODES, prompt_text
@@ -64,8 +65,11 @@ def call(source: Path | None, cache: str | None, gguf: Path, text: str, mode: st
         env["RIVER_CACHE"] = cache
     argv = ["generate", text, "--backend", "ggml", "--model", str(gguf), "--no-chat",
             *MODES[mode], "--max-new-tokens", str(tokens), "--json"]
+    # `python -c` puts its working folder first on the path: the checkout's, or one that
+    # holds no packages
     done = subprocess.run([sys.executable, "-c", CHILD, *argv], capture_output=True, text=True,
-                          env=env, stdin=subprocess.DEVNULL)
+                          env=env, stdin=subprocess.DEVNULL,
+                          cwd=source or tempfile.gettempdir())
     if done.returncode:
         raise SystemExit(f"river generate failed ({gguf.name}, {mode}):\n{done.stderr[-3000:]}")
     record, totals = (json.loads(line) for line in done.stdout.strip().splitlines()[-2:])
