@@ -44,8 +44,8 @@ FIRST_S, FIRST_MB, FIT_S, LATER_OVER_LLAMACPP = 15, 1000, 60, 1.2
 def river(gguf: Path, cache: Path, text: str, tokens: int, flags: list[str]) -> dict:
     """One `river generate --json` of `tokens` tokens with cache folder `cache`."""
     command = [sys.executable, "-m", "river_cli.main", "generate", text, "--backend", "ggml",
-               "--model", str(gguf), "--no-chat", "--max-new-tokens", str(tokens), "--json",
-               *flags]
+               "--model", str(gguf), "--no-chat", "--max-new-tokens", str(tokens), "--ignore-eos",
+               "--json", *flags]
     env = os.environ | {"RIVER_CACHE": str(cache)}
     output, stderr, wall, rss = measured(command, env)
     record = json.loads(output.strip().splitlines()[-1])

@@ -6,9 +6,10 @@ and the process's peak memory, on the model as F16 and as llama.cpp's Q8_0, Q4_K
     river bench ggml_cost --types Q4_0 --contexts 64 --llamacpp none   # River alone, quickly
 
 Every call is a process of its own, cold as a user's CLI call is: `river generate --json
---no-chat --backend ggml` (full depth, `--kv full`, and with `--modes` exit mode at the
-policy's defaults and lossless mode too) and `llama-completion` (greedy, --ignore-eos, --threads threads) on the same raw text,
-its token count checked against River's. A context is a prompt of that many tokens (bundled
+--no-chat --ignore-eos --backend ggml` (full depth, `--kv full`, and with `--modes` exit mode
+at the policy's defaults and lossless mode too) and `llama-completion` (greedy, --ignore-eos,
+--threads threads) on the same raw text, its token count checked against River's: both decode
+every token asked for, whatever end of text the model picks. A context is a prompt of that many tokens (bundled
 GSM8K questions in turn) and --decode tokens decoded after it: its prefill time, the decode's
 ms/token and the process's peak resident memory (GNU time's) are recorded, after one call per
 file and mode that is not (a new file's first call builds its cache entries: `river bench
@@ -73,7 +74,7 @@ def measured(command: list[str], env: dict | None = None) -> tuple[str, str, flo
 def river(gguf: Path, text: str, mode: str, tokens: int) -> dict:
     command = [sys.executable, "-m", "river_cli.main", "generate", text, "--backend", "ggml",
                "--model", str(gguf), "--no-chat", *MODES[mode], "--max-new-tokens",
-               str(tokens), "--json"]
+               str(tokens), "--ignore-eos", "--json"]
     output, _, wall, rss = measured(command)
     record = json.loads(output.strip().splitlines()[-1])
     return {"wall_s": wall, "peak_rss_mb": rss, "prefill_ms": record["prefill_ms"],

@@ -64,7 +64,7 @@ def call(source: Path | None, cache: str | None, gguf: Path, text: str, mode: st
     if cache is not None:
         env["RIVER_CACHE"] = cache
     argv = ["generate", text, "--backend", "ggml", "--model", str(gguf), "--no-chat",
-            *MODES[mode], "--max-new-tokens", str(tokens), "--json"]
+            *MODES[mode], "--max-new-tokens", str(tokens), "--ignore-eos", "--json"]
     # `python -c` puts its working folder first on the path: the checkout's, or one that
     # holds no packages
     done = subprocess.run([sys.executable, "-c", CHILD, *argv], capture_output=True, text=True,

@@ -78,6 +78,8 @@ def _parser(registry) -> argparse.ArgumentParser:
                    "model's NLL gap); agreement=SHARE and nll=NATS as for calibrate")
     g.add_argument("--max-new-tokens", type=int,
                    default=default(GenerationConfig, "max_new_tokens"))
+    g.add_argument("--ignore-eos", action="store_true", help="decode --max-new-tokens tokens "
+                   "whatever end of text the model picks (as llama.cpp's: for timings)")
     g.add_argument("--temperature", type=float, default=default(GenerationConfig, "temperature"))
     g.add_argument("--top-p", type=float, default=default(GenerationConfig, "top_p"))
     g.add_argument("--top-k", type=int, default=default(GenerationConfig, "top_k"),
@@ -223,7 +225,8 @@ def _fits(args) -> bool:
 def _generate(args) -> None:
     profile = Profile.load(args.profile) if args.profile else None
     exit_config = _exit_config(args, profile)
-    gen = GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+    gen = GenerationConfig(max_new_tokens=args.max_new_tokens, ignore_eos=args.ignore_eos,
+                           temperature=args.temperature,
                            top_p=args.top_p, top_k=args.top_k, stop=args.stop, seed=args.seed)
     check_prompts([check_text(args.prompt)])
     saved = not profile and not args.no_profile and not exit_config.lossless

@@ -224,7 +224,8 @@ def _options(options: Any) -> dict:
 @attrs.frozen
 class GenerationConfig:
     """Decoding settings. temperature 0 means greedy; top_k 0 keeps every token; `stop`: one
-    string or several, each non-empty."""
+    string or several, each non-empty; `ignore_eos`: decode max_new_tokens tokens whatever
+    end of text the model picks (llama.cpp's --ignore-eos: timings of a fixed length)."""
 
     max_new_tokens: int = 128
     temperature: float = 0.0
@@ -232,6 +233,12 @@ class GenerationConfig:
     top_k: int = 0
     stop: tuple[str, ...] = attrs.field(default=(), converter=_stops)
     seed: int = 0
+    ignore_eos: bool = False
+
+    def ends(self, tokenizer) -> frozenset[int]:
+        """The tokens that end a generation: the tokenizer's end of text, none with
+        ignore_eos."""
+        return frozenset() if self.ignore_eos else tokenizer.eos_ids
 
     def __attrs_post_init__(self) -> None:
         _integer("max_new_tokens", self.max_new_tokens, 1)

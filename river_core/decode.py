@@ -388,7 +388,7 @@ def stream_ids(backend: Backend, prompts: Sequence[Sequence[int]], gen: Generati
     if len(prompts) > 1 and not run.strategy.batch:
         raise ConfigError(f"kv strategy {run.strategy.name!r} runs one sequence at a time")
     sample = sample or make_sampler(gen.temperature, gen.top_p, gen.seed, gen.top_k)
-    eos = backend.tokenizer.eos_ids if eos is None else eos
+    eos = gen.ends(backend.tokenizer) if eos is None else eos
 
     start = time.perf_counter()
     pre = backend.prefill(prompts, capacity, prefill_exit)

@@ -201,7 +201,7 @@ def rounds(backend: Backend, prompt: Sequence[int], gen: GenerationConfig, run: 
     the backend and the strategy can draft."""
     check_capacity(backend, [prompt], gen.max_new_tokens)
     choice = Choice(gen, np.random.default_rng(gen.seed))
-    eos, out, stops = backend.tokenizer.eos_ids, [], StopScan(backend.tokenizer, gen.stop)
+    eos, out, stops = gen.ends(backend.tokenizer), [], StopScan(backend.tokenizer, gen.stop)
 
     def stand(new: list[int]) -> tuple[list[int], bool]:
         """The tokens of `new` that stand, and whether generation ends with them."""

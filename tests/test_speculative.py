@@ -144,6 +144,21 @@ def test_drafting_stops_at_an_end_of_text(folder, monkeypatch):
     assert verified and all(eos not in ids[:-1] for ids in verified)
 
 
+def test_ignore_eos_decodes_the_whole_budget_in_every_mode(folder, monkeypatch):
+    """With ignore_eos (llama.cpp's --ignore-eos, for timings of one length) an end of text
+    does not end the generation: full depth and lossless mode decode max_new_tokens tokens,
+    the same ones."""
+    model = RiverModel.from_pretrained(folder)
+    tokens = model.generate("abc", chat=False, max_new_tokens=12, kv="full").stats.tokens[0]
+    eos = next(t for k, t in enumerate(tokens) if k >= 3 and t not in tokens[:k])
+    monkeypatch.setattr(model.backend.tokenizer, "eos_ids", frozenset({eos}))
+    full, lossless = (model.generate("abc", chat=False, max_new_tokens=12, ignore_eos=True,
+                                     **mode).stats.tokens[0]
+                      for mode in ({"kv": "full"}, {"mode": "speculative", "policy": "fixed",
+                                                    "layer": -1, "draft_tokens": 4}))
+    assert full == lossless == tokens and eos in full[:-1]
+
+
 @pytest.fixture(scope="module")
 def tiny4():
     from river_hf.plugin import tiny_backend
