@@ -157,11 +157,16 @@ def test_a_saved_profile_of_an_older_format_is_fitted_again(fits):
 
 
 @pytest.mark.slow
-def test_the_embedded_model_finds_its_shipped_profile():
+@pytest.mark.parametrize("as_file", [False, True], ids=["default", "its GGUF as a file"])
+def test_the_embedded_model_finds_its_shipped_profile(as_file):
     """Made by the same fit (river_cli/data/profiles); the fit runs for a model the user
-    cache and River hold none for."""
+    cache and River hold none for. The embedded GGUF passed as a user's file runs its Q4_1
+    weights as they are (the default runs their F16 copy): a profile of its own."""
     pytest.importorskip("ggml")
-    embedded = RiverModel.from_pretrained(backend="ggml")
+    from river_models import default_gguf
+
+    embedded = RiverModel.from_pretrained(str(default_gguf()) if as_file else None,
+                                          backend="ggml")
     profile = op.operating_point(embedded, ExitConfig(), fit=False)
     assert profile is not None and profile.point is not None
     assert profile.target == DEFAULT_TARGET and not default_path(embedded.backend,
