@@ -16,11 +16,10 @@ user's own prompts, with forward passes only.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import attrs
 import numpy as np
-from tqdm import tqdm
 
 from river_core.backend import Backend
 from river_core.config import ExitConfig, GenerationConfig
@@ -31,6 +30,9 @@ from river_core.options import tuned
 from river_core.predictor import relative_error
 
 from .profile import LayerRow, Profile, Quality, Target, Trial, fingerprint
+
+if TYPE_CHECKING:
+    from tqdm import tqdm
 
 FULL = ExitConfig(kv="full")
 STEPS = 7   # bisection halvings: the fitted value within 1/128 of the search range
@@ -197,6 +199,8 @@ def calibrate(model: RiverModel, prompts: Sequence[Sequence[int]], config: ExitC
         min(layer_prompts, len(prompts)) * n
     own = bar is None
     if own:
+        from tqdm import tqdm   # here: its import (0.07 s) is paid only where a bar runs
+
         bar = tqdm(total=0, desc="calibrating", unit="pass", disable=not progress)
     start, bar.total = bar.n, bar.total + total
     tick = lambda: bar.update(1)

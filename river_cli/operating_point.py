@@ -30,7 +30,6 @@ import time
 from typing import Callable, Sequence
 
 import attrs
-from tqdm import tqdm
 
 from river_core.arguments import default
 from river_core.backend import StandIns
@@ -102,6 +101,8 @@ def fit_point(model: RiverModel, config: ExitConfig, target: Target = DEFAULT_TA
     room = model.backend.max_positions - max(TOKENS, SPEED_TOKENS) - 1
     ids = [q[-room:] for q in model.encode(read_prompts(CALIBRATION, FIT_PROMPTS + HELD_APART))]
     fit_ids, held = ids[:FIT_PROMPTS], ids[FIT_PROMPTS:]
+    from tqdm import tqdm   # here: its import (0.07 s) is paid only where a bar runs
+
     with tqdm(total=0, desc="fitting the exit rule to this model (once)", unit="pass",
               disable=not progress) as bar:
         [profile] = calibrate(model, fit_ids, config, [target], tokens=TOKENS, layer_prompts=0,
