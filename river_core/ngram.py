@@ -100,32 +100,15 @@ class NgramSource:
 
 
 class NgramDrafter:
-    """One generation's n-gram drafts: the index holds the prompt and every token that stood.
-
-    A copy breaks off where the answer stops copying, and the next lookup often finds the
-    same broken copy again: after a proposal the backbone kept k tokens of, the next proposes
-    at most k + 1, one more after each it keeps whole. A draft is free to make but not to
-    verify (on 2 cores nine tokens cost about 2.5 steps), so a long rejected proposal costs
-    more than a plain step; the draft length's one-less-a-rejection rule (`DraftLength`,
-    which suits the river's runs of agreement) would take up to seven rounds to get there."""
+    """One generation's n-gram drafts: the index holds the prompt and every token that stood."""
 
     def __init__(self, index: NgramIndex) -> None:
         self.index = index
-        self._cap: int | None = None     # None: no proposal rejected since the last kept whole
-        self._proposed: list[int] = []   # this round's proposal, until it stood or fell
 
     def propose(self, token: int, position: int, gamma: int) -> Drafts:
         # `token`, the round's first, stood last round: the index holds it already
-        tokens = self.index.propose(gamma if self._cap is None else min(gamma, self._cap))
-        self._proposed = tokens
+        tokens = self.index.propose(gamma)
         return Drafts(tokens, [None] * len(tokens), [])
 
     def stood(self, tokens: Sequence[int]) -> None:
-        if self._proposed:   # its proposal was this round's (the first source that proposes)
-            kept = next((k for k, (a, b) in enumerate(zip(self._proposed, tokens)) if a != b),
-                        min(len(self._proposed), len(tokens)))
-            whole = kept == len(self._proposed)
-            self._cap = None if whole and self._cap is None else \
-                kept + 1 if not whole else self._cap + 1
-            self._proposed = []
         self.index.extend(tokens)

@@ -57,23 +57,6 @@ def test_the_index_grows_with_the_tokens_that_stand_as_if_built_at_once():
     assert grown.propose(3) == [6, 9, 4]
 
 
-def test_after_a_proposal_breaks_off_the_next_proposes_one_more_than_was_kept():
-    """A broken copy is often found again: after the backbone kept 1 of 4 drafted tokens the
-    next proposal holds at most 2; each proposal kept whole allows one more, back to the
-    asked length."""
-    from river_core.ngram import NgramDrafter
-
-    drafter = NgramDrafter(_index([1, 2, 3, 4, 5, 6, 7, 1, 2]))
-    assert drafter.propose(2, 9, 4).tokens == [3, 4, 5, 6]
-    drafter.stood([3, 9])                      # the backbone kept 3, then chose 9 over 4
-    drafter.stood([1, 2])                      # a round another source drafted: no change
-    assert drafter.propose(2, 13, 4).tokens == [3, 9]   # 3, 9 followed 1, 2 last
-    drafter.stood([3, 9, 1])                   # kept whole: one more
-    assert len(drafter.propose(1, 16, 4).tokens) == 3
-    drafter.stood(drafter._proposed + [5])     # whole again: one more, the cap reaches 4
-    assert drafter._cap == 4
-
-
 def test_the_suffix_lengths_must_be_ordered():
     with pytest.raises(ConfigError):
         NgramIndex(3, 2)
