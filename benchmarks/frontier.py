@@ -50,7 +50,7 @@ NO_POINT = ("none (a Hugging Face folder without a profile from `river calibrate
             "policy's defaults)")
 
 
-def river_settings(model: RiverModel, chat: bool, name: str | None,
+def river_settings(model: RiverModel, name: str | None,
                    backend: str) -> tuple[dict[str, ExitConfig], dict]:
     """River's points: label -> ExitConfig; and the model's operating point (fitted now and
     saved if this model has none yet, as `river generate` would)."""
@@ -60,7 +60,7 @@ def river_settings(model: RiverModel, chat: bool, name: str | None,
     # fitted where `river generate` fits it: a GGUF (the embedded model's included); a
     # Hugging Face folder takes the profile `river calibrate` saved for it, if any
     fits = name is None or name.endswith(".gguf")
-    profile = operating_point(model, ExitConfig(), fit=fits, chat=chat, progress=True,
+    profile = operating_point(model, ExitConfig(), fit=fits, progress=True,
                               model_name=name or "default",
                               precision=default_registry().backend(backend).quant.label)
     policy, options = mode_policy("speculative")
@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> None:
                                        progress=True)
     questions = gsm8k_questions(args.data, args.questions, args.offset)
     prompts = model.encode(questions, not args.no_chat)
-    settings, point = river_settings(model, not args.no_chat, args.model, backend)
+    settings, point = river_settings(model, args.model, backend)
     refs = full_depth_references(model, prompts, args.tokens, 0, lambda: None)
     rows = {}
     for label, config in settings.items():
