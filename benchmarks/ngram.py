@@ -34,7 +34,6 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from pathlib import Path
 
 from .first_contact import LlamaCpp, chat_text, llamacpp_tools, parse_llamacpp
 from .library.copying import COPYING

@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch")
 
 from river_core.backend import Step  # noqa: E402
 from river_core.config import QuantSpec  # noqa: E402
-from river_core.errors import CapabilityError, ModelError  # noqa: E402
+from river_core.errors import ModelError  # noqa: E402
 from river_models import tiny  # noqa: E402
 from river_models.quant import quantize  # noqa: E402
 from river_models.tiny_gguf import gguf_file  # noqa: E402
