@@ -24,7 +24,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -57,16 +56,16 @@ def river(gguf: Path, cache: Path, text: str, tokens: int, flags: list[str]) -> 
                           None)}
 
 
-def first_flags(gguf: Path, cache: Path, text: str) -> list[str]:
-    """Exit mode without a fit where River runs it on `gguf`, else lossless mode (asked with
-    a one-token call whose cache is thrown away)."""
-    probe = subprocess.run([sys.executable, "-m", "river_cli.main", "generate", text,
-                            "--backend", "ggml", "--model", str(gguf), "--no-chat",
-                            "--no-profile", "--max-new-tokens", "1"],
-                           env=os.environ | {"RIVER_CACHE": str(cache)}, capture_output=True,
-                           text=True, stdin=subprocess.DEVNULL)
-    shutil.rmtree(cache, ignore_errors=True)
-    return ["--no-profile"] if probe.returncode == 0 else ["--mode", "speculative"]
+def first(gguf: Path, cache: Path, text: str, tokens: int) -> dict:
+    """The first call on `gguf` with the empty cache `cache`: exit mode without a fit
+    (`--no-profile`) where River runs it on the file, else, in a cache emptied again,
+    lossless mode."""
+    try:
+        return river(gguf, cache, text, tokens, ["--no-profile"])
+    except SystemExit:   # exit mode refused on this file (the line says why)
+        shutil.rmtree(cache)
+        cache.mkdir()
+        return river(gguf, cache, text, tokens, ["--mode", "speculative"])
 
 
 def held(cache: Path) -> dict[str, int]:
@@ -101,11 +100,12 @@ def main(argv: list[str] | None = None) -> None:
     for kind, gguf in ggufs.items():
         cache = Path(tempfile.mkdtemp(prefix="river-first-call-"))
         try:
-            flags = first_flags(gguf, cache, text)
             row = {"type": kind, "file": gguf.name, "file_mb": round(gguf.stat().st_size / 2**20)}
-            for call, call_flags in (("first", flags), ("fit", []), ("later", [])):
+            print(f"{kind}: first call", file=sys.stderr, flush=True)
+            row["first"] = first(gguf, cache, text, args.tokens)
+            for call in ("fit", "later"):
                 print(f"{kind}: {call} call", file=sys.stderr, flush=True)
-                row[call] = river(gguf, cache, text, args.tokens, call_flags)
+                row[call] = river(gguf, cache, text, args.tokens, [])
             row["cache_mb"] = held(cache)
         finally:
             shutil.rmtree(cache, ignore_errors=True)
