@@ -226,12 +226,11 @@ class GgmlBackend(NumpyArrays, LayerEngine):
         valid until it runs again)."""
         outs = []
         cpu().set_threads(self.threads)
-        width = x.shape[2:] if feed == "x" else ()
         for j, row in enumerate(self._rows(p, idx)):
             graph = self._graph(key + (row,), lambda: build(
                 [self._caches[i][row] for i in
                  (layers if isinstance(layers, range) else [layers])]))
-            values = x.reshape(-1, *width) if row is None else x[j]
+            values = x.reshape(-1, *x.shape[2:]) if row is None else x[j]   # rows * tokens
             outs.append(graph.run(**{feed: values}, **p.inputs(layers, row, attends)))
         return outs
 
