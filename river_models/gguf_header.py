@@ -113,16 +113,23 @@ def _tensor_bytes(ggml_type: int, dims: list[int]) -> int:
 def read_header(path: Path, arrays: bool = False) -> Header:
     """The header of the GGUF at `path`; ModelError if it is not one or is cut short. With
     `arrays`, long arrays (the vocabulary, its scores, types and merges) are read whole too
-    (strings as a list, numbers as a numpy array), not kept as their length. Read once a
-    process while the file stays as it was (a 49k-token vocabulary takes 0.1-0.2 s to walk,
-    and a call reads the header for its spec, its tokenizer and its weights)."""
+    (strings as a list, numbers as a numpy array), not kept as their length. Without
+    `arrays`, read once a process while the file stays as it was (a 49k-token vocabulary
+    takes 0.1-0.2 s to walk, and a call reads the header for its spec, its tokenizer and its
+    weights); with them, read each time (once, when the tokenizer is built: kept, the header
+    would hold the whole vocabulary for the process's life)."""
     path = Path(path).resolve()
     stat = path.stat()
-    return _read_header(path, stat.st_size, stat.st_mtime_ns, arrays)
+    return _parse(path, stat.st_size, True) if arrays else \
+        _kept(path, stat.st_size, stat.st_mtime_ns)
 
 
 @functools.lru_cache(maxsize=8)
-def _read_header(path: Path, size: int, mtime_ns: int, arrays: bool) -> Header:
+def _kept(path: Path, size: int, mtime_ns: int) -> Header:
+    return _parse(path, size, False)
+
+
+def _parse(path: Path, size: int, arrays: bool) -> Header:
     with path.open("rb") as f:
         if size < len(MAGIC) or f.read(len(MAGIC)) != MAGIC:
             raise ModelError(f"{path} is not a GGUF file (no GGUF magic)")
