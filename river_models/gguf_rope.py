@@ -24,16 +24,17 @@ import numpy as np
 
 from river_core.errors import ModelError
 
+from .gguf_header import float_tensor, read_header
+
 # Meta's Llama 3.x values, which llama.cpp's converter also falls back to
 LLAMA3_BAND = {"low_freq_factor": 1.0, "high_freq_factor": 4.0}
 LLAMA3_CONTEXT = 8192
 
 
 def rope_tensors(path: Path) -> dict[str, np.ndarray]:
-    from gguf import GGUFReader
-
-    return {t.name: np.asarray(t.data, np.float64) for t in GGUFReader(path).tensors
-            if t.name.startswith("rope_")}
+    header = read_header(path)
+    return {name: float_tensor(path, header, name).astype(np.float64)
+            for name in header.tensors if name.startswith("rope_")}
 
 
 def complete(config, metadata: dict[str, Any], tensors: dict[str, np.ndarray]) -> None:

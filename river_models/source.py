@@ -56,6 +56,27 @@ def _quiet_transformers(progress: bool):
         log.enable_progress_bar()
 
 
+@contextlib.contextmanager
+def _one_parse():
+    """transformers parses a GGUF anew for its tokenizer, its config and its weights, each
+    time reading every vocabulary entry in Python (5 s a parse for SmolLM2's 49,152 tokens):
+    while a file converts, the three share the first parse (gguf-py's reader only reads)."""
+    import gguf
+
+    made, reader = {}, gguf.GGUFReader
+
+    def shared(path, mode="r"):
+        key = (str(path), mode)
+        if key not in made:
+            made[key] = reader(path, mode)
+        return made[key]
+    gguf.GGUFReader = shared
+    try:
+        yield
+    finally:
+        gguf.GGUFReader = reader
+
+
 def _convert(gguf: Path, folder: Path) -> None:
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -142,7 +163,8 @@ def locate(model: str | None = None, progress: bool = False) -> Path:
         def convert(tmp: Path) -> None:
             check_gguf(path)   # a cut-short file is named as such, not by a struct error
             say(progress, f"converting {path.name} once into {target} ...")
-            with _quiet_transformers(progress):   # imported only to convert (3-4 s)
+            # transformers imported only to convert (3-4 s)
+            with _quiet_transformers(progress), _one_parse():
                 _convert(path, tmp)
         return cached(target, convert, key, source=path)
     if not (path / "config.json").is_file():
