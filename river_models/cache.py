@@ -162,6 +162,14 @@ WHAT = {"converted": "converted copy", "stand-ins": "stand-ins", "onnx": "ONNX e
         "gguf": "F16 copy", "ggml-stand-ins": "ggml stand-ins"}
 
 
+def ready(target: Path, inputs: str) -> bool:
+    """Whether `target` holds a sound build of `inputs`, no build of it under way or cut
+    short: what `cached` then uses as it is."""
+    partials = list(target.parent.glob(f"{PARTIAL}{target.name}-*")) \
+        if target.parent.is_dir() else []
+    return not partials and problem(target, inputs) is None
+
+
 def cached(target: Path, build: Callable[[Path], object], inputs: str,
            source: Path | None = None) -> Path:
     """`target`, built by `build(folder)` first unless a valid build of `inputs` is there.
@@ -169,9 +177,7 @@ def cached(target: Path, build: Callable[[Path], object], inputs: str,
 
     A sound entry is used without a lock or any write, so a cache on a read-only mount (a
     team's prebuilt one, a container's) serves what it holds; one it lacks is a clear error."""
-    partials = list(target.parent.glob(f"{PARTIAL}{target.name}-*")) \
-        if target.parent.is_dir() else []
-    if not partials and problem(target, inputs) is None:
+    if ready(target, inputs):
         return target
     _writable(target)
     target.parent.mkdir(parents=True, exist_ok=True)

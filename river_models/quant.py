@@ -227,13 +227,19 @@ def build_stand_ins(checkpoint: Checkpoint, spec: QuantSpec,
     return StandInWeights(spec, tuple(layers), tuple(errors), head)
 
 
+def stand_ins_entry(name: str, model_key: str, spec: QuantSpec) -> tuple[Path, str]:
+    """Where the stand-ins at `spec` of a model (its checkpoint's name and content key) live
+    in the cache, and the key of their inputs."""
+    key = f"{model_key}-{digest(FORMAT, spec.bits, spec.group_size, spec.method)}"
+    return cache_root() / "stand-ins" / f"{name}-{key}", key
+
+
 def stand_ins(checkpoint: Checkpoint, spec: QuantSpec, progress: bool = False,
               cache: bool = True) -> StandInWeights:
     """The checkpoint's stand-ins at `spec`, quantized once and cached in the user cache."""
     if not cache:
         return build_stand_ins(checkpoint, spec, progress)
-    key = f"{checkpoint.key}-{digest(FORMAT, spec.bits, spec.group_size, spec.method)}"
-    target = cache_root() / "stand-ins" / f"{checkpoint.name}-{key}"
+    target, key = stand_ins_entry(checkpoint.name, checkpoint.key, spec)
     cached(target,
            lambda tmp: build_stand_ins(checkpoint, spec, progress).save(tmp / "stand-ins.npz"),
            key, source=checkpoint.source)

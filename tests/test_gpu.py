@@ -132,7 +132,7 @@ def test_no_process_of_a_part_outlives_it(tmp_path, monkeypatch, child_sleeps):
               f"open({str(pid_file)!r}, 'w').write(str(p.pid)); time.sleep({child_sleeps})")
     monkeypatch.setattr(gpu, "child_command", lambda *a: [sys.executable, "-c", script])
     args = _args(log=tmp_path / "gpu.log")
-    outcome = gpu.run_unit(2, args, [], timeout=60 if child_sleeps == 0 else 15)
+    outcome = gpu.run_unit(2, args, [], timeout=60 if child_sleeps == 0 else 5)
     assert outcome["status"] == "failed"
     assert ("timed out" in outcome["error"]) == bool(child_sleeps)
     assert _gone(int(pid_file.read_text()))

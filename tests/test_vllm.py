@@ -405,6 +405,12 @@ def test_river_serve_quantizes_the_stand_ins_before_vllm_starts_and_takes_bfloat
     (cached, argv, env), = started
     assert cached and "stand-ins" in capsys.readouterr().err.lower()
     assert stand_ins(open_model(folder), QuantSpec(bits=8)).spec.bits == 8   # a cache hit
+    # once cached, the next start finds them without loading the model (an 8B one in float32
+    # took minutes and 32 GB just to be keyed)
+    import river_models
+    monkeypatch.setattr(river_models, "open_model", lambda *a, **k: pytest.fail("loaded"))
+    main(["serve", folder, "--bits", "8"])
+    assert len(started) == 2
     assert argv[argv.index("--dtype") + 1] == "float32"
     assert env["VLLM_COMPUTE_NANS_IN_LOGITS"] == "1"
     assert "VLLM_USE_V2_MODEL_RUNNER" not in env   # exit mode: vLLM's choice (V2 on CUDA)

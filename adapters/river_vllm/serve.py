@@ -58,8 +58,12 @@ def prepare_stand_ins(folder: str, quant: QuantSpec) -> None:
     classes inside vLLM only read them: an uncached 8B model quantized inside vLLM's weight
     loading can pass vLLM's engine-ready timeout (600 s)."""
     from river_models import open_model, stand_ins
+    from river_models.cache import content_key, ready
+    from river_models.quant import stand_ins_entry
 
-    stand_ins(open_model(folder, progress=True), quant, progress=True)
+    # cached ones are not even checked by loading the model (an 8B model in float32: minutes)
+    if not ready(*stand_ins_entry(Path(folder).name, content_key(Path(folder)), quant)):
+        stand_ins(open_model(folder, progress=True), quant, progress=True)
 
 
 # Lossless mode's drafter is a `custom_class` speculator, which vLLM 0.32's Model Runner V2
