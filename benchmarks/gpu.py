@@ -303,8 +303,6 @@ def without_backbone_layers(model) -> None:
 def memory(args) -> dict:
     """One shape (the process's only model): its weights' bytes on the device, and each mode's
     per-generation peak above what was allocated before it (`--memory-modes`)."""
-    if not cuda(args):
-        raise Skip("GPU memory needs a CUDA device (torch.cuda.max_memory_allocated)")
     import torch
 
     from river_core import GenerationConfig
@@ -343,6 +341,8 @@ def missing(number: int, args) -> str | None:
     import importlib.util
 
     name = PARTS[number].name
+    if name == "memory" and not cuda(args):
+        return "GPU memory needs a CUDA device (torch.cuda.max_memory_allocated)"
     if name == "onnx":
         if importlib.util.find_spec("onnxruntime") is None:
             return "onnxruntime is not installed"

@@ -99,11 +99,13 @@ def test_paper_summary_picks_the_fastest_river_that_recovers_half_the_gap():
 
 
 @pytest.mark.parametrize("command", [["-m", "benchmarks"], ["-m", "river_cli.main", "bench"]])
-def test_every_benchmark_explains_itself_from_any_folder(command, tmp_path):
+def test_every_benchmark_explains_itself_from_any_folder(command, tmp_path, monkeypatch, capsys):
     """`python -m benchmarks` in a checkout, `river bench` anywhere (the installed package):
-    each benchmark's help names it as it is run and describes it in full (every one through
-    `river bench`; `python -m benchmarks`, the same dispatcher, its listing and one)."""
+    each benchmark's help names it as it is run and describes it in full (the listing and one
+    benchmark's help through each, in a process of its own; every benchmark's through `river
+    bench`'s dispatcher, in this one, from an empty folder)."""
     import river_bench
+    from river_cli.main import main
 
     cwd = ROOT if command[1] == "benchmarks" else tmp_path
     run = lambda *a: subprocess.run([sys.executable, *command, *a], cwd=cwd,
@@ -113,10 +115,20 @@ def test_every_benchmark_explains_itself_from_any_folder(command, tmp_path):
     names = [line.split()[0] for line in listing.stdout.splitlines()
              if line.startswith("  ") and not line.strip().startswith(("-", "name", "args"))]
     assert names == river_bench.names()
-    for name in names if command[1] != "benchmarks" else names[:1]:
-        shown = run(name, "--help")
-        assert shown.returncode == 0 and f"usage: river bench {name}" in shown.stdout, name
-        assert river_bench.summary(name) in " ".join(shown.stdout.split()), name
+
+    def shows(name: str, text: str) -> None:
+        assert f"usage: river bench {name}" in text, name
+        assert river_bench.summary(name) in " ".join(text.split()), name
+    shown = run(names[0], "--help")
+    assert shown.returncode == 0
+    shows(names[0], shown.stdout)
+    if command[1] != "benchmarks":
+        monkeypatch.chdir(tmp_path)
+        for name in names[1:]:
+            with pytest.raises(SystemExit) as done:
+                main(["bench", name, "--help"])
+            assert done.value.code == 0
+            shows(name, capsys.readouterr().out)
     assert list(tmp_path.iterdir()) == []   # --help writes nothing
 
 
@@ -171,11 +183,11 @@ TINY = [   # each benchmark at a tiny size, in an order that gives later ones th
                  marks=pytest.mark.skipif(not has_ggml, reason="needs the ggml extra")),
     ("projection", "--engine", "hf", "--shape", "tiny", "--positions", "8", "--prompts", "1",
      "--tokens", "4", "--repeats", "1"),
-    # parts 1-5 at a random tiny shape (the suite's budget: part 6 starts vLLM, whose sizing
-    # the dry run checks and whose server the vllm benchmark's run starts)
+    # parts 2-5 at a random tiny shape (the suite's budget: part 1, the tests, runs in the lent
+    # image's simulation, test_gpu_image.py; part 6 starts vLLM, whose sizing the dry run
+    # checks and whose server the vllm benchmark's run starts)
     ("gpu", "--device", "cpu", "--shapes", "tiny", "--positions", "8", "--prompts", "1",
-     "--tokens", "3", "--rounds", "1", "--tests", "tests/test_footprint.py", "--parts", "1",
-     "2", "3", "4", "5"),
+     "--tokens", "3", "--rounds", "1", "--parts", "2", "3", "4", "5"),
     ("first_contact", "--engines", "onnx", "--repeats", "2", "--short", "1", "--long", "0",
      "--short-tokens", "3", "--llamacpp", "none"),
     ("ngram", "--engines", "onnx", "--kinds", "summary", "gsm8k", "--copying", "1", "--gsm8k",
@@ -188,8 +200,10 @@ TINY = [   # each benchmark at a tiny size, in an order that gives later ones th
     ("river_kv_error", "--trials", "1", "--seeds", "1"),
     ("walk", "--engines", "hf", "--tokens", "2", "--rounds", "1"),
     ("paper_models",),
+    # no sampled check (an engine more: the suite's budget; test_vllm.py's sampled tests are
+    # the same check through the same engines)
     pytest.param(("vllm", "--prompts", "1", "--max-tokens", "4", "--rounds", "1", "--samples",
-                  "4", "--sampled-tokens", "4", "--backends", "hf", "--configs", "vllm plain",
+                  "0", "--backends", "hf", "--configs", "vllm plain",
                   "River lossless mode in vllm"),
                  marks=pytest.mark.skipif(not has_vllm, reason="needs the vllm extra")),
     pytest.param(("evaluate", "--servers", "river-exit", "--limit", "2", "--max-tokens", "4",
@@ -236,12 +250,11 @@ def grid_rows_cover_the_grid(out: Path) -> None:
 
 def gpu_parts_are_each_recorded(out: Path) -> None:
     """On the CPU every part asked for runs, each in a process of its own, or says why not:
-    GPU memory needs CUDA; the tests part ran the tests it was given."""
+    GPU memory needs CUDA."""
     import json
 
     parts = json.loads((out / "gpu.json").read_text())["parts"]
-    assert list(parts) == ["tests", "speed", "layers", "memory", "onnx"]
-    assert "passed" in parts["tests"]["result"]["summary"]
+    assert list(parts) == ["speed", "layers", "memory", "onnx"]
     assert {r["config"] for r in parts["speed"]["result"]["rows"]} == \
         {"backbone", "whole-4bit", "exit", "lossless", "exit@3"}
     assert set(parts["layers"]["result"]) == {"tiny"}
