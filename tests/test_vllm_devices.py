@@ -273,19 +273,28 @@ def test_the_drafter_and_the_model_classes_numerics_stay_on_the_steps_device(
         assert 0 < len(cosines) <= count * LAYERS and ran == count * (1 + 2 + 3)
 
 
+def _drafter(monkeypatch, most: int, length, rank=ONE_RANK, rows: int = 1,
+             aside=lambda rows: False) -> RiverDrafter:
+    """A drafter of up to `most` tokens over a model of `rows` block tables that steps aside
+    where `aside(rows)`, its draft length `length` (next, update), its rank `rank`."""
+    drafter = RiverDrafter(types.SimpleNamespace(
+        speculative_config=types.SimpleNamespace(num_speculative_tokens=most),
+        model_config=types.SimpleNamespace(max_model_len=256)))
+    drafter.model = types.SimpleNamespace(
+        river_step=types.SimpleNamespace(block_table=[None] * rows),
+        river_run=types.SimpleNamespace(steps_aside=aside))
+    drafter.length = length
+    monkeypatch.setattr("river_vllm.drafter.get_tp_group", lambda: rank)
+    return drafter
+
+
 def test_a_plain_round_copies_no_context(monkeypatch):
     """Where drafts do not pay the draft length is 0 and vLLM's step is a plain one: the
     proposal then reads no page (before, it still copied every layer's context into a draft
     buffer, at every step, for no draft: part of lossless mode's 0.93x of vLLM plain at one
     request)."""
-    drafter = RiverDrafter(types.SimpleNamespace(
-        speculative_config=types.SimpleNamespace(num_speculative_tokens=2),
-        model_config=types.SimpleNamespace(max_model_len=256)))
-    drafter.model = types.SimpleNamespace(
-        river_step=types.SimpleNamespace(block_table=[None]),
-        river_run=types.SimpleNamespace(steps_aside=lambda rows: False))
-    drafter.length = types.SimpleNamespace(next=lambda: 0, update=lambda r: None)
-    monkeypatch.setattr("river_vllm.drafter.get_tp_group", lambda: ONE_RANK)
+    drafter = _drafter(monkeypatch, 2, types.SimpleNamespace(next=lambda: 0,
+                                                             update=lambda r: None))
     monkeypatch.setattr(drafter, "draft", lambda *a: pytest.fail("a plain round drafted"))
     assert drafter.propose([[5]], [10], None) == [[]]
 
@@ -296,16 +305,10 @@ def test_under_tensor_parallelism_every_rank_drafts_the_first_ranks_length(monke
     drafting ones, and both ranks would decode garbage (seen once in CI: lossless mode under
     two ranks left full depth's tokens by 2.3 logits). So a rank other than the first drafts
     the length the first rank broadcasts, and never asks its own."""
-    drafter = RiverDrafter(types.SimpleNamespace(
-        speculative_config=types.SimpleNamespace(num_speculative_tokens=3),
-        model_config=types.SimpleNamespace(max_model_len=256)))
-    drafter.model = types.SimpleNamespace(
-        river_step=types.SimpleNamespace(block_table=[None]),
-        river_run=types.SimpleNamespace(steps_aside=lambda rows: False))
-    drafter.length = types.SimpleNamespace(next=lambda: pytest.fail("a second rank's own length"),
-                                           update=lambda r: None)
+    own = types.SimpleNamespace(next=lambda: pytest.fail("a second rank's own length"),
+                                update=lambda r: None)
     second = types.SimpleNamespace(rank_in_group=1, broadcast_object=lambda mine: 3)
-    monkeypatch.setattr("river_vllm.drafter.get_tp_group", lambda: second)
+    drafter = _drafter(monkeypatch, 3, own, second)
     monkeypatch.setattr(drafter, "draft", lambda tokens, at, blocks, count: [[7] * count])
     assert drafter.propose([[5]], [10], None) == [[7, 7, 7]]
 
@@ -316,15 +319,10 @@ def test_the_drafter_learns_only_from_steps_that_went_on_with_the_same_rows(monk
     timed as a round, it made plain steps look several times dearer than they are. A step
     aside (more rows than River drafts for) is no round either: the length chose neither way.
     So a round is learned only where every row went on by the tokens it sampled."""
-    drafter = RiverDrafter(types.SimpleNamespace(
-        speculative_config=types.SimpleNamespace(num_speculative_tokens=2),
-        model_config=types.SimpleNamespace(max_model_len=256)))
     learned = []
-    drafter.model = types.SimpleNamespace(
-        river_step=types.SimpleNamespace(block_table=[None, None]),
-        river_run=types.SimpleNamespace(steps_aside=lambda rows: rows > 1))
-    drafter.length = types.SimpleNamespace(next=lambda: 0, update=learned.append)
-    monkeypatch.setattr("river_vllm.drafter.get_tp_group", lambda: ONE_RANK)
+    drafter = _drafter(monkeypatch, 2, types.SimpleNamespace(next=lambda: 0,
+                                                             update=learned.append),
+                       rows=2, aside=lambda rows: rows > 1)
     steps = [([[5]], [10]),            # a request's first step: nothing before it
              ([[6]], [11]),            # it went on by one token: a round
              ([[7, 8, 9]], [14]),      # by three (two kept drafts): a round
