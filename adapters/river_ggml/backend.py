@@ -34,7 +34,7 @@ from river_models.spec import ModelSpec
 from . import CAPABILITIES
 from .blocks import (F16, Head, Layer, embed_graph, frequency_factors, head_graph,
                      rope_mode, span_graph)
-from .lib import HostTensors, MappedGGUF, aligned, cpu, default_threads
+from .lib import EMBEDDING, HostTensors, MappedGGUF, aligned, cpu, default_threads
 from .stand_ins import head_name
 
 KEY_BUCKET = 256
@@ -124,7 +124,7 @@ class GgmlBackend(NumpyArrays, LayerEngine):
         self.tokenizer = tokenizer
         self.runs_on = ("cpu",)
         final_norm = backbone.get("output_norm.weight")
-        self._heads = {False: Head(spec, final_norm, backbone.get(head_name(backbone))),
+        self._heads = {False: Head(spec, final_norm, backbone.head),
                        True: Head(spec, final_norm, stand_ins.get("output.weight"))}
         # each rotary table's frequency factors, short and long, made once
         self._factors = {(key, long): frequency_factors(rotary.long_inv_freq if long
@@ -206,7 +206,7 @@ class GgmlBackend(NumpyArrays, LayerEngine):
     def embed_ids(self, ids: np.ndarray) -> np.ndarray:
         flat = ids.reshape(-1)
         graph = self._graph((len(flat), 0, "embed"),
-                            lambda: embed_graph(self.spec, self.backbone.get("token_embd.weight"),
+                            lambda: embed_graph(self.spec, self.backbone.get(EMBEDDING),
                                                 len(flat)))
         cpu().set_threads(self.threads)
         return graph.run(ids=flat)["x"].reshape(*ids.shape, self.spec.hidden).copy()
@@ -265,7 +265,7 @@ class GgmlBackend(NumpyArrays, LayerEngine):
         tokens, shared = p.step.tokens, p.shared(layers)
         kinds = tuple(stand_in(i) for i in layers)
         span = [self._layer(k, i) for k, i in zip(kinds, layers)]
-        table = self.backbone.get("token_embd.weight") if x is None else None
+        table = self.backbone.get(EMBEDDING) if x is None else None
         key = (tokens, p.keys, "span", layers.start, layers.stop, kinds, shared, cosines,
                logits, x is None)
         return self._run(p, key, lambda caches: span_graph(

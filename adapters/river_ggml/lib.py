@@ -160,6 +160,11 @@ def as_array(tensor) -> np.ndarray:
     return np.frombuffer(buffer, dtype).reshape(tuple(reversed(dims)))
 
 
+# the token embedding, read a row a token by `get_rows`, which reads a repacked tensor's
+# interleaved blocks as if plain (garbage): it stays in the file's layout, as llama.cpp's
+# loader keeps the input layer
+EMBEDDING = "token_embd.weight"
+
 NODES_PER_LAYER = 96   # a block's ops (about 60) and its exit cosines, with room to spare
 
 
@@ -245,13 +250,29 @@ class MappedGGUF:
                                  f"{g.ggml_type_name(kind).decode()}, which the ggml engine "
                                  f"does not run; it runs {', '.join(RUNS)}")
             offset = start + g.gguf_get_tensor_offset(self._gguf, i)
-            if repacks(t):
+            if name.decode() != EMBEDDING and repacks(t):
                 repacked.append((t, offset))
             else:
                 g.ggml_backend_tensor_alloc(self._buffer, t, base + offset)
             self.tensors[name.decode()] = t
             self._offsets[name.decode()] = offset
+        self.head = self._head(repacked)
         self._repacked = self._repack(repacked) if repacked else None
+
+    def _head(self, repacked: list):
+        """The LM head's weight: `output.weight`, or where the embedding is tied to it the
+        embedding itself, or (its type repacked on this CPU) a second copy of it that is,
+        as llama.cpp's loader duplicates a tied embedding: `get_rows` reads the plain one."""
+        head = self.tensors.get("output.weight")
+        if head is not None or EMBEDDING not in self.tensors:
+            return head
+        embedding = self.tensors[EMBEDDING]
+        if not repacks(embedding):
+            return embedding
+        self._copies = new_context(1, 0)
+        head = g.ggml_dup_tensor(self._copies, embedding)
+        repacked.append((head, self._offsets[EMBEDDING]))
+        return head
 
     def _repack(self, tensors: list):
         """`tensors`, (tensor, its offset in the file) pairs, copied from the map into one
@@ -290,9 +311,11 @@ class MappedGGUF:
         n = g.gguf_get_arr_n(self._gguf, at)
         return list((ctypes.c_float * n).from_address(g.gguf_get_arr_data(self._gguf, at)))
 
-    def __del__(self, free=g.ggml_backend_buffer_free) -> None:
+    def __del__(self, free=g.ggml_backend_buffer_free, free_context=g.ggml_free) -> None:
         if getattr(self, "_repacked", None):
             free(self._repacked)
+        if getattr(self, "_copies", None):
+            free_context(self._copies)
 
     def raw(self, name: str) -> np.ndarray:
         """A tensor's bytes in the file, [rows, row bytes] uint8 (a view of the map)."""
