@@ -9,8 +9,14 @@ The spec equals the one River derives from the same file converted through trans
   (tensor `rope_freqs`);
 - Phi-3's LongRoPE from its factor tensors (`rope_factors_short/long`), its switch
   `rope.scaling.original_context_length` and `rope.scaling.attn_factor`;
-- Gemma 3: one table per attention type (`rope.freq_base_swa` for the sliding layers) and the
-  per-layer pattern `attention.sliding_window_pattern`.
+- Gemma 3: one table per attention type (`rope.freq_base_swa` for the sliding layers, 10000
+  where the file has none).
+- Ministral 3 (`mistral3`): YaRN from `rope.scaling.*` and Llama 4's query scale from
+  `attention.temperature_scale`.
+What llama.cpp's converter leaves out, its loader assumes, and so does this reader: Gemma 3's
+sliding layers are five in every six (no file holds the pattern); Phi-3's sliding window,
+though written, is not applied (llama.cpp disables it); Gemma 3's query scale is the head
+width's (27B, 62 layers: hidden / heads); a missing `rope.freq_base` is 10000.
 """
 
 from __future__ import annotations
@@ -24,15 +30,15 @@ import numpy as np
 from river_core.errors import ModelError
 
 from .gguf_header import Header, float_tensor
-from .spec import ModelSpec, Rotary
+from .spec import ModelSpec, QueryScale, Rotary
 
 # llama.cpp architecture -> the Hugging Face model_type River names its family by
 FAMILIES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3_text",
-            "phi3": "phi3"}
+            "phi3": "phi3", "mistral3": "ministral3"}
 GEMMA_SWA_BASE = 10000.0   # Gemma 3's sliding layers' rope base, where the file has none
-# Gemma 3's query_pre_attn_scalar, which no GGUF field holds: transformers' default, every Gemma 3
-# but 27B's head width (llama.cpp takes the head width, 27B's hidden / heads)
-GEMMA_QUERY_SCALAR = 256
+# llama.cpp's Gemma 3 (llama-model.cpp, set_swa_pattern(6)): layer i slides iff i % 6 < 5
+GEMMA_SWA_PERIOD = 6
+GEMMA_27B_LAYERS = 62   # the one Gemma 3 whose query scale is not its head width's
 # the ids that end generation besides EOS, as llama.cpp's vocabulary counts them (end of turn,
 # end of message)
 END_IDS = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
@@ -65,12 +71,16 @@ def _rotary(meta: dict[str, Any], header: Header, path: Path, arch: str, head_di
     gguf = path.name
     dims = int(_get(meta, arch, "rope.dimension_count", gguf, head_dim))
     kind = meta.get(f"{arch}.rope.scaling.type", "none")
-    if kind not in ("none", "linear", "longrope") and not (kind == "yarn" and arch == "phi3"):
+    if kind not in ("none", "linear", "longrope") and not (kind == "yarn" and arch in
+                                                           ("phi3", "mistral3")):
         raise ModelError(f"{gguf}: {arch}.rope.scaling.type {kind!r}; River reads none, "
-                         f"linear, llama3 (rope_freqs) and Phi-3's longrope")
+                         f"linear, llama3 (rope_freqs), Phi-3's longrope and Ministral 3's "
+                         f"yarn")
     inv_freq = _plain(base, dims)
     if kind == "linear":
         inv_freq = inv_freq / np.float32(_get(meta, arch, "rope.scaling.factor", gguf))
+    if kind == "yarn" and arch == "mistral3":
+        return _yarn(meta, arch, gguf, base, dims)
     divisors = float_tensor(path, header, "rope_freqs.weight")
     if divisors is not None:   # Llama 3: each frequency's divisor
         if len(divisors) != len(inv_freq):
@@ -90,6 +100,45 @@ def _rotary(meta: dict[str, Any], header: Header, path: Path, arch: str, head_di
     powers = np.power(np.float32(base), exponent, dtype=np.float32)
     table = lambda factors: _floats(1.0 / (factors.astype(np.float32) * powers))
     return Rotary(table(short), float(scaling), table(long), switch)
+
+
+def _yarn(meta: dict[str, Any], arch: str, gguf: str, base: float, dims: int) -> Rotary:
+    """YaRN's table (Ministral 3) as transformers computes it from the same parameters: each
+    frequency blended between interpolated (divided by the factor) and extrapolated, by a
+    linear ramp between the correction dimensions of beta_fast and beta_slow rotations over
+    the original context; cos/sin scaled by mscale(factor, 1) / mscale(factor, log_mul), as
+    llama.cpp nets it out (1 where the multiplier is 1)."""
+    factor = float(_get(meta, arch, "rope.scaling.factor", gguf))
+    original = int(_get(meta, arch, "rope.scaling.original_context_length", gguf))
+    fast = float(meta.get(f"{arch}.rope.scaling.yarn_beta_fast", 32.0))
+    slow = float(meta.get(f"{arch}.rope.scaling.yarn_beta_slow", 1.0))
+    log_mul = float(meta.get(f"{arch}.rope.scaling.yarn_log_multiplier", 0.0))
+
+    def correction(rotations: float) -> float:
+        return dims * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low = max(math.floor(correction(fast)), 0)
+    high = min(math.ceil(correction(slow)), dims - 1)
+    ramp = np.clip((np.arange(dims // 2, dtype=np.float32) - low) / max(high - low, 1e-3), 0, 1)
+    extrapolated = _plain(base, dims)
+    interpolated = extrapolated / np.float32(factor)
+    keep = 1 - ramp   # the share of each frequency left as trained (extrapolated)
+    table = interpolated * (1 - keep) + extrapolated * keep
+
+    def mscale(m: float) -> float:
+        return 1.0 if factor <= 1 else 0.1 * m * math.log(factor) + 1.0
+
+    scaling = mscale(1.0) / mscale(log_mul) if log_mul else mscale(1.0)
+    return Rotary(_floats(table), float(scaling))
+
+
+def _query_scale(meta: dict[str, Any], arch: str, gguf: str) -> QueryScale | None:
+    """Llama 4's query scale (Ministral 3), as llama.cpp applies it after the rotary."""
+    beta = meta.get(f"{arch}.attention.temperature_scale")
+    if not beta:
+        return None
+    return QueryScale(float(beta),
+                      int(_get(meta, arch, "rope.scaling.original_context_length", gguf)))
 
 
 def gguf_spec(path: Path, header: Header) -> ModelSpec:
@@ -117,22 +166,18 @@ def gguf_spec(path: Path, header: Header) -> ModelSpec:
         raise ModelError(f"{gguf}: no tensor token_embd.weight")
     gemma = arch == "gemma3"
     base = float(_get(meta, arch, "rope.freq_base", gguf, 10000.0))
-    if gemma:
-        pattern = _get(meta, arch, "attention.sliding_window_pattern", gguf, None)
-        if not isinstance(pattern, tuple) or len(pattern) != layers:
-            raise ModelError(f"{gguf}: {arch}.attention.sliding_window_pattern is not one flag "
-                             f"per layer")
-        keys = tuple("sliding_attention" if s else "full_attention" for s in pattern)
-        window = int(_get(meta, arch, "attention.sliding_window", gguf))
-        windows = tuple(window if s else None for s in pattern)
+    window = int(_get(meta, arch, "attention.sliding_window", gguf, 0) or 0)
+    if gemma and window:
+        slides = [i % GEMMA_SWA_PERIOD < GEMMA_SWA_PERIOD - 1 for i in range(layers)]
+        keys = tuple("sliding_attention" if s else "full_attention" for s in slides)
+        windows = tuple(window if s else None for s in slides)
         local = float(meta.get(f"{arch}.rope.freq_base_swa", GEMMA_SWA_BASE))
         rotary = {"full_attention": _rotary(meta, header, path, arch, head_dim, base),
                   "sliding_attention": Rotary(_floats(_plain(local, head_dim)))}
-    else:
-        keys = ("",) * layers
-        window = int(meta.get(f"{arch}.attention.sliding_window", 0) or 0)
-        windows = (window or None,) * layers
-        rotary = {"": _rotary(meta, header, path, arch, head_dim, base)}
+    else:   # Gemma 3 without a window: every layer global, on the global table
+        keys = ("full_attention" if gemma else "",) * layers
+        windows = (None,) * layers   # llama.cpp windows no other family's attention
+        rotary = {keys[0]: _rotary(meta, header, path, arch, head_dim, base)}
     softcap = meta.get(f"{arch}.final_logit_softcapping")
     return ModelSpec(
         family=FAMILIES[arch], num_layers=layers, hidden=hidden,
@@ -144,6 +189,8 @@ def gguf_spec(path: Path, header: Header) -> ModelSpec:
         norm_eps=float(_get(meta, arch, "attention.layer_norm_rms_epsilon", gguf)),
         norm_offset=gemma, sandwich=gemma,
         qk_norm="blk.0.attn_q_norm.weight" in header.tensors,
-        attn_scale=(GEMMA_QUERY_SCALAR if gemma else head_dim) ** -0.5,
+        attn_scale=(hidden / heads if gemma and layers == GEMMA_27B_LAYERS
+                    else head_dim) ** -0.5,
         embed_scale=hidden ** 0.5 if gemma else 1.0,
-        final_softcap=None if softcap is None else float(softcap))
+        final_softcap=None if softcap is None else float(softcap),
+        query_scale=_query_scale(meta, arch, gguf))

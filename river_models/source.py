@@ -100,8 +100,9 @@ def _convert(gguf: Path, folder: Path) -> None:
 
 
 # bump when the conversion changes (2: the rotary fields of gguf_rope.py; 3: head_dim and the
-# sliding layers): old ones are ignored
-CONVERSION = 3
+# sliding layers; 4: Gemma 3's query scale and Phi-3's window as llama.cpp's): old ones are
+# ignored
+CONVERSION = 4
 
 
 def _converted(gguf: Path) -> tuple[Path, str]:
@@ -229,7 +230,7 @@ def open_model(model: str | None = None, progress: bool = False) -> Checkpoint:
     return checkpoint_of(hf, tokenizer, folder.name, content_key(folder), folder)
 
 
-GGUF_FORMAT = 1   # bump when a GGUF entry's files (spec.json, the tokenizer's) change
+GGUF_FORMAT = 2   # bump when a GGUF entry's files (spec.json, the tokenizer's) change
 
 
 def gguf_entry(gguf: Path, progress: bool = False) -> tuple[Path, ModelSpec]:

@@ -64,8 +64,10 @@ def _config(family: str, serving: bool = False):
         "qwen2": lambda: t.Qwen2Config(**COMMON),
         "qwen3": lambda: t.Qwen3Config(**COMMON, head_dim=16),
         "gemma3": lambda: t.Gemma3TextConfig(
-            **COMMON, head_dim=16, sliding_window=6,
-            layer_types=["sliding_attention", "full_attention"] * 3),
+            # llama.cpp's pattern (five sliding layers, then one global) and scale (the head
+            # width's, as every Gemma 3 but 27B sets query_pre_attn_scalar)
+            **COMMON, head_dim=16, query_pre_attn_scalar=16, sliding_window=6,
+            layer_types=["sliding_attention"] * 5 + ["full_attention"]),
         "llama3": lambda: t.LlamaConfig(**{**COMMON, "tie_word_embeddings": True},
                                         rope_parameters=LLAMA3_ROPE),
         "phi3": lambda: _phi3(COMMON, PHI3_ROPE),

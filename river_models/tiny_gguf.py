@@ -1,14 +1,13 @@
-"""Tiny random models written as GGUF files the way llama.cpp's converter writes them.
+"""Tiny random models written as GGUF files as llama.cpp's converter writes them
+(river_models.gguf_convention: its keys, the ones it leaves out, its tensors' layout).
 
-One per tiny family, under llama.cpp's architecture for it (ARCH). The Qwen2 one runs the
-conformance kit on llama.cpp; all of them run it on the ggml engine. Qwen's and Gemma's heads
-rotate like transformers' (NeoX style), so their weights go in unpermuted; the Llama-class
-architectures' Q and K rows go in permuted, as llama.cpp's converter writes them, and Gemma's
-norm weights go in as 1 + w, as it writes them too. The Phi-3 and Llama 3 ones check River's
-GGUF reader on the header fields and tensors transformers' GGUF loader drops (Phi-3's partial
-rotary and LongRoPE factors, Llama 3's rope frequency factors). Float32, so readers compute on
-the very same numbers. The kit feeds token ids; the character vocabulary has no byte
-tokens, so llama.cpp cannot tokenize text with it.
+One per tiny family. The Qwen2 one runs the conformance kit on llama.cpp; all of them run it
+on the ggml engine. The Llama-class architectures' Q and K rows go in permuted, as the
+converter writes them, and Gemma's norm weights as 1 + w. The Phi-3 and Llama 3 ones check
+River's GGUF reader on the header fields and tensors transformers' GGUF loader drops (Phi-3's
+partial rotary and LongRoPE factors, Llama 3's rope frequency factors). Float32, so readers
+compute on the very same numbers. The kit feeds token ids; the character vocabulary has no
+byte tokens, so llama.cpp cannot tokenize text with it.
 """
 
 from __future__ import annotations
@@ -19,12 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
+from .gguf_convention import ARCH, PERMUTED, add_metadata, rope_tensors
+
 FAMILY = "qwen2"   # the default: the first family llama.cpp and transformers agreed on
-# llama.cpp's architecture for each tiny family (its converter's model classes)
-ARCH = {"llama": "llama", "mistral": "llama", "llama3": "llama", "qwen2": "qwen2",
-        "qwen3": "qwen3", "gemma3": "gemma3", "phi3": "phi3", "ministral3": "mistral3"}
-# the architectures llama.cpp rotates the normal (GPT-J) way, whose Q/K rows are permuted
-PERMUTED = ("llama", "mistral3")
 SEPARATE = {"attn_q": "q", "attn_k": "k", "attn_v": "v", "attn_output": "o", "ffn_gate": "gate",
             "ffn_up": "up", "ffn_down": "down"}
 
@@ -61,47 +57,10 @@ def _layer_tensors(family: str, spec, layer) -> dict[str, np.ndarray]:
             **{f"{k}.weight": spec.norm_scale(v) for k, v in norms.items() if v is not None}}
 
 
-def _rope(w, family: str, config, spec) -> None:
-    """The rotary fields llama.cpp's converter writes for `family`."""
-    import gguf
-
-    rope = config.rope_parameters
-    if family == "gemma3":   # one table per attention type: the full layers' is the base
-        rope = rope["full_attention"]
-    w.add_rope_freq_base(float(rope["rope_theta"]))
-    if family == "phi3":
-        factor = rope.get("partial_rotary_factor", config.partial_rotary_factor)
-        w.add_rope_dimension_count(int(factor * spec.head_dim))
-        w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
-        w.add_sliding_window(config.sliding_window or 0)
-        w.add_rope_scaling_attn_factors(spec.rotary[""].scaling)
-        w.add_tensor("rope_factors_long.weight", np.asarray(rope["long_factor"], np.float32))
-        w.add_tensor("rope_factors_short.weight", np.asarray(rope["short_factor"], np.float32))
-    elif family == "llama3":   # the factors each frequency is divided by, as one tensor
-        plain = 1.0 / rope["rope_theta"] ** (np.arange(0, spec.head_dim, 2) / spec.head_dim)
-        scaled = np.asarray(spec.rotary[""].inv_freq)
-        w.add_rope_dimension_count(spec.head_dim)
-        w.add_tensor("rope_freqs.weight", (plain / scaled).astype(np.float32))
-    elif family == "ministral3":   # YaRN and Llama 4's query scaling
-        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
-        w.add_rope_scaling_factor(rope["factor"])
-        w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
-        w.add_rope_scaling_yarn_beta_fast(rope["beta_fast"])
-        w.add_rope_scaling_yarn_beta_slow(rope["beta_slow"])
-        w.add_rope_scaling_yarn_log_mul(rope["mscale_all_dim"])
-        w.add_attn_temperature_scale(rope["llama_4_scaling_beta"])
-    if family == "gemma3":   # which layers slide (llama.cpp assumes Gemma 3's five in six)
-        w.add_sliding_window(config.sliding_window)
-        w.add_sliding_window_pattern([t == "sliding_attention" for t in config.layer_types])
-        w.add_rope_freq_base_swa(float(config.rope_parameters["sliding_attention"]["rope_theta"]))
-
-
 def add_shape(w, spec, context: int, tokens: list[bytes] | None, file_type) -> None:
-    """A decoder's dimensions and a placeholder SentencePiece-style vocabulary (`tokens`, the
-    first three control tokens, BOS 1; None: none) in GGUF writer `w`, as llama.cpp's
-    converter writes them: what llama.cpp needs to load a model it is given ids for."""
-    import gguf
-
+    """A Llama decoder's dimensions (from its ModelSpec) and a placeholder vocabulary of
+    `tokens` (None: none) in GGUF writer `w` (the benchmarks' random shapes, which have no
+    transformers config)."""
     w.add_context_length(context)
     w.add_embedding_length(spec.hidden)
     w.add_block_count(spec.num_layers)
@@ -110,8 +69,16 @@ def add_shape(w, spec, context: int, tokens: list[bytes] | None, file_type) -> N
     w.add_head_count_kv(spec.kv_heads)
     w.add_layer_norm_rms_eps(spec.norm_eps)
     w.add_file_type(file_type)
-    if tokens is None:
-        return
+    if tokens is not None:
+        add_placeholder_vocabulary(w, tokens)
+
+
+def add_placeholder_vocabulary(w, tokens: list[bytes]) -> None:
+    """A SentencePiece-style vocabulary of `tokens` (the first three control tokens, BOS 1),
+    as llama.cpp's converter writes one: what llama.cpp needs to load a model it is given ids
+    for."""
+    import gguf
+
     w.add_tokenizer_model("llama")
     w.add_token_list(tokens)
     w.add_token_scores([0.0] * len(tokens))
@@ -134,17 +101,16 @@ def gguf_file(seed: int = 0, family: str = FAMILY, vocabulary: str | None = None
     name = f"tiny-{family}-{seed}" + (f"-{vocabulary}" if vocabulary else "")
     path = Path(tempfile.mkdtemp(prefix="river-llamacpp-")) / f"{name}.gguf"
     w = gguf.GGUFWriter(path, ARCH[family])
-    vocab = tiny.tokenizer().convert_ids_to_tokens(list(range(tiny.VOCAB)))
-    add_shape(w, spec, spec.max_positions, None if vocabulary else [t.encode() for t in vocab],
-              gguf.LlamaFileType.ALL_F32)
+    add_metadata(w, family, config, gguf.LlamaFileType.ALL_F32)
     if vocabulary:
         tiny_vocab.add_vocabulary(w, vocabulary, ARCH[family])
-    w.add_key_length(spec.head_dim)
-    w.add_value_length(spec.head_dim)
-    _rope(w, family, config, spec)
-    if not vocabulary:
+    else:
+        vocab = tiny.tokenizer().convert_ids_to_tokens(list(range(tiny.VOCAB)))
+        add_placeholder_vocabulary(w, [t.encode() for t in vocab])
         w.add_eos_token_id(spec.eos_ids[0])
     w.add_tensor("token_embd.weight", weights.embed)
+    for name, tensor in rope_tensors(family, config).items():
+        w.add_tensor(name, tensor)
     w.add_tensor("output_norm.weight", spec.norm_scale(weights.final_norm))
     if weights.head is not weights.embed:   # tied: llama.cpp's converter writes no output
         w.add_tensor("output.weight", weights.head)

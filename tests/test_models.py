@@ -133,7 +133,10 @@ def test_a_gguf_reads_back_the_rotary_transformers_gguf_loader_drops(family):
     assert dropped["rope_type"] == "default"   # what River would have run without its reader
     converted, original = open_model(str(path)), tiny.checkpoint(family)
     assert converted.spec.rotary == original.spec.rotary
-    assert converted.spec.windows == original.spec.windows
+    # Phi-3's window, written, is dropped as llama.cpp's loader drops it (the tiny one's
+    # 262,144 positions reach past its context: the same attention)
+    assert converted.spec.windows == ((None,) * tiny.LAYERS if family == "phi3"
+                                      else original.spec.windows)
     got = forced_logits(_backend("hf", family, converted), LONG_PROMPT, [], Full())[0]
     assert relative_error(got.reshape(-1), _reference_logits(family, LONG_PROMPT)[-1]) \
         <= FULL_DEPTH_RTOL

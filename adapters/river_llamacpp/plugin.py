@@ -63,9 +63,7 @@ def load(model: str | None = None, *, device: str = "cpu", dtype: str = "float32
 # the tiny families llama.cpp computes otherwise than transformers, and why
 DIFFERS = {"mistral": "its llama architecture has no sliding window",
            "phi3": "it takes Phi-3's LongRoPE factors by the context allocated, not the "
-                   "position",
-           "gemma3": "it fixes Gemma 3's attention scale at 1/sqrt(head_dim) (the tiny model's "
-                     "query_pre_attn_scalar is 256, not 16)"}
+                   "position"}
 
 
 def tiny_backend(family: str, seed: int, bits: int, exact: bool = True):
