@@ -36,7 +36,7 @@ from hypothesis import given, strategies as st
 
 from river_core.backend import PROMISES, Backend, Step
 from river_core.config import ExitConfig, GenerationConfig
-from river_core.decode import (decode_step, generate_ids, stand_in_error, start_rows,
+from river_core.decode import (decode_step, generate_ids, start_rows,
                                teacher_force)
 from river_core.layer_engine import LayerEngine
 from river_core.layout import SINKS
@@ -631,7 +631,7 @@ def _windowed_logits(b, prompt, cont, window: int) -> list[np.ndarray]:
     """`forced_logits` at full depth with every decode step under draft window `window`."""
     run = scripted_run(Full())
     pre = b.prefill([prompt], len(prompt) + len(cont))
-    rows = start_rows(stand_in_error(b), run, pre.similarity)
+    rows = start_rows(b, run, pre.similarity)
     return [pre.logits[0]] + [
         decode_step(b, [t], run, rows, s, Step(len(prompt) + s, draft_window=window))[0][0]
         for s, t in enumerate(cont)]
@@ -645,7 +645,7 @@ def _first_step(b, prompt, token, holes=(), window: int | None = None) -> np.nda
     for position in holes:
         for i in range(b.num_layers):
             b.cache.layout.skip(i, None, position)
-    logits, _ = decode_step(b, [token], run, start_rows(stand_in_error(b), run,
+    logits, _ = decode_step(b, [token], run, start_rows(b, run,
                                                          pre.similarity), 0,
                             Step(len(prompt), draft_window=window))
     return logits

@@ -159,11 +159,14 @@ class Row:
     policy_state: object
 
 
-def start_rows(stand_in_error: Sequence[float], run: Run,
+def start_rows(backend: Backend, run: Run,
                prompt_similarity: Sequence[Sequence[float]]) -> list[Row]:
-    """A fresh `Row` per sequence, its predictor primed with its prompt's similarities."""
-    return [Row(run.new_predictor(stand_in_error, s), run.policy.new_row())
-            for s in prompt_similarity]
+    """A fresh `Row` per sequence, its predictor primed with its prompt's similarities and
+    scaled by the stand-ins' errors where the run may exit (an engine that makes its
+    stand-ins when first asked for them is not asked by a run at full depth)."""
+    errors = stand_in_error(backend) if run.strategy.allows_exit else \
+        [0.0] * backend.num_layers
+    return [Row(run.new_predictor(errors, s), run.policy.new_row()) for s in prompt_similarity]
 
 
 class Walk:
@@ -393,7 +396,7 @@ def stream_ids(backend: Backend, prompts: Sequence[Sequence[int]], gen: Generati
     start = time.perf_counter()
     pre = backend.prefill(prompts, capacity, prefill_exit)
     prefill_seconds = time.perf_counter() - start
-    rows = start_rows(stand_in_error(backend), run, pre.similarity)
+    rows = start_rows(backend, run, pre.similarity)
     position = max(len(p) for p in prompts)   # every row's next slot (prompts are left-padded)
 
     batch = len(prompts)
@@ -455,7 +458,7 @@ def teacher_force(backend: Backend, prompts: Sequence[Sequence[int]],
     longest = max(len(c) for c in continuations)
     capacity = max(len(p) for p in prompts) + longest
     pre = backend.prefill(prompts, capacity, prefill_exit)
-    rows = start_rows(stand_in_error(backend), run, pre.similarity)
+    rows = start_rows(backend, run, pre.similarity)
     position = max(len(p) for p in prompts)
     logits = [[row] for row in pre.logits]
     exits: list[list[int]] = [[] for _ in prompts]

@@ -34,7 +34,7 @@ import numpy as np
 from .backend import Backend, Step
 from .config import GenerationConfig
 from .decode import (DecodeResult, Row, Run, Stream, Token, check_capacity, decode_step,
-                     drain, stand_in_error, start_rows)
+                     drain, start_rows)
 from .detokenize import StopScan
 from .errors import ConfigError
 from .finite import checked
@@ -88,12 +88,14 @@ class Drafts:
 
 @attrs.frozen
 class Generation:
-    """What a draft source may read of the generation it drafts for."""
+    """What a draft source may read of the generation it drafts for: `similarity`, each
+    layer's input-output similarity over the prompt (what a river drafter's predictor
+    starts from)."""
 
     backend: Backend
     prompt: Sequence[int]
     run: Run
-    rows: list[Row]
+    similarity: Sequence[Sequence[float]]
     choice: Choice
 
 
@@ -134,10 +136,14 @@ class RiverDrafter:
     def __init__(self, generation: Generation) -> None:
         self.generation = generation
         self.steps = 0   # the decode steps drafted so far (the run's policy counts them)
+        self.rows: list[Row] | None = None   # its predictor, from its first draft on
 
     def propose(self, token: int, position: int, gamma: int) -> Drafts:
         g = self.generation
-        drafts = draft(g.backend, token, gamma, position, g.run, g.rows, self.steps, g.choice)
+        if self.rows is None:
+            self.rows = start_rows(g.backend, g.run, g.similarity)
+        drafts = draft(g.backend, token, gamma, position, g.run, self.rows, self.steps,
+                       g.choice)
         self.steps += len(drafts.tokens)
         return drafts
 
@@ -213,10 +219,9 @@ def rounds(backend: Backend, prompt: Sequence[int], gen: GenerationConfig, run: 
 
     start = time.perf_counter()
     pre = backend.prefill([prompt], len(prompt) + gen.max_new_tokens)
-    rows = start_rows(stand_in_error(backend), run, pre.similarity)
     first = checked(pre.logits, backend, lambda r: list(prompt), 0)[0]
     tokens, done = stand([choice.token(first)])
-    generation = Generation(backend, prompt, run, rows, choice)
+    generation = Generation(backend, prompt, run, pre.similarity, choice)
     drafters = {name: s.start(generation)
                 for name, s in (sources or {RIVER: RiverSource()}).items()}
     for drafter in drafters.values():

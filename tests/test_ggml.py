@@ -177,7 +177,7 @@ def test_its_own_stand_ins_are_q4_0_repacked_as_llama_cpp_loads_them():
     from river_ggml.lib import g, repack_buffer_type
 
     backend = tiny_backend("llama3", 0, 4, method="sym")
-    weights = backend.stand_in_weights
+    weights = backend.stand_ins.weights
     kinds = {weights.kind(n) for n in weights.tensors if n.startswith("blk.")}
     assert kinds == {"Q4_0"}
     if repack_buffer_type() is None or not g.ggml_cpu_has_avx2():

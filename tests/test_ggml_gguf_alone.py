@@ -74,7 +74,7 @@ def test_where_no_lower_type_fits_exit_mode_is_refused_and_says_why(kind, tmp_pa
 def test_a_4_bit_backbone_runs_exit_mode_on_3_bit_stand_ins(cache, tmp_path):
     model = RiverModel.from_pretrained(str(random_gguf(tmp_path / "q4.gguf", "Q4_0", 256, 512)),
                                        backend="ggml")
-    stand_ins = model.backend.stand_in_weights
+    stand_ins = model.backend.stand_ins.weights
     assert {stand_ins.kind(n) for n in stand_ins.tensors if n.startswith("blk.")} == {"Q3_K"}
     assert all(0.05 < e < 0.5 for e in model.backend.stand_in_error)
     assert model.generate("hello world", max_new_tokens=3).stats.num_layers == 2

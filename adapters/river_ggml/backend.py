@@ -18,6 +18,7 @@ that left at different layers) runs row by row, each over its own row of the cac
 
 from __future__ import annotations
 
+import functools
 from typing import Sequence
 
 import numpy as np
@@ -35,7 +36,7 @@ from . import CAPABILITIES
 from .blocks import (F16, Head, Layer, embed_graph, frequency_factors, head_graph,
                      rope_mode, span_graph)
 from .lib import EMBEDDING, HostTensors, MappedGGUF, aligned, cpu, default_threads
-from .stand_ins import head_name
+from .stand_ins import StandIns, head_name
 
 KEY_BUCKET = 256
 EVERY_ROW = (None,)   # one graph over every row
@@ -109,23 +110,20 @@ class GgmlBackend(NumpyArrays, LayerEngine):
     windowed_reads = False   # a graph reads its whole key bucket; the mask keeps the window
     prefill_chunk = PREFILL_CHUNK
 
-    def __init__(self, backbone: MappedGGUF, spec: ModelSpec, tokenizer,
-                 stand_ins: MappedGGUF, stand_in_error, threads: int | None = None) -> None:
+    def __init__(self, backbone: MappedGGUF, spec: ModelSpec, tokenizer, stand_ins: StandIns,
+                 threads: int | None = None) -> None:
         self.spec = spec
-        self.backbone, self.stand_in_weights = backbone, stand_ins
+        self.backbone, self.stand_ins = backbone, stand_ins
         self.mode = rope_mode(backbone.metadata["general.architecture"])
         self.threads = threads or default_threads()
         self.num_layers, self.max_positions = spec.num_layers, spec.max_positions
         self.kv_heads, self.head_dim = spec.kv_heads, spec.head_dim
         self.windows = spec.windows
         self.switch_at = spec.switch_at
-        self.stand_in_error = list(stand_in_error)
         self.capabilities = CAPABILITIES
         self.tokenizer = tokenizer
         self.runs_on = ("cpu",)
-        final_norm = backbone.get("output_norm.weight")
-        self._heads = {False: Head(spec, final_norm, backbone.head),
-                       True: Head(spec, final_norm, stand_ins.get("output.weight"))}
+        self._head = Head(spec, backbone.get("output_norm.weight"), backbone.head)
         # each rotary table's frequency factors, short and long, made once
         self._factors = {(key, long): frequency_factors(rotary.long_inv_freq if long
                                                         else rotary.inv_freq)
@@ -136,6 +134,15 @@ class GgmlBackend(NumpyArrays, LayerEngine):
         # step being run and the narrow ones decoding reuses
         self._graphs: dict = {}
         self._made: dict = {}   # (stand_in, layer) -> Layer
+
+    @property
+    def stand_in_error(self) -> list[float]:
+        return self.stand_ins.errors
+
+    @functools.cached_property
+    def _stand_in_head(self) -> Head:
+        return Head(self.spec, self.backbone.get("output_norm.weight"),
+                    self.stand_ins.weights.get("output.weight"))
 
     # -- numerics for the engine base -------------------------------------------------------
 
@@ -250,7 +257,7 @@ class GgmlBackend(NumpyArrays, LayerEngine):
         """Layer i's tensors (its stand-in's with `stand_in`), made once."""
         layer = self._made.get((stand_in, i))
         if layer is None:
-            weights = self.stand_in_weights if stand_in else self.backbone
+            weights = self.stand_ins.weights if stand_in else self.backbone
             layer = self._made[(stand_in, i)] = Layer(weights, self.backbone, i, self.spec,
                                                       self.mode)
         return layer
@@ -270,7 +277,7 @@ class GgmlBackend(NumpyArrays, LayerEngine):
                logits, x is None)
         return self._run(p, key, lambda caches: span_graph(
             span, tokens, p.keys, caches, shared, cosines,
-            None if logits is None else (self._heads[False], logits), table), layers,
+            None if logits is None else (self._head, logits), table), layers,
             p.ids if x is None else x, idx, feed="ids" if x is None else "x")
 
     def _full_depth(self, p: GgmlPass) -> np.ndarray:
@@ -315,7 +322,8 @@ class GgmlBackend(NumpyArrays, LayerEngine):
     def head(self, x, stand_in: bool = False) -> np.ndarray:
         flat = x.reshape(-1, x.shape[-1])
         graph = self._graph((len(flat), 0, "head", stand_in),
-                            lambda: head_graph(self._heads[stand_in], len(flat)))
+                            lambda: head_graph(self._stand_in_head if stand_in
+                                               else self._head, len(flat)))
         cpu().set_threads(self.threads)
         logits = graph.run(x=flat)["logits"]
         return logits.reshape(*x.shape[:-1], self.spec.vocab).copy()
@@ -339,9 +347,8 @@ class GgmlBackend(NumpyArrays, LayerEngine):
 
         layers = range(self.num_layers)
         return Footprint(tuple(layer(self.backbone, i) for i in layers),
-                         tuple(layer(self.stand_in_weights, i) for i in layers),
+                         tuple(self.stand_ins.layer_bytes(i) for i in layers),
                          tuple(layer(self.backbone, i, ("attn_k.", "attn_v.")) for i in layers),
                          size(self.backbone, ["output_norm.weight", head_name(self.backbone)]),
-                         2 * self.kv_heads * self.head_dim * 2,
-                         size(self.stand_in_weights, ["output.weight"]))
+                         2 * self.kv_heads * self.head_dim * 2, self.stand_ins.head_bytes())
 

@@ -84,10 +84,10 @@ def load(model: str | None = None, *, device: str = "cpu", dtype: str | None = N
     # below the backbone, never beside it: the type from the backbone's (River's own
     # quantizer where the user names one)
     choice = choose(backbone, spec.num_layers) if quant == STAND_INS else None
-    weights, errors = stand_ins(backbone, spec.num_layers, quant,
-                                choice.kind if choice else "Q4_0", progress)
-    phases.done("stand-ins")   # found in the cache, or made; 4-bit ones repacked
-    backend = GgmlBackend(backbone, spec, tokenizer, weights, errors)
+    # made (or found in the cache) when a mode first runs them, not before
+    made = stand_ins(backbone, spec.num_layers, quant, choice.kind if choice else "Q4_0",
+                     progress)
+    backend = GgmlBackend(backbone, spec, tokenizer, made)
     if choice and choice.refused:
         backend.capabilities = attrs.evolve(backend.capabilities, exit_refused=choice.refused)
     backend.load_seconds = phases.seconds
@@ -104,7 +104,7 @@ def tiny_backend(family: str, seed: int, bits: int, method: str = "hqq"):
     from river_models.tiny_gguf import gguf_file, permuted, projections
 
     from .backend import GgmlBackend
-    from .stand_ins import Quantized, mapped
+    from .stand_ins import Quantized, StandIns, blocks_kind, mapped
 
     def permute(q: QuantWeight, heads: int) -> QuantWeight:
         return QuantWeight(*(permuted(a, heads) for a in (q.codes, q.scale, q.zero)), q.bits)
@@ -117,7 +117,8 @@ def tiny_backend(family: str, seed: int, bits: int, method: str = "hqq"):
                projections(family, spec, layer, permute, QuantWeight.stack).items()}
               for i, layer in enumerate(quant.layers)), quant.errors, quant.head))
     backbone = lib.MappedGGUF(gguf_file(seed, family))
-    backend = GgmlBackend(backbone, spec, checkpoint.tokenizer, weights, errors)
+    backend = GgmlBackend(backbone, spec, checkpoint.tokenizer,
+                          StandIns.made(weights, errors, blocks_kind(quant.spec), backbone))
     # the stand-ins' temporary folder lives as long as the backend that maps them
     weakref.finalize(backend, shutil.rmtree, weights.path.parent, ignore_errors=True)
     return backend

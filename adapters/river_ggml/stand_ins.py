@@ -26,8 +26,9 @@ original GGUF holds them as Q8_0).
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Mapping
 
 import attrs
 import numpy as np
@@ -267,10 +268,21 @@ def mapped(stand_ins: Quantized) -> tuple[MappedGGUF, list[float]]:
 
 
 def stand_ins(source: MappedGGUF, layers: int, spec: QuantSpec, kind: str = "Q4_0",
-              progress: bool = False) -> tuple[MappedGGUF, list[float]]:
+              progress: bool = False) -> "StandIns":
     """The stand-ins of the backbone GGUF `source` in ggml type `kind` (Q4_0: River's at
-    `spec`), made once into the user cache, memory-mapped; and each layer's relative weight
-    error."""
+    `spec`), made once into the user cache when first run (`StandIns`), memory-mapped, with
+    each layer's relative weight error."""
+    return StandIns(lambda: _made(source, layers, spec, kind, progress),
+                    kind if kind != "Q4_0" else blocks_kind(spec), source)
+
+
+def blocks_kind(spec: QuantSpec) -> str:
+    """The ggml type `blocks` holds River's quantizer's codes at `spec` in."""
+    return "Q8_0" if spec.bits == 8 else "Q4_0" if spec.method == "sym" else "Q4_1"
+
+
+def _made(source: MappedGGUF, layers: int, spec: QuantSpec, kind: str,
+          progress: bool) -> tuple[MappedGGUF, list[float]]:
     key = digest(content_key(source.path), FORMAT, spec.bits, spec.group_size, spec.method,
                  kind, version())
     target = cache_root() / "ggml-stand-ins" / f"{source.path.stem}-{key}"
@@ -287,3 +299,47 @@ def stand_ins(source: MappedGGUF, layers: int, spec: QuantSpec, kind: str = "Q4_
 
 def errors_of(mapped: MappedGGUF) -> list[float]:
     return [float(e) for e in mapped.floats(ERRORS)]
+
+
+class StandIns:
+    """A backbone's stand-ins and their errors, made (or found in the cache) by `make` the
+    first time a mode runs them: full depth and n-gram drafts never do, so they never wait
+    for them (issue 59). What they read a token is known before: `layer_bytes` from their
+    type and the backbone's shapes."""
+
+    def __init__(self, make: Callable[[], tuple[MappedGGUF, list[float]]], kind: str,
+                 backbone: MappedGGUF) -> None:
+        self._make, self.kind, self._backbone = make, kind, backbone
+
+    @classmethod
+    def made(cls, weights: MappedGGUF, errors, kind: str, backbone: MappedGGUF) -> "StandIns":
+        return cls(lambda: (weights, list(errors)), kind, backbone)
+
+    @functools.cached_property
+    def _made(self) -> tuple[MappedGGUF, list[float]]:
+        return self._make()
+
+    @property
+    def weights(self) -> MappedGGUF:
+        return self._made[0]
+
+    @property
+    def errors(self) -> list[float]:
+        return self._made[1]
+
+    @property
+    def ready(self) -> bool:
+        return "_made" in self.__dict__
+
+    def layer_bytes(self, i: int) -> int:
+        from .lib import g
+
+        row = lambda kind, columns: g.ggml_row_size(RUNS[kind], columns)
+        return sum(rows * row(self.kind, columns) for rows, columns in
+                   (self._backbone.shape(n) for n in projections(self._backbone, i)))
+
+    def head_bytes(self) -> int:
+        from .lib import g
+
+        rows, columns = self._backbone.shape(head_name(self._backbone))
+        return rows * g.ggml_row_size(RUNS["Q8_0"], columns)

@@ -186,7 +186,7 @@ def ggml_backend(name: str, checkpoint, quant: QuantSpec):
     engine's blocks under the GGUF's names (Q and K permuted as the GGUF stores them)."""
     from river_ggml.backend import GgmlBackend
     from river_ggml.lib import MappedGGUF
-    from river_ggml.stand_ins import Quantized, mapped
+    from river_ggml.stand_ins import Quantized, StandIns, blocks_kind, mapped
     from river_models import QuantWeight
     from river_models.tiny_gguf import permuted, projections
 
@@ -199,7 +199,9 @@ def ggml_backend(name: str, checkpoint, quant: QuantSpec):
     weights, errors = mapped(Quantized(
         tuple({f"blk.{i}.{n}": q for n, q in layer.items()} for i in range(spec.num_layers)),
         quantized.errors, quantized.head))
-    return GgmlBackend(MappedGGUF(random_gguf(name, "F16")), spec, NoText(), weights, errors)
+    backbone = MappedGGUF(random_gguf(name, "F16"))
+    return GgmlBackend(backbone, spec, NoText(),
+                       StandIns.made(weights, errors, blocks_kind(quant), backbone))
 
 
 def engine_quant(engine: str, args) -> QuantSpec:

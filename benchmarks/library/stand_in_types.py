@@ -69,8 +69,8 @@ def kv_errors(prompts: int) -> list[dict]:
         spec, tokenizer = spec_and_tokenizer(str(path))
         source = MappedGGUF(path)
         for kind in kinds:
-            weights, eps = stand_ins(source, spec.num_layers, STAND_INS, kind)
-            b = GgmlBackend(source, spec, tokenizer, weights, eps)
+            b = GgmlBackend(source, spec, tokenizer,
+                            stand_ins(source, spec.num_layers, STAND_INS, kind))
             worst = []
             for _ in range(prompts):
                 prompt = [1] + rng.integers(10, spec.vocab, rng.integers(2, 20)).tolist()
