@@ -22,12 +22,15 @@ from ggml import ggml as g
 
 __all__ = ["g", "cpu", "Graph", "MappedGGUF", "as_array", "RUNS", "version"]
 
-# what this engine runs a GGUF's tensors as: ggml's types it has kernels for on this CPU path
+# what this engine runs a GGUF's tensors as: the ggml types llama-quantize's file types hold
+# without an importance matrix, each checked against a float32 reference on every family
+# (tests/test_real_files.py; docs/models.md); Q3_K and Q2_K are also River's own stand-ins'
+# types below 4 bits (issue 52)
 RUNS = {"F32": g.GGML_TYPE_F32, "F16": g.GGML_TYPE_F16, "BF16": g.GGML_TYPE_BF16,
         "Q8_0": g.GGML_TYPE_Q8_0, "Q4_0": g.GGML_TYPE_Q4_0, "Q4_1": g.GGML_TYPE_Q4_1,
         "Q5_0": g.GGML_TYPE_Q5_0, "Q5_1": g.GGML_TYPE_Q5_1, "Q4_K": g.GGML_TYPE_Q4_K,
-        "Q5_K": g.GGML_TYPE_Q5_K, "Q6_K": g.GGML_TYPE_Q6_K,
-        "Q3_K": g.GGML_TYPE_Q3_K, "Q2_K": g.GGML_TYPE_Q2_K}   # below 4 bits: stand-ins (issue 52)
+        "Q5_K": g.GGML_TYPE_Q5_K, "Q6_K": g.GGML_TYPE_Q6_K, "Q3_K": g.GGML_TYPE_Q3_K,
+        "Q2_K": g.GGML_TYPE_Q2_K, "IQ4_NL": g.GGML_TYPE_IQ4_NL, "IQ4_XS": g.GGML_TYPE_IQ4_XS}
 NAMES = {v: k for k, v in RUNS.items()}
 NUMPY = {g.GGML_TYPE_F32: np.float32, g.GGML_TYPE_F16: np.float16, g.GGML_TYPE_I32: np.int32,
          g.GGML_TYPE_I64: np.int64}

@@ -1,0 +1,151 @@
+"""River's ggml engine on GGUFs as users have them (issue 58): every family, at its real shape's
+quirks in widths K-quants fill (river_models.real_gguf), written with the metadata llama.cpp's
+converter writes, in the types llama-quantize makes (river_models.gguf_quantize), loaded as
+`river generate --model FILE` loads it; checked per position against River's torch engine on
+gguf-py's float32 dequantization of the same file, and against llama.cpp itself on the same
+file where llama-cpp-python is installed. The real shapes run in `river bench real_files`."""
+
+import functools
+
+import numpy as np
+import pytest
+
+pytest.importorskip("ggml")
+pytest.importorskip("gguf")
+torch = pytest.importorskip("torch")
+
+from river_conformance.agreement import Agreement, first_difference  # noqa: E402
+from river_conformance.scripted import forced_logits, scripted_run  # noqa: E402
+from river_core.config import GenerationConfig  # noqa: E402
+from river_core.decode import generate_ids  # noqa: E402
+from river_core.kv import Full  # noqa: E402
+from river_models import gguf_quantize, real_gguf  # noqa: E402
+
+# every family in llama.cpp's most common type; every type on a tied family with biases
+# (Qwen2: the embedding is the head, Q6_K) and an untied one (Llama: the embedding in the
+# file's own type, repacked where it is Q4_0, Q4_K or IQ4_NL)
+TYPES = ("Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "IQ4_NL", "IQ4_XS",
+         "Q3_K_M", "Q2_K", "F16", "BF16")
+CELLS = [(f, "Q4_K_M") for f in real_gguf.FAMILIES] + \
+        [(f, t) for f in ("qwen2", "llama") for t in TYPES if t != "Q4_K_M"]
+# against llama.cpp's greedy text: every family, and the types on the family whose embedding
+# is the head; fewer cells, each a llama.cpp load and four runs
+GREEDY = [(f, t) for f, t in CELLS if t == "Q4_K_M" or f == "qwen2"]
+# prefill then decode, teacher-forced on fixed random tokens: 8 + 48 positions
+PROMPT = np.random.default_rng(1).integers(3, 512, 8).tolist()
+CONTINUATION = np.random.default_rng(2).integers(3, 512, 48).tolist()
+# measured over the matrix on an AMD EPYC (AVX2): logits within 2.5e-2 of the float32
+# reference (quantized activations: Q8_0/Q8_K blocks; a float16 cache), KL below 3e-3 nats;
+# a wrong kernel or layout: 0.5 and more
+RTOL = 5e-2
+KL = 1e-2
+MIN_TOP1 = 0.8
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("real-files")
+
+    @functools.cache
+    def source(family: str):
+        return real_gguf.write(family, "small", folder / f"{family}-converted.gguf")
+
+    @functools.cache
+    def made(family: str, file_type: str):
+        path = folder / f"{family}-{file_type}.gguf"
+        return path, gguf_quantize.quantize(source(family), path, file_type)
+    return made
+
+
+def reference(path):
+    """River's torch engine on the file's float32 dequantization (no stand-ins run)."""
+    from river_core.config import QuantSpec
+    from river_hf.backend import HFBackend
+    from river_models import gguf_weights
+    from river_models.quant import stand_ins
+
+    checkpoint = gguf_weights.checkpoint(path)
+    unused = stand_ins(checkpoint, QuantSpec(bits=8, group_size=64, method="rtn"), cache=False)
+    return HFBackend(checkpoint, unused, torch.float32)
+
+
+def ggml(path):
+    from river_ggml.plugin import load
+
+    return load(str(path))
+
+
+@pytest.mark.parametrize("family,file_type", CELLS)
+def test_full_depth_follows_the_float32_reference_on_the_same_file(files, family, file_type):
+    path, kinds = files(family, file_type)
+    got = forced_logits(ggml(path), PROMPT, CONTINUATION, Full())
+    want = forced_logits(reference(path), PROMPT, CONTINUATION, Full())
+    a = Agreement.of(got, want)
+    assert a.rel_max < RTOL and a.kl_mean < KL, a.line()
+    assert not a.beyond and a.top1 >= MIN_TOP1, a.line()
+
+
+def test_a_q4_k_m_file_holds_what_llama_quantize_makes(files):
+    """The mix: the tied embedding Q6_K, attn_v and ffn_down Q6_K on the layers that get more
+    bits (of two: the last), the rest Q4_K (the type ggml repacks: the embedding never is)."""
+    _, kinds = files("qwen2", "Q4_K_M")
+    assert kinds["token_embd.weight"] == "Q6_K"
+    assert [kinds[f"blk.{i}.{t}.weight"] for i in (0, 1) for t in ("attn_v", "ffn_down")] == \
+        ["Q4_K", "Q4_K", "Q6_K", "Q6_K"]
+    assert kinds["blk.0.attn_q.weight"] == kinds["blk.1.ffn_gate.weight"] == "Q4_K"
+    assert kinds["blk.0.attn_norm.weight"] == kinds["blk.0.attn_q.bias"] == "F32"
+    _, untied = files("llama", "Q4_0")
+    assert untied["token_embd.weight"] == "Q4_0" and untied["output.weight"] == "Q6_K"
+
+
+def test_the_gemma_3_file_carries_no_sliding_pattern_and_runs(files):
+    """llama.cpp's converter writes Gemma 3's window but not which layers slide; the loader
+    takes five in six, and so does River (the file ran, refused, before issue 58)."""
+    from river_models.gguf_header import read_header
+
+    path, _ = files("gemma3", "Q4_K_M")
+    meta = read_header(path).metadata
+    assert "gemma3.attention.sliding_window" in meta
+    assert not any("sliding_window_pattern" in k for k in meta)
+    assert ggml(path).windows == (16, 16, 16, 16, 16, None)
+
+
+@pytest.mark.parametrize("family,file_type", CELLS)
+def test_llama_quantizes_each_tensor_as_river_does(files, family, file_type, tmp_path):
+    """River's mix against llama.cpp's own quantizer (llama_model_quantize) on the same F16
+    file: the same type for every tensor."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    from gguf import GGUFReader
+
+    path, kinds = files(family, file_type)
+    ours = tmp_path / "llama.gguf"
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{file_type}")
+    params.nthread = 2
+    source = path.parent / f"{family}-converted.gguf"
+    assert llama_cpp.llama_model_quantize(str(source).encode(), str(ours).encode(),
+                                          params) == 0
+    theirs = {t.name: t.tensor_type.name for t in GGUFReader(ours).tensors}
+    assert theirs == kinds
+
+
+@pytest.mark.parametrize("family,file_type", GREEDY)
+def test_greedy_text_is_llama_cpps_on_the_same_file(files, family, file_type):
+    """32 greedy tokens from River's ggml engine and from llama.cpp (both with a float16
+    cache): the same, or parting first where the two's logits are within each other's noise
+    (a near tie), with every position before within RTOL."""
+    pytest.importorskip("llama_cpp")
+    from river_llamacpp.backend import LlamaCppBackend
+    from river_llamacpp.plugin import _llama
+
+    path, _ = files(family, file_type)
+    llm, layers = _llama(path, 256, exact=False)
+    theirs_backend = LlamaCppBackend(llm, layers, path)
+    config = GenerationConfig(max_new_tokens=32, ignore_eos=True)
+    ours, theirs = (generate_ids(b, [PROMPT], config, scripted_run(Full(), [])).tokens[0]
+                    for b in (ggml(path), theirs_backend))
+    at = first_difference(ours, theirs)
+    upto = len(ours) if at is None else at + 1
+    a = Agreement.of(*(forced_logits(b, PROMPT, theirs[:upto - 1], Full())
+                       for b in (ggml(path), theirs_backend)))
+    assert a.rel_max < RTOL and not a.beyond, a.line()
