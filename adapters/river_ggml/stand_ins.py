@@ -36,6 +36,7 @@ import numpy as np
 from river_core.config import QuantSpec
 from river_core.errors import ConfigError, ModelError
 from river_models.cache import cache_root, cached, content_key, digest
+from river_models.gguf_quantize import quantized_rows
 from river_models.quant import QuantWeight, quantize, weight_error
 
 from .lib import RUNS, MappedGGUF, version
@@ -167,21 +168,6 @@ def choose(source: MappedGGUF, layers: int) -> Choice:
                                 f"of more bits (Q4_1, Q5_K, Q6_K, Q8_0, F16)")
 
 
-def ggml_quantized(weights: np.ndarray, kind: str) -> np.ndarray:
-    """float32 [rows, columns] in ggml type `kind`, quantized by ggml itself (no importance
-    matrix), [rows, row bytes] uint8."""
-    import ctypes
-
-    from .lib import g
-
-    weights = np.ascontiguousarray(weights, np.float32)
-    rows, columns = weights.shape
-    out = np.empty((rows, g.ggml_row_size(RUNS[kind], columns)), np.uint8)
-    g.ggml_quantize_chunk(RUNS[kind], weights.ctypes.data_as(ctypes.POINTER(ctypes.c_float)),
-                          out.ctypes.data_as(ctypes.c_void_p), 0, rows, columns, None)
-    return out
-
-
 def dequantized(data: np.ndarray, kind: str, shape: tuple[int, ...]) -> np.ndarray:
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
@@ -214,7 +200,7 @@ def quantized(source: MappedGGUF, layers: int, spec: QuantSpec, kind: str = "Q4_
         if kind == "Q4_0":
             q = {name: quantize(w, spec) for name, w in weights.items()}
             return q, weight_error(_Projections(weights), q)
-        q = {name: (ggml_quantized(w, kind), kind) for name, w in weights.items()}
+        q = {name: (quantized_rows(w, kind), kind) for name, w in weights.items()}
         return q, _error(weights, {n: dequantized(b, kind, weights[n].shape)
                                    for n, (b, _) in q.items()})
 

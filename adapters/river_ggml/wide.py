@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .stand_ins import ggml_quantized
+from river_models.gguf_quantize import quantized_rows
 
 FLOATS = {"F32": np.float32, "F16": np.float16}
 PROJECTIONS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
@@ -47,7 +47,7 @@ def random_gguf(path: Path, kind: str, hidden: int, intermediate: int, layers: i
             if kind in FLOATS:
                 w.add_tensor(f"blk.{i}.{name}.weight", weights.astype(FLOATS[kind]))
             else:
-                w.add_tensor(f"blk.{i}.{name}.weight", ggml_quantized(weights, kind),
+                w.add_tensor(f"blk.{i}.{name}.weight", quantized_rows(weights, kind),
                              raw_dtype=gguf.GGMLQuantizationType[kind])
         for norm in ("attn_norm", "ffn_norm"):
             w.add_tensor(f"blk.{i}.{norm}.weight", np.ones(hidden, np.float32))

@@ -27,7 +27,8 @@ import numpy as np
 
 def weight_errors(layers: int) -> list[dict]:
     from river_ggml.lib import MappedGGUF
-    from river_ggml.stand_ins import dequantized, floats, ggml_quantized
+    from river_ggml.stand_ins import dequantized, floats
+    from river_models.gguf_quantize import quantized_rows
     from river_models import default_gguf
     from river_models.gguf_write import backbone
     from river_models.quant import quantize
@@ -41,9 +42,9 @@ def weight_errors(layers: int) -> list[dict]:
             for i in range(layers):
                 w = floats(source, f"blk.{i}.ffn_down.weight")
                 if base != "F16":   # the backbone as a 4-bit GGUF holds it
-                    w = dequantized(ggml_quantized(w, base), base, w.shape)
+                    w = dequantized(quantized_rows(w, base), base, w.shape)
                 got = quantize(w, STAND_INS).dequantize() if kind == "Q4_0" else \
-                    dequantized(ggml_quantized(w, kind), kind, w.shape)
+                    dequantized(quantized_rows(w, kind), kind, w.shape)
                 err += float(((got.astype(np.float64) - w) ** 2).sum())
                 norm += float((w.astype(np.float64) ** 2).sum())
             rows.append({"backbone": base, "stand_ins": kind, "error": (err / norm) ** 0.5})
@@ -95,7 +96,7 @@ def speeds(runs: int) -> list[dict]:
 
     from river_ggml import lib
     from river_ggml.lib import MappedGGUF, g
-    from river_ggml.stand_ins import ggml_quantized
+    from river_models.gguf_quantize import quantized_rows
 
     n = 4096   # 9 MiB at 4 bits: past the caches, as a model's layers are
     w = np.random.default_rng(0).standard_normal((n, n)).astype(np.float32) * 0.05
@@ -106,7 +107,7 @@ def speeds(runs: int) -> list[dict]:
         if kind == "F16":
             writer.add_tensor(kind, w.astype(np.float16))
         else:
-            writer.add_tensor(kind, ggml_quantized(w, kind),
+            writer.add_tensor(kind, quantized_rows(w, kind),
                               raw_dtype=gguf.GGMLQuantizationType[kind])
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
