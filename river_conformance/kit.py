@@ -727,8 +727,8 @@ def lossless_against_plain(backend, n: int = SAMPLES, seed: int = 0,
     """The sampled-exactness comparison of a backend's speculative mode (`sampling`:
     GenerationConfig's temperature, top_p, top_k; `sources`: the draft sources, None: the
     river)."""
-    # its tests (chi-square, power) are scipy's, which the test extra installs and a lent
-    # GPU's image lacks: there they skip, in one line
+    # its tests (chi-square, power) are scipy's, which River's test extra installs (and a lent
+    # GPU's image holds): a suite without scipy skips them, in one line
     pytest.importorskip("scipy", reason="the kit's sampled comparisons need scipy")
     gen = GenerationConfig(max_new_tokens=SAMPLED_TOKENS, **sampling)
     plain = plain_samples(backend, prompt, attrs.evolve(gen, seed=2 * seed), n)
