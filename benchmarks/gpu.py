@@ -170,7 +170,9 @@ def step_costs(model, shape: str, args, runs: int = 3) -> dict:
     shape, transformers' own greedy generate() on the same weights, from runs of each in turn,
     the first of each a warm-up. River's own step times end at the host read of the chosen
     token, transformers' between its logits-processor calls (grid.Transformers), both after
-    the device's work. Random weights keep few drafts, but a round drafts k all the same."""
+    the device's work. Random weights keep few drafts, but a round drafts k all the same.
+    transformers' tokens against River's: the kit's verdicts (`grid.agreement`, at the bounds
+    of the engine's float type against another engine's)."""
     import statistics
 
     from river_core import GenerationConfig
@@ -181,7 +183,8 @@ def step_costs(model, shape: str, args, runs: int = 3) -> dict:
     k, gen = lossless.draft_tokens, GenerationConfig(max_new_tokens=args.tokens)
     twin = grid.Transformers.of(hf_twin(shape, model.backend.max_positions, args.device,
                                         engine_dtype(args))) if shape in shapes.SHAPES else None
-    prefill, steps, rounds, theirs, same = [], [], [], [], []
+    precision = grid.precision_of(engine(args))
+    prefill, steps, rounds, theirs, verdicts = [], [], [], [], []
     for run in range(runs + 1):
         a = model.generate_ids([prompt], plain, gen)
         b = model.generate_ids([prompt], lossless, gen)
@@ -192,12 +195,13 @@ def step_costs(model, shape: str, args, runs: int = 3) -> dict:
             rounds += [s for s, d in zip(b.step_seconds, b.drafted) if d == k]
             if h:
                 theirs.append(h["decode_seconds"] / max(len(h["tokens"]) - 1, 1))
-                same.append(h["tokens"] == a.tokens[0])
+                verdicts.append(grid.agreement(model, precision, precision.rtol, prompt,
+                                               h["tokens"], a.tokens[0]))
     median_ms = lambda xs: 1e3 * statistics.median(xs) if xs else None
     out = {"prefill_ms": median_ms(prefill), "plain_step_ms": median_ms(steps),
            "draft_tokens": k, "lossless_round_ms": median_ms(rounds),
            "transformers_step_ms": median_ms(theirs),
-           "same_tokens_as_transformers": sum(same) / len(same) if same else None}
+           "transformers_agreement": grid.shares(verdicts) if verdicts else None}
     out["round_over_step"] = out["lossless_round_ms"] / out["plain_step_ms"] \
         if rounds and steps else None
     out["step_over_transformers"] = out["plain_step_ms"] / out["transformers_step_ms"] \
@@ -686,13 +690,15 @@ def report(record: dict) -> str:
             lines += table.splitlines()[4:]
         elif name == "layers":
             lines += ["| shape | backbone layer µs | stand-in µs | ratio | prefill ms | plain "
-                      "step ms | transformers' step ms | lossless round ms (k drafts, k+1 "
-                      "verified) | round / step | int4 kernel's error |", "|---|" + "---|" * 9]
+                      "step ms | transformers' step ms | transformers' tokens (same / near tie "
+                      "/ parted) | lossless round ms (k drafts, k+1 verified) | round / step | "
+                      "int4 kernel's error |", "|---|" + "---|" * 10]
             cell = lambda v, f: "-" if v is None else format(v, f)
             lines += [f"| {s} | {c['layer_us']:.0f} | {c['stand_in_us']:.0f} | "
                       f"{c['stand_in_over_layer']:.2f}x | {cell(c.get('prefill_ms'), '.1f')} | "
                       f"{cell(c.get('plain_step_ms'), '.2f')} | "
                       f"{cell(c.get('transformers_step_ms'), '.2f')} | "
+                      f"{grid.verdicts(c.get('transformers_agreement')) or '-'} | "
                       f"{cell(c.get('lossless_round_ms'), '.2f')} (k={c.get('draft_tokens')}) | "
                       f"{cell(c.get('round_over_step'), '.2f')} | "
                       f"{max(c.get('int4_error', {0: 0}).values()):.1e} |" for s, c in r.items()]

@@ -240,6 +240,7 @@ def grid_rows_cover_the_grid(out: Path) -> None:
         assert r["ms_per_token"] > 0 and r["runs"] == 1
         if c.startswith("lossless"):
             assert r["same_as_backbone"] == 1.0 and r["limit_ms_per_token"] is None
+            assert r["agreement"] == {"same": 1.0, "near tie": 0.0, "parted": 0.0}
         else:
             assert r["limit_ms_per_token"] > 0
     assert by[("tiny", "hf", "exit@1", 8)]["mean_layers_run"] == 2
@@ -261,6 +262,7 @@ def gpu_parts_are_each_recorded(out: Path) -> None:
     assert max(parts["layers"]["result"]["tiny"]["int4_error"].values()) < 0.02
     assert {"prefill_ms", "plain_step_ms", "lossless_round_ms", "round_over_step"} <= \
         set(parts["layers"]["result"]["tiny"])
+    assert parts["layers"]["result"]["tiny"]["transformers_agreement"]["same"] == 1.0
     assert parts["memory"] == parts["memory"] | {"status": "skipped"} and \
         "CUDA" in parts["memory"]["reason"]
     assert {r["engine"] for r in parts["onnx"]["result"]["rows"]} == {"onnx", "hf"}

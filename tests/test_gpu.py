@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from river_bench import gpu
@@ -175,3 +176,30 @@ def test_transformers_twin_runs_the_weights_rivers_engine_runs():
         logits = twin(torch.tensor([prompt + ours])).logits[0, len(prompt) - 1:-1].numpy()
     for got, want in zip(forced_logits(model.backend, prompt, ours, Full()), logits):
         assert relative_error(got, want) <= FULL_DEPTH_RTOL
+
+
+def test_lossless_and_cross_engine_identity_are_judged_by_the_kits_near_tie_rule():
+    """In bfloat16 a verification of several tokens rounds unlike one-token steps and random
+    logits are nearly tied: a lossless row shows the runs that are its backbone's tokens, those
+    that part only where the backbone's top two logits were within the kit's bound (a forced
+    tie here) and those that part beyond one, apart; float32 admits no near tie."""
+    from river_bench import grid
+    from river_conformance.kit import NEAR_TIE, PARTED, SAME
+
+    clear, tie = np.array([5.0, 0.0, 0.0, 0.0]), np.array([2.0, 2.0 - 1e-3, 0.0, 0.0])
+
+    class Backbone:   # full depth chose 0, 0, 0: by a clear gap, then at a near tie
+        def teacher_force(self, prompts, continuations, config):
+            assert continuations == [[0, 0, 0]] and config == grid.exit_config("backbone")
+            return [type("Forced", (), {"logits": [clear, tie, clear]})]
+    run = lambda tokens: {"tokens": tokens, "ms": 1.0, "exits": None, "ids": [1, 5]}
+    for engine, want in (("hf:bfloat16", {SAME: 1 / 3, NEAR_TIE: 1 / 3, PARTED: 1 / 3}),
+                         ("hf", {SAME: 1 / 3, NEAR_TIE: 0.0, PARTED: 2 / 3})):
+        runs = {(engine, "backbone", 8): [run([0, 0, 0])] * 3,
+                (engine, "lossless", 8): [run([0, 0, 0]), run([0, 1, 0]), run([1, 0, 0])]}
+        backbone, lossless = grid.tabulate("llama-1b", runs, {engine: Backbone()}, 1e12, engine)
+        assert backbone["agreement"] is None and lossless["same_as_backbone"] == 1 / 3
+        assert lossless["agreement"] == want
+    machine = {"cpu": "x", "cores": 1, "device": "cuda", "memory_bandwidth_gb_s": 1, "torch": "t"}
+    table = grid.report({"machine": machine, "command": "c", "rows": [backbone, lossless]})
+    assert "| 100% |" in table and "| 33% / 0% / 67% |" in table
