@@ -148,7 +148,9 @@ def checkout_copy(into: Path) -> Path:
 # (its llamacpp and ggml subjects refused where gguf, llama-cpp-python and ggml-python are
 # absent), the prepack test (the CPU's oneDNN whatever the device), the bfloat16 comparison
 # with transformers' generate(). The whole of part 1's tests is collected (every module
-# imports there); running it is CI's own suite.
+# imports there); running it is CI's own suite. Run whole in this simulation, one process, on
+# the CPU (RIVER_TEST_DEVICE=cpu, the six sampled comparisons deselected as on CUDA): 97 tests
+# in 36 s on an AMD EPYC (AVX2, 2 cores), gpu_plan.TESTS_S.
 PART_1 = ["tests/test_conformance.py::test_capability_flags_are_respected",
           "tests/test_speculative.py::"
           "test_hf_prepacks_its_backbone_only_for_verifications_that_run_the_packed_kernel",
@@ -158,8 +160,10 @@ PART_1 = ["tests/test_conformance.py::test_capability_flags_are_respected",
 def test_river_installs_and_runs_on_the_lent_gpus_image(tmp_path):
     """What the first call on a lent GPU runs, on the CPU: the offline install, `river bench
     gpu --dry-run`, the collection of every test part 1 runs, and a short part 1 on hf
-    (RIVER_TEST_DEVICE=cpu), with only the image's packages importable."""
+    (RIVER_TEST_DEVICE=cpu) on pytest-xdist's workers, with only the image's packages
+    importable: gpu.log holds its whole output, tests.xml its results."""
     import json
+    import re
 
     python = make(tmp_path / "venv")
     source = checkout_copy(tmp_path / "river")
@@ -181,15 +185,26 @@ def test_river_installs_and_runs_on_the_lent_gpus_image(tmp_path):
         "-e", ".")
     dry = run(python.parent / "river", "bench", "gpu", "--dry-run")
     assert "part 5 onnx: skipped here" in dry and "part 6 vllm: skipped here" in dry
-    assert "part 1 tests: about" in dry and "spare" in dry
+    share = int(re.search(r"estimated: \d+ s of units, (\d+)% of the budget", dry).group(1))
+    assert share <= 85 and "-n " in dry   # pytest-xdist's workers
     from river_bench.gpu import TESTS
+    from river_bench.library.gpu_tests import SAMPLED
 
+    # every module imports there; on CUDA the six sampled comparisons (hf's) are deselected
+    deselect = [a for prefix in SAMPLED for a in ("--deselect", prefix)]
     collected = run(python, "-m", "pytest", "-q", "--collect-only", "-p", "no:cacheprovider",
-                    *TESTS)
+                    *TESTS, "--river-backend", "hf", *deselect)
     assert "error" not in collected.splitlines()[-1]
+    assert "(6 deselected)" in collected.splitlines()[-1]
     out = tmp_path / "out"
     run(python.parent / "river", "bench", "gpu", "--device", "cpu", "--parts", "1", "--tests",
         *PART_1, "--kit-backends", "hf", "llamacpp", "ggml", "--out", out, "--budget", "200")
     tests = json.loads((out / "gpu.json").read_text())["parts"]["tests"]
     assert tests["status"] == "ran", tests
     assert "passed" in tests["result"]["summary"] and "skipped" in tests["result"]["summary"]
+    assert tests["result"]["workers"] == len(os.sched_getaffinity(0))   # xdist, one a core
+    # part 1's whole output in gpu.log (every test by name, the slowest), its JUnit XML beside
+    log = (out / "gpu.log").read_text()
+    assert log.count(" PASSED ") >= len(PART_1) - 1 and "slowest 20 durations" in log
+    assert "test_bfloat16_full_depth_matches_generate_and_river_runs" in log
+    assert "<testsuite" in (out / "tests.xml").read_text()
