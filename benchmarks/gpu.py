@@ -145,7 +145,8 @@ def tests(args) -> dict:
     out = {"command": shown, "summary": line, "junit": Path(args.junit).name,
            "workers": gpu_tests.workers()}
     if "--deselect" in argv:
-        out["deselected"] = {"tests": list(gpu_tests.SAMPLED), "reason": gpu_tests.SAMPLED_REASON}
+        out["deselected"] = {"tests": list(gpu_tests.SAMPLED),
+                             "reason": gpu_tests.SAMPLED_REASON}
     return out
 
 
@@ -662,8 +663,8 @@ def dry_run(args) -> str:
                  f"call: timeout_s {TIMEOUT_S} (the offline install's {INSTALL_S} s, the "
                  f"budget, the last write), with a machine's start ({START_S} s at most) "
                  f"{held / 60:.0f} of the session's {DEVICE_S // 60} minutes: "
-                 f"{(DEVICE_S - held) / 60:.0f} left, under the {FRESH_S // 60} a fresh machine "
-                 f"needs, so plan on one call")
+                 f"{(DEVICE_S - held) / 60:.0f} left, under the {FRESH_S // 60} a fresh "
+                 f"machine needs, so plan on one call")
     return "\n".join(lines)
 
 
@@ -691,6 +692,9 @@ def report(record: dict) -> str:
         lines += ["", f"## {e['part']}. {name}", ""]
         if name == "tests":
             lines.append(f"`{r['command']}`: {r['summary']}")
+            if "deselected" in r:
+                lines.append(f"Deselected: {', '.join(r['deselected']['tests'])}: "
+                             f"{r['deselected']['reason']}.")
         elif name in ("speed", "onnx"):
             table = grid.report({"machine": e.get("machine", info), "rows": r["rows"],
                                  "command": e["command"]})

@@ -211,6 +211,7 @@ def test_lossless_and_cross_engine_identity_are_judged_by_the_kits_near_tie_rule
         backbone, lossless = grid.tabulate("llama-1b", runs, {engine: Backbone()}, 1e12, engine)
         assert backbone["agreement"] is None and lossless["same_as_backbone"] == 1 / 3
         assert lossless["agreement"] == want
-    machine = {"cpu": "x", "cores": 1, "device": "cuda", "memory_bandwidth_gb_s": 1, "torch": "t"}
+    machine = {"cpu": "x", "cores": 1, "device": "cuda", "memory_bandwidth_gb_s": 1,
+               "torch": "t"}
     table = grid.report({"machine": machine, "command": "c", "rows": [backbone, lossless]})
     assert "| 100% |" in table and "| 33% / 0% / 67% |" in table

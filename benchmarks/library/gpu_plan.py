@@ -16,6 +16,8 @@ import math
 
 import attrs
 
+from river_core import ExitConfig
+
 from . import shapes
 
 PARTS = {1: "tests", 2: "speed", 3: "layers", 4: "memory", 5: "onnx", 6: "vllm"}
@@ -42,7 +44,9 @@ COPY_GB_S = 4300.0    # the H200's device copy bandwidth (the device tool's KIND
 TEST_FACTOR = 2.0     # a tiny model's test on CUDA over the CPU (launch-bound)
 TEST_WORKERS = 4      # the most speed-up pytest-xdist's workers get from sharing one GPU
 DEVICE_CORES = 16     # a lent H200 machine's cores: part 1's workers there (KINDS.md)
-LOSSLESS_PASSES = 3   # a lossless token on random weights: 2 drafts rejected and a verification
+DRAFTS = ExitConfig().draft_tokens   # River's default draft length (2)
+LOSSLESS_PASSES = DRAFTS + 1   # a lossless token on random weights: its drafts rejected, and
+                               # a verification
 LIMIT_FACTOR = 2.0    # a unit's time limit over its estimate
 OTHER_HOST_S = {"onnx": 150, "vllm": 240}   # parts a lent image skips: guesses for a GPU host
 REAL_S = 60.0   # a part's work on the embedded model (135M weights): a guess
@@ -80,7 +84,7 @@ def upload_s(shape: str) -> float:
     return 4 * shapes.SHAPES[shape].params() / CONVERT_GB_S / 2 ** 30
 
 
-def passes(name: str, args, draft_tokens: int = 2) -> int:
+def passes(name: str, args) -> int:
     """Tokens through every layer that part `name` runs on one shape (counted from its code:
     warm-ups, rounds, prompts, configurations)."""
     configs = 5   # grid_args' configurations: four a pass a token, lossless LOSSLESS_PASSES
@@ -88,7 +92,7 @@ def passes(name: str, args, draft_tokens: int = 2) -> int:
         per_token = configs - 1 + LOSSLESS_PASSES
         return configs * 4 + args.rounds * args.prompts * args.tokens * per_token
     if name == "layers":   # 20 of each layer kind, then 4 runs of plain, lossless, transformers
-        return 40 + 4 * args.tokens * (1 + draft_tokens + 1 + 1)
+        return 40 + 4 * args.tokens * (1 + LOSSLESS_PASSES + 1)
     return args.tokens * (3 + LOSSLESS_PASSES)   # memory: backbone, exit, whole 4-bit, lossless
 
 
