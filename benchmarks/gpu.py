@@ -489,7 +489,7 @@ def child_command(number: int, args, unit: list[str], result: str) -> list[str]:
 def run_unit(number: int, args, unit: list[str], timeout: float) -> dict:
     """One child process of part `number`: its entry, or its failure. Its output streams into
     `args.log` as it comes (what a unit killed at its limit printed stays)."""
-    keep_log(args.log, f"== part {number} {PARTS[number]} {' '.join(unit)}\n")
+    keep_log(args.log, " ".join(["== part", str(number), PARTS[number], *unit]) + "\n")
     start = args.log.stat().st_size
     with tempfile.TemporaryDirectory(prefix="river-gpu-part-") as tmp:
         result = Path(tmp) / "entry.json"

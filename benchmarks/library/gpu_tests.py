@@ -29,8 +29,9 @@ def workers() -> int:
 
 
 def command(args, junit: Path) -> tuple[list[str], dict]:
-    """Part 1's pytest command and environment: every test's outcome by name (-v) and the 20
-    slowest (what the next estimate is set from) in the output, the results in `junit`."""
+    """Part 1's pytest command and environment: every test's outcome by name (-v), why each
+    skip and failure (-rfEs) and the 20 slowest (what the next estimate is set from) in the
+    output, the results in `junit`."""
     n = workers()
     kit = [a for name in args.kit_backends for a in ("--river-backend", name)]
     deselect = [a for prefix in SAMPLED for a in ("--deselect", prefix)] \
@@ -38,7 +39,7 @@ def command(args, junit: Path) -> tuple[list[str], dict]:
     env = {**os.environ, "RIVER_TEST_DEVICE": args.device}
     if n:   # one thread a worker: workers x cores threads spin-wait each other (a 2-core
         env["OMP_NUM_THREADS"] = "1"   # CPU ran part 1 in 292 s so, in 44 s with one each)
-    argv = [sys.executable, "-m", "pytest", "-v", "-rfE", "-p", "no:cacheprovider",
+    argv = [sys.executable, "-m", "pytest", "-v", "-rfEs", "-p", "no:cacheprovider",
             f"--junitxml={junit}", "--durations=20", *(["-n", str(n)] if n else []),
             *deselect, *args.tests, *kit]
     return argv, env
