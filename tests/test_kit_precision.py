@@ -3,7 +3,8 @@ measured, and the one rule by which greedy tokens may part in float16 (a near ti
 
 import numpy as np
 
-from river_conformance.kit import FLOAT16, FLOAT32, FULL_DEPTH_RTOL, Subject
+from river_conformance.kit import (FLOAT16, FLOAT32, FULL_DEPTH_RTOL, NEAR_TIE, PARTED, SAME,
+                                   Subject)
 
 
 def _chose_0(gap: float) -> list[np.ndarray]:
@@ -32,6 +33,15 @@ def test_float16_greedy_tokens_part_only_at_a_near_tie_of_the_one_they_keep_to()
     assert not FLOAT16.keeps_to([1, 0], [0, 0], lambda: steps, FLOAT16.rtol)
     # a run that stops early without choosing another token does not keep to the longer one
     assert not FLOAT16.keeps_to([0], [0, 0], lambda: steps, FLOAT16.rtol)
+
+
+def test_the_verdict_tells_the_same_from_a_near_tie_from_parted():
+    """What keeps_to answers, told apart (the benchmarks' identity columns show all three)."""
+    steps = [np.array([5.0, 0.0, 0.0, 0.0]), _chose_0(0.01)[0]]
+    judge = lambda got, precision=FLOAT16: precision.agreement(got, [0, 0], lambda: steps,
+                                                                 precision.rtol)
+    assert (judge([0, 0]), judge([0, 1]), judge([1, 0])) == (SAME, NEAR_TIE, PARTED)
+    assert judge([0, 1], FLOAT32) == PARTED
 
 
 def test_a_subject_takes_the_bounds_of_the_float_type_its_backend_computes_in():

@@ -1,5 +1,5 @@
 """The onnx backend's CUDA path, proven on the CPU as far as it can be without a GPU: every node
-of the float16 export has a CUDA kernel in onnxruntime 1.31.1 (the float32 export has not:
+of the float16 export has a CUDA kernel in onnxruntime-gpu 1.31.1 (the float32 export has not:
 GroupQueryAttention), CUDA sessions refuse to run a node on the CPU, and that refusal reaches
 the user as one line naming the graph. Nothing here has run on a GPU (docs/backends.md)."""
 
@@ -18,12 +18,17 @@ ANY = FLOATS | {"int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", 
 # ONNX Runtime's CUDA kernels for the ops River's graphs use: (domain, op) -> rows of (first
 # opset, last opset or None: open-ended, {input index: the types that input may have}). The
 # rows that may cover opset 21 (River's graphs'; for Identity, If and ScatterND all of them,
-# matched as `registered` says) of docs/OperatorKernels.md, "Operators implemented by
-# CUDAExecutionProvider", at microsoft/onnxruntime commit 001d12d2 (generated from the
-# registered kernels; it registers opset-23 ops, so 1.23 or later). The com.microsoft rows'
-# float types checked against the kernel classes compiled into libonnxruntime_providers_cuda.so
-# of the onnxruntime-gpu 1.31.1 wheel (type names GroupQueryAttention<MLFloat16|BFloat16, ...>,
-# MatMulNBits<float|MLFloat16|BFloat16>, RotaryEmbedding<float|MLFloat16|BFloat16>).
+# matched as `registered` says). Opsets: every registration of these ops in the CUDA provider
+# of the onnxruntime-gpu 1.31.1 wheel (libonnxruntime_providers_cuda.so), read off each
+# kernel's KernelDefBuilder calls (SetName, SetDomain, SinceVersion) disassembled with objdump
+# (2026-11-28): since ONNX Runtime PR #27728 (merged 2026-03) Identity and If are registered
+# [19, 20], [21, 22], [23, 24] and 25+, where the generated docs/OperatorKernels.md this table
+# was first taken from (microsoft/onnxruntime commit 001d12d2, the newest copy the search tool
+# holds) has both open-ended from 19, which no opset-21 node matches. Types: that
+# OperatorKernels.md ("Operators implemented by CUDAExecutionProvider"); the com.microsoft
+# rows' float types checked against the kernel classes compiled into the same library (type
+# names GroupQueryAttention<MLFloat16|BFloat16, ...>, MatMulNBits<float|MLFloat16|BFloat16>,
+# RotaryEmbedding<float|MLFloat16|BFloat16>).
 CUDA_KERNELS = {
     ("", "Add"): [(14, None, {0: ANY - {"bool"}})],
     ("", "Cast"): [(21, 22, {0: ANY})],
@@ -31,7 +36,8 @@ CUDA_KERNELS = {
     ("", "Div"): [(14, None, {0: ANY - {"bool"}})],
     ("", "Gather"): [(13, None, {0: ANY, 1: {"int32", "int64"}})],
     ("", "Gelu"): [(20, None, {0: FLOATS})],
-    ("", "Identity"): [(19, None, {0: ANY}), (14, 18, {0: ANY}), (13, 13, {0: ANY}),
+    ("", "Identity"): [(25, None, {0: ANY}), (23, 24, {0: ANY}), (21, 22, {0: ANY}),
+                       (19, 20, {0: ANY}), (14, 18, {0: ANY}), (13, 13, {0: ANY}),
                        (1, 12, {0: ANY})],
     ("", "MatMul"): [(13, None, {0: FLOATS})],
     ("", "Mul"): [(14, None, {0: ANY - {"bool"}})],
@@ -53,7 +59,8 @@ CUDA_KERNELS = {
     ("", "SimplifiedLayerNormalization"): [(1, None, {0: FLOATS, 1: FLOATS})],
     # core/providers/cuda/controlflow/if.cc: 'cond' on the host (a bool scalar River feeds),
     # outputs of every fixed-size type; each branch's nodes are checked as the graph's
-    ("", "If"): [(19, None, {0: {"bool"}}), (13, 18, {0: {"bool"}}), (11, 12, {0: {"bool"}}),
+    ("", "If"): [(25, None, {0: {"bool"}}), (23, 24, {0: {"bool"}}), (21, 22, {0: {"bool"}}),
+               (19, 20, {0: {"bool"}}), (13, 18, {0: {"bool"}}), (11, 12, {0: {"bool"}}),
                (1, 10, {0: {"bool"}})],
     ("com.microsoft", "GroupQueryAttention"): [
         (1, None, {0: {"float16", "bfloat16"}, 3: {"float16", "bfloat16", "int8"},
@@ -89,13 +96,15 @@ def registered(lo: int, hi: int | None, since: int) -> bool:
     runs a node whose op schema dates from opset `since`, as ONNX Runtime's kernel registry
     decides (core/framework/kernel_registry.cc, VerifyKernelDef): a versioned kernel covers
     its range; an open-ended one only its own start, so that a schema newer than the newest
-    kernel finds none (Identity and If at opset 21 against kernels from 19)."""
+    kernel finds none (Identity and If at opset 21 against kernels from 19, before ONNX
+    Runtime PR #27728)."""
     return since == lo if hi is None else lo <= since <= hi
 
 
 def test_an_open_ended_kernel_covers_only_its_own_start():
     assert registered(19, None, 19) and not registered(19, None, 21)
     assert registered(14, 18, 16) and not registered(14, 18, 19)
+    assert registered(21, 22, 21)
 
 
 def _check_nodes(g, types: dict, opsets: dict, where: str, missing: list) -> None:
@@ -155,22 +164,13 @@ def _export(tmp_path, family: str, floats: str):
     return sorted(folder.glob("*.onnx"))
 
 
-# Found when the matching above was made ONNX Runtime's (issue 53): the exports' Identity and
-# If nodes, at opset 21 (schemas from 21), have no CUDA kernel, whose kernels for both are
-# registered open-ended from opset 19, so a CUDA session that refuses the CPU fallback would
-# refuse these graphs. Not fixed yet: the export needs those nodes at an opset the kernels
-# cover, or other nodes.
-OPSET_21_GAPS = ("Identity(", "If(")
-
-
 @pytest.mark.parametrize("floats", ["float16", "bfloat16"])
 @pytest.mark.parametrize("family", tiny.FAMILIES)
 def test_every_node_of_the_half_exports_has_a_cuda_kernel(tmp_path, family, floats):
+    """Identity and If too, at opset 21 (issue 53 found them uncovered by the kernel list of
+    the time; onnxruntime-gpu 1.31.1 registers both for [21, 22])."""
     paths = _export(tmp_path, family, floats)
-    missing = [m for path in paths for m in _no_cuda_kernel(path)]
-    assert [m for m in missing if not any(gap in m for gap in OPSET_21_GAPS)] == []
-    if missing:
-        pytest.xfail(f"no CUDA kernel at opset 21 (OPSET_21_GAPS): {sorted(set(missing))[:4]}")
+    assert [m for path in paths for m in _no_cuda_kernel(path)] == []
 
 
 def test_the_bfloat16_export_norms_in_one_node_each_and_holds_no_float16(tmp_path):
@@ -196,9 +196,8 @@ def test_the_float32_export_would_run_its_attention_on_the_cpu(tmp_path):
     so every attention node of a float32 export would fall back to the CPU."""
     missing = [m for path in _export(tmp_path, "llama", "float32")
                for m in _no_cuda_kernel(path)]
-    gqa = [m for m in missing if not any(gap in m for gap in OPSET_21_GAPS)]
-    assert gqa and all("GroupQueryAttention(float" in m for m in gqa)
-    assert {m.split(":")[0] for m in gqa} >= {"layer_0", "stand_in_0", "tail_0"}
+    assert missing and all("GroupQueryAttention(float" in m for m in missing)
+    assert {m.split(":")[0] for m in missing} >= {"layer_0", "stand_in_0", "tail_0"}
 
 
 def test_onnx_defaults_to_float32_on_the_cpu_and_float16_on_cuda():
