@@ -94,6 +94,7 @@ class TensorInfo:
     kind: int                # ggml type number
     dims: tuple[int, ...]    # ggml's order: the row length first
     offset: int              # from the file's start
+    nbytes: int              # what its type and shape take
 
 
 @attrs.frozen
@@ -110,17 +111,34 @@ BLOCKS = {0: (1, 4), 1: (1, 2), 2: (32, 18), 3: (32, 20), 8: (32, 34), 12: (256,
           14: (256, 210), 30: (1, 2)}
 
 
-def _tensor_bytes(ggml_type: int, dims: list[int]) -> int:
+def _tensor_bytes(name: str, ggml_type: int, dims: list[int]) -> int:
+    """What tensor `name` of `ggml_type` and `dims` takes in the file; ModelError where no
+    ggml type has that number, or its rows do not fill whole blocks of the type (its bytes
+    could not match its shape)."""
     if ggml_type in BLOCKS:
         block, type_size = BLOCKS[ggml_type]
     else:
         from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-        block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
+        try:
+            block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
+        except (ValueError, KeyError):
+            raise ModelError(f"tensor {name} is of ggml type {ggml_type}, which gguf "
+                             f"{_gguf_version()} does not know") from None
+    if dims and dims[0] % block:
+        raise ModelError(f"tensor {name} has rows of {dims[0]} values, not whole blocks of "
+                         f"{block} of its ggml type {ggml_type}: its bytes cannot match its "
+                         f"shape")
     count = 1
     for d in dims:
         count *= d
     return count // block * type_size
+
+
+def _gguf_version() -> str:
+    from importlib.metadata import version
+
+    return version("gguf")
 
 
 def read_header(path: Path, arrays: bool = False) -> Header:
@@ -161,8 +179,12 @@ def _parse(path: Path, size: int, arrays: bool) -> Header:
                     name = c.string()
                     dims = [c.take("Q") for _ in range(c.take("I"))]
                     kind, offset = c.take("I"), c.take("Q")
-                    end = max(end, offset + _tensor_bytes(kind, dims))
-                    infos[name] = (kind, tuple(dims), offset)
+                    try:
+                        nbytes = _tensor_bytes(name, kind, dims)
+                    except ModelError as e:
+                        raise ModelError(f"{path.name}: {e}") from None
+                    end = max(end, offset + nbytes)
+                    infos[name] = (kind, tuple(dims), offset, nbytes)
             except _Short as short:
                 raise ModelError(f"truncated GGUF {path}: {size} bytes, its header needs at "
                                  f"least {short.needs}") from None
@@ -171,7 +193,7 @@ def _parse(path: Path, size: int, arrays: bool) -> Header:
     align = int(metadata.get("general.alignment", DEFAULT_ALIGNMENT))
     start = -(-c.pos // align) * align
     return Header(metadata, size, start + end,
-                  {n: TensorInfo(k, d, start + o) for n, (k, d, o) in infos.items()})
+                  {n: TensorInfo(k, d, start + o, b) for n, (k, d, o, b) in infos.items()})
 
 
 def float_tensor(path: Path, header: Header, name: str) -> np.ndarray | None:
@@ -194,4 +216,9 @@ def check_gguf(path: Path) -> Header:
     if header.size < header.needs:
         raise ModelError(f"truncated GGUF {path}: {header.size} bytes, its tensors need "
                          f"{header.needs}")
+    placed = sorted(header.tensors.items(), key=lambda item: item[1].offset)
+    for (name, t), (after, u) in zip(placed, placed[1:]):
+        if t.offset + t.nbytes > u.offset:
+            raise ModelError(f"{Path(path).name}: tensor {name} ({t.nbytes} bytes by its type "
+                             f"and shape) runs into tensor {after}: damaged")
     return header

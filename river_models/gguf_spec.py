@@ -56,6 +56,25 @@ def _get(meta: dict[str, Any], arch: str, key: str, gguf: str, default: Any = ..
     return value
 
 
+def _number(meta: dict[str, Any], arch: str, key: str, gguf: str, default: Any = ...,
+            kind: type = float) -> Any:
+    """A numeric field as `kind` (int or float); ModelError naming it where the file holds
+    something else (a string, a per-layer array River does not run)."""
+    value = _get(meta, arch, key, gguf, default)
+    if value is None and default is None:   # an optional field the file leaves out
+        return None
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not number or (kind is int and float(value) != int(value)):
+        what = "an array (one value per layer)" if isinstance(value, tuple) else repr(value)
+        wanted = "an integer" if kind is int else "a number"
+        raise ModelError(f"{gguf}: {arch}.{key} is {what}, not {wanted}")
+    return kind(value)
+
+
+def _int(meta: dict[str, Any], arch: str, key: str, gguf: str, default: Any = ...) -> int:
+    return _number(meta, arch, key, gguf, default, int)
+
+
 def _plain(base: float, dims: int) -> np.ndarray:
     """1 / base^(2i / dims) in float32, as transformers computes its default table."""
     exponent = np.arange(0, dims, 2, dtype=np.int64).astype(np.float32) / np.float32(dims)
@@ -69,7 +88,7 @@ def _floats(a: np.ndarray) -> tuple[float, ...]:
 def _rotary(meta: dict[str, Any], header: Header, path: Path, arch: str, head_dim: int,
             base: float) -> Rotary:
     gguf = path.name
-    dims = int(_get(meta, arch, "rope.dimension_count", gguf, head_dim))
+    dims = _int(meta, arch, "rope.dimension_count", gguf, head_dim)
     kind = meta.get(f"{arch}.rope.scaling.type", "none")
     if kind not in ("none", "linear", "longrope") and not (kind == "yarn" and arch in
                                                            ("phi3", "mistral3")):
@@ -78,7 +97,7 @@ def _rotary(meta: dict[str, Any], header: Header, path: Path, arch: str, head_di
                          f"yarn")
     inv_freq = _plain(base, dims)
     if kind == "linear":
-        inv_freq = inv_freq / np.float32(_get(meta, arch, "rope.scaling.factor", gguf))
+        inv_freq = inv_freq / np.float32(_number(meta, arch, "rope.scaling.factor", gguf))
     if kind == "yarn" and arch == "mistral3":
         return _yarn(meta, arch, gguf, base, dims)
     divisors = float_tensor(path, header, "rope_freqs.weight")
@@ -91,10 +110,10 @@ def _rotary(meta: dict[str, Any], header: Header, path: Path, arch: str, head_di
     long = float_tensor(path, header, "rope_factors_long.weight")
     if short is None or long is None:
         return Rotary(_floats(inv_freq))
-    switch = int(_get(meta, arch, "rope.scaling.original_context_length", gguf))
-    scaling = meta.get(f"{arch}.rope.scaling.attn_factor")
+    switch = _int(meta, arch, "rope.scaling.original_context_length", gguf)
+    scaling = _number(meta, arch, "rope.scaling.attn_factor", gguf, None)
     if scaling is None:   # transformers' LongRoPE default, from the two contexts
-        factor = int(_get(meta, arch, "context_length", gguf)) / switch
+        factor = _int(meta, arch, "context_length", gguf) / switch
         scaling = 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(switch))
     exponent = np.arange(0, dims, 2, dtype=np.int64).astype(np.float32) / np.float32(dims)
     powers = np.power(np.float32(base), exponent, dtype=np.float32)
@@ -108,11 +127,11 @@ def _yarn(meta: dict[str, Any], arch: str, gguf: str, base: float, dims: int) ->
     linear ramp between the correction dimensions of beta_fast and beta_slow rotations over
     the original context; cos/sin scaled by mscale(factor, 1) / mscale(factor, log_mul), as
     llama.cpp nets it out (1 where the multiplier is 1)."""
-    factor = float(_get(meta, arch, "rope.scaling.factor", gguf))
-    original = int(_get(meta, arch, "rope.scaling.original_context_length", gguf))
-    fast = float(meta.get(f"{arch}.rope.scaling.yarn_beta_fast", 32.0))
-    slow = float(meta.get(f"{arch}.rope.scaling.yarn_beta_slow", 1.0))
-    log_mul = float(meta.get(f"{arch}.rope.scaling.yarn_log_multiplier", 0.0))
+    factor = _number(meta, arch, "rope.scaling.factor", gguf)
+    original = _int(meta, arch, "rope.scaling.original_context_length", gguf)
+    fast = _number(meta, arch, "rope.scaling.yarn_beta_fast", gguf, 32.0)
+    slow = _number(meta, arch, "rope.scaling.yarn_beta_slow", gguf, 1.0)
+    log_mul = _number(meta, arch, "rope.scaling.yarn_log_multiplier", gguf, 0.0)
 
     def correction(rotations: float) -> float:
         return dims * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(base))
@@ -134,11 +153,11 @@ def _yarn(meta: dict[str, Any], arch: str, gguf: str, base: float, dims: int) ->
 
 def _query_scale(meta: dict[str, Any], arch: str, gguf: str) -> QueryScale | None:
     """Llama 4's query scale (Ministral 3), as llama.cpp applies it after the rotary."""
-    beta = meta.get(f"{arch}.attention.temperature_scale")
+    beta = _number(meta, arch, "attention.temperature_scale", gguf, None)
     if not beta:
         return None
     return QueryScale(float(beta),
-                      int(_get(meta, arch, "rope.scaling.original_context_length", gguf)))
+                      _int(meta, arch, "rope.scaling.original_context_length", gguf))
 
 
 def gguf_spec(path: Path, header: Header) -> ModelSpec:
@@ -153,44 +172,41 @@ def gguf_spec(path: Path, header: Header) -> ModelSpec:
     if arch not in FAMILIES:
         raise ModelError(f"{gguf}: general.architecture {arch!r} is not one River runs from a "
                          f"GGUF; it runs {', '.join(FAMILIES)}")
-    layers = int(_get(meta, arch, "block_count", gguf))
-    hidden = int(_get(meta, arch, "embedding_length", gguf))
-    heads = int(_get(meta, arch, "attention.head_count", gguf))
-    kv_heads = _get(meta, arch, "attention.head_count_kv", gguf, heads)
-    if isinstance(heads, tuple) or isinstance(kv_heads, tuple):
-        raise ModelError(f"{gguf}: per-layer head counts ({arch}.attention.head_count_kv); "
-                         f"River runs one count for every layer")
-    head_dim = int(_get(meta, arch, "attention.key_length", gguf, hidden // heads))
+    layers = _int(meta, arch, "block_count", gguf)
+    hidden = _int(meta, arch, "embedding_length", gguf)
+    heads = _int(meta, arch, "attention.head_count", gguf)
+    kv_heads = _int(meta, arch, "attention.head_count_kv", gguf, heads)
+    head_dim = _int(meta, arch, "attention.key_length", gguf, hidden // heads)
     embed = header.tensors.get("token_embd.weight")
     if embed is None:
         raise ModelError(f"{gguf}: no tensor token_embd.weight")
     gemma = arch == "gemma3"
-    base = float(_get(meta, arch, "rope.freq_base", gguf, 10000.0))
-    window = int(_get(meta, arch, "attention.sliding_window", gguf, 0) or 0)
+    base = _number(meta, arch, "rope.freq_base", gguf, 10000.0)
+    window = _int(meta, arch, "attention.sliding_window", gguf, 0)
     if gemma and window:
         slides = [i % GEMMA_SWA_PERIOD < GEMMA_SWA_PERIOD - 1 for i in range(layers)]
         keys = tuple("sliding_attention" if s else "full_attention" for s in slides)
         windows = tuple(window if s else None for s in slides)
-        local = float(meta.get(f"{arch}.rope.freq_base_swa", GEMMA_SWA_BASE))
+        local = _number(meta, arch, "rope.freq_base_swa", gguf, GEMMA_SWA_BASE)
         rotary = {"full_attention": _rotary(meta, header, path, arch, head_dim, base),
                   "sliding_attention": Rotary(_floats(_plain(local, head_dim)))}
     else:   # Gemma 3 without a window: every layer global, on the global table
         keys = ("full_attention" if gemma else "",) * layers
         windows = (None,) * layers   # llama.cpp windows no other family's attention
         rotary = {keys[0]: _rotary(meta, header, path, arch, head_dim, base)}
-    softcap = meta.get(f"{arch}.final_logit_softcapping")
+    softcap = _number(meta, arch, "final_logit_softcapping", gguf, None)
     return ModelSpec(
         family=FAMILIES[arch], num_layers=layers, hidden=hidden,
-        intermediate=int(_get(meta, arch, "feed_forward_length", gguf)), heads=heads,
-        kv_heads=int(kv_heads), head_dim=head_dim, vocab=int(embed.dims[1]),
-        max_positions=int(_get(meta, arch, "context_length", gguf)), eos_ids=eos_ids(meta),
+        intermediate=_int(meta, arch, "feed_forward_length", gguf), heads=heads,
+        kv_heads=kv_heads, head_dim=head_dim, vocab=int(embed.dims[1]),
+        max_positions=_int(meta, arch, "context_length", gguf), eos_ids=eos_ids(meta),
         windows=windows, rope_keys=keys, rotary=rotary,
         activation="gelu_pytorch_tanh" if gemma else "silu",
-        norm_eps=float(_get(meta, arch, "attention.layer_norm_rms_epsilon", gguf)),
+        norm_eps=_number(meta, arch, "attention.layer_norm_rms_epsilon", gguf),
         norm_offset=gemma, sandwich=gemma,
         qk_norm="blk.0.attn_q_norm.weight" in header.tensors,
         attn_scale=(hidden / heads if gemma and layers == GEMMA_27B_LAYERS
                     else head_dim) ** -0.5,
         embed_scale=hidden ** 0.5 if gemma else 1.0,
-        final_softcap=None if softcap is None else float(softcap),
+        final_softcap=softcap,
         query_scale=_query_scale(meta, arch, gguf))

@@ -6,6 +6,7 @@ gguf-py's float32 dequantization of the same file, and against llama.cpp itself 
 file where llama-cpp-python is installed. The real shapes run in `river bench real_files`."""
 
 import functools
+import re
 
 import numpy as np
 import pytest
@@ -149,3 +150,87 @@ def test_greedy_text_is_llama_cpps_on_the_same_file(files, family, file_type):
     a = Agreement.of(*(forced_logits(b, PROMPT, theirs[:upto - 1], Full())
                        for b in (ggml(path), theirs_backend)))
     assert a.rel_max < RTOL and not a.beyond, a.line()
+
+
+def _patched(source, target, name: str, field: str, value: int):
+    """`source` copied to `target` with tensor `name`'s info changed: `field` "row" (its
+    first dimension) or "offset" (where its bytes start, relative to the data)."""
+    import struct
+
+    data = bytearray(source.read_bytes())
+    key = struct.pack("<Q", len(name)) + name.encode()
+    at = data.index(key) + len(key)
+    dims = struct.unpack_from("<I", data, at)[0]
+    where = at + 4 if field == "row" else at + 4 + 8 * dims + 4
+    struct.pack_into("<Q", data, where, value)
+    target.write_bytes(bytes(data))
+    return target
+
+
+def _rekeyed(source, target, key: str, value):
+    """`source` rewritten to `target` with metadata `key` set to `value` (its type as
+    gguf-py writes a Python value of that type)."""
+    import gguf
+
+    reader = gguf.GGUFReader(source)
+    arch = value if key == "general.architecture" else \
+        reader.fields["general.architecture"].contents()
+    w = gguf.GGUFWriter(target, arch)
+    for field in reader.fields.values():
+        if field.name.startswith("GGUF.") or field.name == "general.architecture":
+            continue
+        sub = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+        if field.name == key:
+            w.add_key_value(key, value, gguf.GGUFValueType.get_type(value))
+        else:
+            w.add_key_value(field.name, field.contents(), field.types[0], sub_type=sub)
+    for t in reader.tensors:
+        w.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return target
+
+
+@pytest.mark.parametrize("damage,message", [
+    ("row", r"tensor blk\.0\.attn_q\.weight has rows of 48 values, not whole blocks of 32"),
+    ("offset", r"bad\.gguf: tensor \S+ \(\d+ bytes by its type and shape\) runs into tensor "
+               r"\S+: damaged"),
+    ("key", r"qwen2\.block_count is 'two', not an integer"),
+    ("arch", r"general\.architecture 'mamba' is not one River runs from a GGUF"),
+])
+def test_a_damaged_or_foreign_file_is_named_in_one_line_and_nothing_is_cached(
+        files, tmp_path, monkeypatch, capsys, damage, message):
+    from river_cli.main import main
+
+    path, _ = files("qwen2", "Q4_0")
+    bad = tmp_path / "bad.gguf"
+    if damage in ("row", "offset"):
+        _patched(path, bad, "blk.0.attn_q.weight", damage, 48 if damage == "row" else 0)
+    else:
+        _rekeyed(path, bad, *(("qwen2.block_count", "two") if damage == "key"
+                              else ("general.architecture", "mamba")))
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("RIVER_CACHE", str(cache))
+    assert main(["generate", "hi", "--model", str(bad), "--kv", "full"]) == 2
+    err = capsys.readouterr().err
+    assert re.search(message, err) and len(err.strip().splitlines()) == 1, err
+    assert not [p for p in cache.rglob("*") if p.is_file() and ".locks" not in p.parts]
+
+
+def test_the_load_self_check_names_a_layout_read_wrong(files, monkeypatch):
+    """The bug of issue 58 put back (the embedding repacked, then read by get_rows): the
+    load's self-check names it in one line, before any answer."""
+    from river_core.errors import ModelError
+    from river_ggml import lib
+
+    path, _ = files("llama", "Q4_0")   # an untied embedding in Q4_0, a type ggml repacks
+    lib.MappedGGUF(path).self_check()
+    monkeypatch.setattr(lib, "EMBEDDING", "no tensor")   # placed as any other weight
+    broken = lib.MappedGGUF(path)
+    monkeypatch.undo()
+    with pytest.raises(ModelError, match=r"^llama-Q4_0\.gguf: ggml's q4_0 row read \(as stored"
+                                         r"\) on token_embd\.weight is off the type's own "
+                                         r"dequantization by (nan|\d)"):
+        broken.self_check()

@@ -168,6 +168,9 @@ def as_array(tensor) -> np.ndarray:
 # loader keeps the input layer
 EMBEDDING = "token_embd.weight"
 
+CHECKED_ROWS = 16     # the rows of each product the load's self-check compares
+PRODUCT_RTOL = 5e-2   # its bound: 8-bit activations cost ~1%, a wrong layout ~100%
+
 NODES_PER_LAYER = 96   # a block's ops (about 60) and its exit cosines, with room to spare
 
 
@@ -244,6 +247,7 @@ class MappedGGUF:
         self._buffer = g.lib.ggml_backend_cpu_buffer_from_ptr(base, len(self._map))
         start = g.gguf_get_data_offset(self._gguf)
         self.tensors, self._offsets, repacked = {}, {}, []
+        self._repacked_names: set[str] = set()
         for i in range(g.gguf_get_n_tensors(self._gguf)):
             name = g.gguf_get_tensor_name(self._gguf, i)
             t = g.ggml_get_tensor(self.ctx, name)
@@ -255,6 +259,7 @@ class MappedGGUF:
             offset = start + g.gguf_get_tensor_offset(self._gguf, i)
             if name.decode() != EMBEDDING and repacks(t):
                 repacked.append((t, offset))
+                self._repacked_names.add(name.decode())
             else:
                 g.ggml_backend_tensor_alloc(self._buffer, t, base + offset)
             self.tensors[name.decode()] = t
@@ -305,6 +310,65 @@ class MappedGGUF:
     def get(self, name: str):
         return self.tensors.get(name)
 
+    def self_check(self) -> None:
+        """Each way this file's weights are read (a product with each type, as placed here:
+        repacked or plain; the embedding's rows) against ggml's own dequantization of the
+        same rows, before any answer: a kernel or a layout that reads the bytes wrong (the
+        embedding once was, repacked: issue 58) is named in one line instead of answering
+        garbage. A product of the smallest matrix of each kind (milliseconds a file); a
+        product's activations are rounded to 8 bits, the bound is far above that."""
+        rng = np.random.default_rng(0)
+        first: dict[tuple[int, bool], str] = {}
+        matrices = [n for n, t in self.tensors.items() if g.ggml_n_dims(t) == 2]
+        for name in sorted(matrices, key=lambda n: g.ggml_nelements(self.tensors[n])):
+            first.setdefault((self.tensors[name].contents.type, name in self._repacked_names),
+                             name)
+        checks = [(name, self.tensors[name], name, repacked)
+                  for (_, repacked), name in first.items()]
+        if self.head is not None and self.head is not self.tensors.get("output.weight") \
+                and self.head is not self.tensors.get(EMBEDDING):
+            checks.append(("the head (a repacked copy of the tied embedding)", self.head,
+                           EMBEDDING, True))
+        for label, t, name, repacked in checks:
+            x = rng.standard_normal(t.contents.ne[0]).astype(np.float32)
+            graph = Graph({"x": (g.GGML_TYPE_F32, [len(x), 1])},
+                          lambda ctx, i: {"y": g.ggml_mul_mat(ctx, t, i["x"])})
+            got = graph.run(x=x)["y"].reshape(-1)[:CHECKED_ROWS]
+            want = self._dequantized(name, range(CHECKED_ROWS)) @ x.astype(np.float64)
+            self._compare(got, want, label, t, f"product ({_placed(repacked)})", PRODUCT_RTOL)
+        table = self.tensors.get(EMBEDDING)
+        if table is not None:
+            ids = np.array([0, table.contents.ne[1] // 2, table.contents.ne[1] - 1], np.int32)
+            graph = Graph({"ids": (g.GGML_TYPE_I32, [len(ids)])},
+                          lambda ctx, i: {"rows": g.ggml_get_rows(ctx, table, i["ids"])})
+            got = graph.run(ids=ids)["rows"].reshape(len(ids), -1)
+            self._compare(got, self._dequantized(EMBEDDING, ids), EMBEDDING, table,
+                          f"row read ({_placed(False)})", 1e-6)
+
+    def _dequantized(self, name: str, rows) -> np.ndarray:
+        """Rows `rows` of tensor `name` from the file's bytes, dequantized by ggml's own type
+        traits (not the kernels under test), float64."""
+        kind, columns = self.tensors[name].contents.type, self.tensors[name].contents.ne[0]
+        raw = self.raw(name)
+        if kind == g.GGML_TYPE_F32:
+            return raw[list(rows)].view(np.float32).astype(np.float64)
+        to_float = g.ggml_get_type_traits(kind).contents.to_float
+        out = np.empty((len(rows), columns), np.float32)
+        for j, r in enumerate(rows):
+            row = np.ascontiguousarray(raw[r])
+            to_float(row.ctypes.data_as(ctypes.c_void_p),
+                     out[j].ctypes.data_as(ctypes.POINTER(ctypes.c_float)), columns)
+        return out.astype(np.float64)
+
+    def _compare(self, got, want, label: str, t, what: str, rtol: float) -> None:
+        error = float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30))
+        if not error <= rtol:
+            kind = g.ggml_type_name(t.contents.type).decode()
+            raise ModelError(f"{self.path.name}: ggml's {kind} {what} on {label} is off the "
+                             f"type's own dequantization by {error:.2g} (relative, the bound "
+                             f"{rtol:g}); River will not answer with it (report it, with the "
+                             f"file and this CPU)")
+
     def floats(self, key: str) -> list[float]:
         """A float32 array of the GGUF's metadata, read by ggml (River's header reader keeps
         arrays as their lengths; gguf-py's import alone takes 0.7 s)."""
@@ -334,6 +398,10 @@ class MappedGGUF:
     def shape(self, name: str) -> tuple[int, ...]:
         t = self.tensors[name].contents
         return tuple(int(t.ne[i]) for i in range(g.ggml_n_dims(self.tensors[name])))[::-1]
+
+
+def _placed(repacked: bool) -> str:
+    return "repacked for this CPU" if repacked else "as stored"
 
 
 class HostTensors:

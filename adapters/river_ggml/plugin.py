@@ -80,7 +80,9 @@ def load(model: str | None = None, *, device: str = "cpu", dtype: str | None = N
     spec, tokenizer = spec_and_tokenizer(model, progress)
     phases.done("tokenizer")
     backbone = lib.MappedGGUF(backbone_gguf(model, progress))
-    phases.done("backbone")   # mapped (its F16 copy made once for the embedded model)
+    backbone.self_check()
+    phases.done("backbone")   # mapped (its F16 copy made once for the embedded model) and
+                              # each way its weights are read checked
     # below the backbone, never beside it: the type from the backbone's (River's own
     # quantizer where the user names one)
     choice = choose(backbone, spec.num_layers) if quant == STAND_INS else None
