@@ -152,6 +152,7 @@ def bench(tmp_path_factory):
 has_vllm = importlib.util.find_spec("vllm") is not None
 has_lm_eval = importlib.util.find_spec("lm_eval") is not None
 has_ggml = importlib.util.find_spec("ggml") is not None
+has_llama_cpp = importlib.util.find_spec("llama_cpp") is not None
 TINY = [   # each benchmark at a tiny size, in an order that gives later ones their inputs
     ("tasks", "--configs", "full", "quantized", "river/settled:0.97", "lossless/fixed:-1/3=",
      "--gsm8k-limit", "1", "--humaneval-limit", "1", "--shots", "1", "--max-tokens", "4",
@@ -181,6 +182,10 @@ TINY = [   # each benchmark at a tiny size, in an order that gives later ones th
                  marks=pytest.mark.skipif(not has_ggml, reason="needs the ggml extra")),
     pytest.param(("first_call", "--types", "--llamacpp", "none", "--tokens", "2"),
                  marks=pytest.mark.skipif(not has_ggml, reason="needs the ggml extra")),
+    pytest.param(("real_files", "--size", "small", "--families", "qwen2", "--no-more-types",
+                  "--tokens", "4"),
+                 marks=pytest.mark.skipif(not (has_ggml and has_llama_cpp),
+                                          reason="needs the ggml and llamacpp extras")),
     ("projection", "--engine", "hf", "--shape", "tiny", "--positions", "8", "--prompts", "1",
      "--tokens", "4", "--repeats", "1"),
     # parts 2-5 at a random tiny shape (the suite's budget: part 1, the tests, runs in the lent
@@ -212,7 +217,7 @@ TINY = [   # each benchmark at a tiny size, in an order that gives later ones th
                                           reason="needs the vllm and eval extras")),
 ]
 NO_MODEL = {"river_kv_error", "paper_models", "ggml_kernels", "kit_margins", "ggml_cost",
-            "ggml_overhead", "first_call"}
+            "ggml_overhead", "first_call", "real_files"}
 
 
 def test_every_benchmark_runs_in_the_suite():

@@ -132,24 +132,27 @@ def test_llama_quantizes_each_tensor_as_river_does(files, family, file_type, tmp
 
 @pytest.mark.parametrize("family,file_type", GREEDY)
 def test_greedy_text_is_llama_cpps_on_the_same_file(files, family, file_type):
-    """32 greedy tokens from River's ggml engine and from llama.cpp (both with a float16
-    cache): the same, or parting first where the two's logits are within each other's noise
-    (a near tie), with every position before within RTOL."""
+    """32 greedy tokens from River's ggml engine and from llama.cpp (a float16 cache through
+    flash attention, as llama.cpp's tools run), both a token a step from a one-token prompt
+    (llama.cpp's binding evaluates one token at a time here): the same text, its logits
+    within each other's noise at every position. On this project's AMD EPYC the two are
+    bitwise equal; another CPU's kernels may round apart, so a parting at a near tie is
+    allowed and the logits' bound is RTOL."""
     pytest.importorskip("llama_cpp")
     from river_llamacpp.backend import LlamaCppBackend
     from river_llamacpp.plugin import _llama
 
     path, _ = files(family, file_type)
     llm, layers = _llama(path, 256, exact=False)
-    theirs_backend = LlamaCppBackend(llm, layers, path)
+    engines = (ggml(path), LlamaCppBackend(llm, layers, path))
     config = GenerationConfig(max_new_tokens=32, ignore_eos=True)
-    ours, theirs = (generate_ids(b, [PROMPT], config, scripted_run(Full(), [])).tokens[0]
-                    for b in (ggml(path), theirs_backend))
+    ours, theirs = (generate_ids(b, [PROMPT[:1]], config, scripted_run(Full(), [])).tokens[0]
+                    for b in engines)
     at = first_difference(ours, theirs)
-    upto = len(ours) if at is None else at + 1
-    a = Agreement.of(*(forced_logits(b, PROMPT, theirs[:upto - 1], Full())
-                       for b in (ggml(path), theirs_backend)))
+    forced = theirs[:-1] if at is None else theirs[:at]
+    a = Agreement.of(*(forced_logits(b, PROMPT[:1], forced, Full()) for b in engines))
     assert a.rel_max < RTOL and not a.beyond, a.line()
+    assert at is None or a.near_ties, f"parted at token {at}: {a.line()}"
 
 
 def _patched(source, target, name: str, field: str, value: int):

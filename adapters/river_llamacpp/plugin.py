@@ -27,8 +27,11 @@ def _llama_cpp():
 
 def _llama(path: Path, context: int, exact: bool):
     llama_cpp = _llama_cpp()
-    # exact: float32 K/V (llama.cpp defaults to float16), for comparisons with other backends
-    kv_type = {"type_k": 0, "type_v": 0} if exact else {}
+    # exact: float32 K/V (llama.cpp defaults to float16), for comparisons with other backends;
+    # else float16 K/V through flash attention, as llama.cpp's tools run by default (its
+    # Python binding does not) and River's ggml engine runs: the two then agree bitwise, where
+    # llama.cpp's other attention path rounds 1% of the logits' norm away on a quantized model
+    kv_type = {"type_k": 0, "type_v": 0} if exact else {"flash_attn": True}
     try:
         # n_ubatch=1: evaluating several tokens at once crashes llama-cpp-python 0.3.36 on
         # Q4_1 weights on our AVX-512/AMX CPU (segfault in ggml). One at a time costs prefill
