@@ -22,7 +22,7 @@ from river_core.errors import ConfigError, RiverError
 from river_core.model import RiverModel, check_text
 from river_core.plan import Plan, resolve
 from river_core.plugins import KINDS, default_registry
-from .operating_point import chosen, describe, operating_point
+from .operating_point import chosen, describe, not_fitted, operating_point
 from .profile import DEFAULT_TARGET, Profile, Target, default_path
 from .prompts import GSM8K_TRAIN, read_prompts
 
@@ -90,6 +90,19 @@ def _parser(registry) -> argparse.ArgumentParser:
                    help="print the text as it is generated (Ctrl-C stops, with statistics)")
     g.add_argument("--json", action="store_true", help="print the answer and its statistics "
                    "as one JSON object on stdout (for scripts; river bench first_contact)")
+    g.add_argument("--verbose", action="store_true", help="the operating point's figures in "
+                   "full (quality, speed, the policy's default beside it)")
+    f = sub.add_parser("fit", help="fit the model's operating point once (exit mode's "
+                       "threshold against full depth and the whole 4-bit model); `generate` "
+                       "then runs it")
+    f.add_argument("--model", help="local Hugging Face folder or .gguf (default: embedded "
+                   "SmolLM2-135M-Instruct)")
+    f.add_argument("--backend", help="as for generate")
+    f.add_argument("--device", default="cpu")
+    f.add_argument("--dtype")
+    arguments.add_quant_arguments(f)
+    f.add_argument("--policy", help="exit policy (default: exit mode's, the paper's rule)")
+    f.add_argument("--target", type=Target.parse, help=f"default: {DEFAULT_TARGET}")
     c = sub.add_parser("calibrate", help="fit the policy's threshold to a quality target on "
                        "your prompts (no training); saves a profile `generate` then uses",
                        description=calibrate_doc_text,
@@ -126,10 +139,11 @@ def report_stats(stats: DecodeResult) -> str:
     if not decoded:
         return first + " gave the only one, nothing was decoded"
     median = "" if stats.speculative else f" (median step {stats.median_step_ms:.1f})"
+    layers = stats.mean_layers_run   # nan: no model step drafted (n-gram drafts alone)
     lines = [f"{first}, {decoded} decoded at {stats.ms_per_token:.1f} ms/token{median}, "
-             f"{stats.tokens_per_second:.1f} tokens/s | "
-             f"{'drafts ran' if stats.speculative else 'tokens ran'} "
-             f"{stats.mean_layers_run:.1f}/{stats.num_layers} backbone layers on average"]
+             f"{stats.tokens_per_second:.1f} tokens/s" + ("" if np.isnan(layers) else
+             f" | {'drafts ran' if stats.speculative else 'tokens ran'} {layers:.1f}/"
+             f"{stats.num_layers} backbone layers on average")]
     if stats.speculative:
         lines[0] += (f" | speculative: {100 * stats.acceptance_rate:.1f}% of "
                      f"{sum(stats.drafted)} drafts kept, {stats.tokens_per_round:.2f} tokens "
@@ -184,12 +198,15 @@ def _exit_config(args, profile: Profile | None = None) -> ExitConfig:
 
 
 def _load(args, exit_config: ExitConfig, max_new_tokens: int = 1,
-          find_profile: bool = False) -> tuple[RiverModel, Plan, "Profile | None"]:
+          find_profile: bool = False, auto: bool = False
+          ) -> tuple[RiverModel, Plan, "Profile | None"]:
     """The model and its plan: resolved before the model loads wherever the backend can read
     the model's shape first (bad input fails in a second, not after a load), and again after
     it only if the model's operating point (`find_profile`: a saved profile, found by the
     loaded model's fingerprint, or one fitted now: operating_point.py) changes the settings;
-    that profile, if any."""
+    that profile, if any. With `auto` (no mode or exit setting asked for) nothing is fitted
+    and no stand-in made to find one: a model without a profile at hand runs lossless mode on
+    drafts that need no stand-ins (`first_call_config`)."""
     registry = default_registry()
     backend = registry.backend(args.backend)
     shape = backend.shape(args.model)
@@ -203,15 +220,41 @@ def _load(args, exit_config: ExitConfig, max_new_tokens: int = 1,
     model = RiverModel.from_pretrained(args.model, backend=args.backend, device=args.device,
                                        quant=_quant(args), progress=True,
                                        registry=registry, **dtype)
-    found = operating_point(model, exit_config, args.target, fit=_fits(args), progress=True,
-                            model_name=args.model or "default",
-                            precision=_quant(args).label) if find_profile else None
+    # a profile's key is its stand-ins' errors: where they are not made yet, an automatic
+    # call does not make them (minutes on a 1.5B model) only to look
+    look = find_profile and not (auto and not getattr(model.backend, "stand_ins_at_hand", True))
+    found = operating_point(model, exit_config, args.target, fit=_fits(args) and not auto,
+                            progress=True, model_name=args.model or "default",
+                            precision=_quant(args).label) if look else None
     if found is not None:
-        policy, options = mode_policy("speculative")
-        lossless = arguments.exit_config(args, mode="speculative", policy=policy,
-                                         options=options)
-        exit_config, plan = chosen(found, exit_config, lossless), None
+        exit_config, plan = chosen(found, exit_config, _lossless(args)), None
+    elif auto:
+        exit_config, plan = first_call_config(args), None
     return model, model.plan(plan or exit_config), found
+
+
+def _lossless(args, **fields) -> ExitConfig:
+    policy, options = mode_policy("speculative")
+    return arguments.exit_config(args, mode="speculative", policy=policy, options=options,
+                                 **fields)
+
+
+FIRST_CALL_DRAFTS = ("ngram",)
+"""What a model without an operating point drafts from: the context's n-grams, which need no
+stand-ins (issue 59: nothing before the first answer that the answer does not need)."""
+
+
+def first_call_config(args) -> ExitConfig:
+    """Lossless mode (full depth's own output) on drafts that cost nothing to prepare."""
+    return _lossless(args, drafts=FIRST_CALL_DRAFTS)
+
+
+def _automatic(args, profile: "Profile | None") -> bool:
+    """Whether the call asks for nothing about exits (mode, policy, options, KV strategy,
+    target, prompt exit, a profile): River then picks, from the model's operating point."""
+    return (args.mode is None and args.policy is None and not args.option
+            and args.kv == default(ExitConfig, "kv") and args.target is None
+            and args.prefill_exit is None and profile is None and not args.no_profile)
 
 
 def _fits(args) -> bool:
@@ -230,8 +273,10 @@ def _generate(args) -> None:
                            top_p=args.top_p, top_k=args.top_k, stop=args.stop, seed=args.seed)
     check_prompts([check_text(args.prompt)])
     saved = not profile and not args.no_profile and not exit_config.lossless
+    auto = _automatic(args, profile)
     started = time.perf_counter()
-    model, plan, found = _load(args, exit_config, gen.max_new_tokens, find_profile=saved)
+    model, plan, found = _load(args, exit_config, gen.max_new_tokens, find_profile=saved,
+                               auto=auto)
     loaded = time.perf_counter()
     backend = model.backend
     phases = getattr(backend, "load_seconds", {})   # an engine that measures its load's phases
@@ -240,7 +285,9 @@ def _generate(args) -> None:
     if profile:
         print(f"calibrated: {profile.describe()}", file=sys.stderr)
     elif found:
-        print(describe(found, backend.num_layers), file=sys.stderr)
+        print(describe(found, backend.num_layers, args.verbose), file=sys.stderr)
+    elif auto:
+        print(not_fitted(args.model), file=sys.stderr)
     if args.stream and args.json:
         raise ConfigError("--json prints one object once the answer is complete; drop --stream")
     if args.stream:
@@ -263,6 +310,23 @@ def _generate(args) -> None:
           file=sys.stderr)
     if stats.interrupted:
         raise KeyboardInterrupt
+
+
+def _fit(args) -> None:
+    """`river fit`: the operating point `generate` finds, fitted now where none is kept for
+    the model, its figures printed in full."""
+    config = ExitConfig() if args.policy is None else ExitConfig(policy=args.policy)
+    tuned_option(default_registry(), config)   # fails before the model loads
+    dtype = {} if args.dtype is None else {"dtype": args.dtype}
+    model = RiverModel.from_pretrained(args.model, backend=args.backend, device=args.device,
+                                       quant=_quant(args), progress=True, **dtype)
+    found = operating_point(model, config, args.target, fit=True, progress=True,
+                            model_name=args.model or "default", precision=_quant(args).label)
+    if found is None:
+        raise ConfigError(getattr(model.backend.capabilities, "exit_refused", None) or
+                          f"backend {args.backend!r} has no stand-ins: nothing to fit")
+    print(describe(found, model.backend.num_layers, verbose=True))
+    print(f"kept: {default_path(model.backend, config.policy)}")
 
 
 def _calibrate(args) -> None:
@@ -340,6 +404,8 @@ def main(argv: list[str] | None = None) -> int:
             _generate(args)
         elif args.command == "calibrate":
             _calibrate(args)
+        elif args.command == "fit":
+            _fit(args)
         elif args.command == "plugins":
             _plugins()
         else:

@@ -168,16 +168,39 @@ def chosen(profile: Profile, config: ExitConfig, lossless: ExitConfig) -> ExitCo
     return profile.exit_config(config)
 
 
+def _short(profile: Profile, num_layers: int) -> str:
+    point, name = profile.point, next(iter(profile.options))
+    if point.reached:
+        m = point.fitted
+        return (f"river: exit mode at {name}={m.value:.4g}, fitted to this model "
+                f"({m.quality.mean_layers:.1f} of {num_layers} layers a token, {m.speed:.2f}x "
+                f"full depth's speed; --verbose for its quality)")
+    return (f"river: lossless mode (full depth's own output): on this model exit mode does not "
+            f"meet {profile.target} at {FASTER:g}x full depth's speed (fitted once; --verbose "
+            f"for the figures; -o {name}={point.default.value:g} runs the policy's default)")
+
+
 def _gap(q: Quality, whole: Quality) -> str:
     share = q.recovered(whole)
     return "no gap to recover" if share is None else f"{100 * share:.0f}% of the gap recovered"
 
 
-def describe(profile: Profile, num_layers: int) -> str:
-    """The one line `river generate` prints of the point it runs at."""
+def not_fitted(model: str | None) -> str:
+    """The line a call on a model without an operating point prints."""
+    named = f" --model {model}" if model else ""
+    return (f"river: lossless mode (full depth's own output, n-gram drafts): no operating "
+            f"point fitted to this model yet; `river fit{named}` fits exit mode once, or "
+            f"--mode exit fits it at first use")
+
+
+def describe(profile: Profile, num_layers: int, verbose: bool = False) -> str:
+    """The line `river generate` prints of the point it runs at: the mode, why, how to change
+    it; with `verbose` every figure."""
     point = profile.point
     if point is None:
         return f"calibrated: {profile.describe()}"
+    if not verbose:
+        return _short(profile, num_layers)
     name = next(iter(profile.options))
     whole = point.whole_model
 

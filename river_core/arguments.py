@@ -42,9 +42,11 @@ def add_exit_arguments(parser: argparse.ArgumentParser, *, speculative: bool = T
                             help="run the prompt's layers past K as stand-ins (sequence-level "
                             "exit)")
     if speculative:
-        parser.add_argument("--mode", default=default(ExitConfig, "mode"), choices=MODES,
+        parser.add_argument("--mode", choices=MODES,
                             help="exit: exited tokens are final (the paper, lossy); "
-                            "speculative: they are drafts the backbone verifies (lossless)")
+                            "speculative: they are drafts the backbone verifies (lossless); "
+                            f"default: {default(ExitConfig, 'mode')} (river generate: the "
+                            "model's operating point, lossless mode until one is fitted)")
         parser.add_argument("--draft-tokens", type=int,
                             default=default(ExitConfig, "draft_tokens"),
                             help="speculative mode: the most tokens drafted per verification")
@@ -86,7 +88,7 @@ def exit_config(args: argparse.Namespace, **fields) -> ExitConfig:
                         ("draft_tokens", "draft_tokens"), ("adaptive", "adaptive_draft"),
                         ("draft_window", "draft_window"), ("drafts", "drafts"),
                         ("step_aside_above", "step_aside_above")):
-        if hasattr(args, name):
+        if getattr(args, name, None) is not None:   # None: ExitConfig's default
             given[field] = getattr(args, name)
     return ExitConfig(**{**given, **fields})
 

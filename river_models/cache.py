@@ -47,9 +47,10 @@ SAMPLE = 1 << 20   # bytes hashed at each end of a file for its content key
 
 
 def content_key(path: Path) -> str:
-    """A model file or folder by content: each file's name, size and the SHA-256 of its first
-    and last MiB (weights differ there between models of one shape). Milliseconds for any
-    size; no path or modification time, so copies and rebuilds key alike."""
+    """A model file or folder by content: each file's size and the SHA-256 of its first and
+    last MiB (weights differ there between models of one shape), and a folder's files' names
+    in it. Milliseconds for any size; no path, file name or modification time, so copies,
+    renamed ones and rebuilds key alike."""
     path = Path(path)
     files = [path] if path.is_file() else sorted(f for f in path.rglob("*") if f.is_file()
                                                  and f.name != MANIFEST)
@@ -62,7 +63,7 @@ def content_key(path: Path) -> str:
             if size > 2 * SAMPLE:
                 data.seek(size - SAMPLE)
                 h.update(data.read(SAMPLE))
-        name = f.name if f == path else f.relative_to(path).as_posix()
+        name = "" if f == path else f.relative_to(path).as_posix()   # a file: its bytes alone
         parts.append(f"{name}:{size}:{h.hexdigest()}")
     return digest(*parts)
 

@@ -1,7 +1,9 @@
-"""The operating point: at a model's first exit-mode call the exit rule's threshold is fitted as
+"""The operating point: fitted once (`river fit`, or the first call that asks for exit mode) as
 `river calibrate` fits it (to recover half the whole 4-bit model's NLL gap by default), checked
-on held-apart prompts, timed against full depth, cached by the model's content and reused; one
-line states the point, or says no faster point exists and runs lossless mode instead."""
+on held-apart prompts, timed against full depth, cached by the model's content and reused; a
+short line states the point, or says no faster point exists and runs lossless mode instead. A
+call that asks for nothing on a model without a point fits nothing and makes no stand-ins: it
+runs lossless mode on n-gram drafts and says how to fit (issue 59)."""
 
 import pytest
 
@@ -86,16 +88,41 @@ def gguf(tmp_path):
 GENERATE = ["generate", "abc", "--no-chat", "--max-new-tokens", "3"]
 
 
+def test_a_first_call_fits_nothing_makes_no_stand_ins_and_says_how_to_fit(fits, gguf, capsys,
+                                                                          tmp_path):
+    import os
+
+    assert main([*GENERATE, "--model", str(gguf)]) == 0
+    err = capsys.readouterr().err
+    assert fits == [] and "river: lossless mode (full depth's own output, n-gram drafts): no " \
+        f"operating point fitted to this model yet; `river fit --model {gguf}` fits" in err
+    made = lambda: {"ggml-stand-ins", "profiles"} & set(os.listdir(tmp_path / "cache"))
+    assert not made()   # no stand-ins, no profile
+    assert main([*GENERATE, "--model", str(gguf), "--kv", "full"]) == 0   # full depth: none
+    assert not made() and fits == []
+
+
+def test_river_fit_fits_once_and_generate_then_runs_the_point(fits, gguf, capsys):
+    assert main(["fit", "--model", str(gguf)]) == 0
+    out = capsys.readouterr().out
+    assert len(fits) == 1 and "operating point" in out and "kept: " in out
+    assert main([*GENERATE, "--model", str(gguf)]) == 0
+    err = capsys.readouterr().err
+    assert "no operating point" not in err and ("river: exit mode at tau=" in err or
+                                                 "exit mode does not meet" in err)
+    assert len(fits) == 1
+
+
 def test_the_profile_is_keyed_by_the_models_content(fits, gguf, tmp_path, capsys):
     import shutil
 
     copy = tmp_path / "elsewhere" / "renamed.gguf"
     copy.parent.mkdir()
     shutil.copy(gguf, copy)
-    assert main([*GENERATE, "--model", str(gguf)]) == 0
-    assert "operating point" in capsys.readouterr().err and len(fits) == 1
+    assert main([*GENERATE, "--model", str(gguf), "--mode", "exit"]) == 0   # fits once
+    assert "river: " in capsys.readouterr().err and len(fits) == 1
     assert main([*GENERATE, "--model", str(copy)]) == 0   # the same weights: the same point
-    assert "operating point" in capsys.readouterr().err and len(fits) == 1
+    assert "no operating point" not in capsys.readouterr().err and len(fits) == 1
     op.operating_point(model(seed=1), ExitConfig())         # other weights: fitted anew
     assert len(fits) == 2
 
@@ -106,10 +133,11 @@ def test_overrides_are_honoured(fits, gguf, tiny_folder, capsys):
     assert main([*generate, "--no-profile"]) == 0         # the policy's defaults
     assert main([*generate, "--mode", "speculative"]) == 0   # lossless: nothing to fit
     assert main([*GENERATE, "--model", tiny_folder("llama")]) == 0   # a folder: calibrate's
-    assert fits == [] and "operating point" not in capsys.readouterr().err
+    err = capsys.readouterr().err   # nothing fitted, no point stated
+    assert fits == [] and "exit mode at" not in err and "does not meet" not in err
     assert main([*generate, "--target", "agreement=0.5"]) == 0
     err = capsys.readouterr().err
-    assert "operating point (agreement=0.5" in err or "meets agreement=0.5" in err
+    assert "exit mode at tau=" in err or "does not meet agreement=0.5" in err
     assert main([*generate, "--target", "agreement=0.5"]) == 0   # saved for that target
     assert main(generate) == 0                                   # any saved target will do
     assert len(fits) == 1
@@ -124,7 +152,10 @@ def test_a_reached_point_runs_exit_mode_at_the_fitted_value(monkeypatch):
     assert profile.point.reached
     config = op.chosen(profile, ExitConfig(), ExitConfig(mode="speculative"))
     assert config == ExitConfig(options={"tau": profile.options["tau"]})
-    line = op.describe(profile, 4)
+    short = op.describe(profile, 4)
+    assert short.startswith(f"river: exit mode at tau={profile.options['tau']:.4g}, fitted to "
+                            f"this model (") and "--verbose" in short and "\n" not in short
+    line = op.describe(profile, 4, verbose=True)
     assert line.startswith("operating point (agreement=0.3, fitted to this model once, in ")
     assert f" s): settled tau={profile.options['tau']:.4g}: " in line
     for figure in ("of 4 layers a token", "agreement", "NLL", "full depth's speed",
@@ -138,14 +169,16 @@ def test_an_unreachable_target_says_so_and_runs_lossless_mode(monkeypatch, gguf,
     assert not profile.point.reached
     lossless = ExitConfig(mode="speculative")
     assert op.chosen(profile, ExitConfig(), lossless) == lossless
-    line = op.describe(profile, 4)
+    line = op.describe(profile, 4, verbose=True)
     assert line.startswith("operating point: no settled tau meets gap=0.5 at 1e+09x full "
                            "depth's speed or more on this model")
     assert "so River runs lossless mode" in line and "-o tau=0.97, the policy's default (" in line
-    assert main([*GENERATE, "--model", str(gguf)]) == 0
-    err = capsys.readouterr().err
-    assert "so River runs lossless mode" in err and "speculative:" in err   # lossless stats
     assert "\n" not in line
+    assert main([*GENERATE, "--model", str(gguf), "--mode", "exit"]) == 0
+    err = capsys.readouterr().err
+    assert "river: lossless mode (full depth's own output): on this model exit mode does not " \
+        "meet gap=0.5 at 1e+09x full depth's speed (fitted once; --verbose" in err
+    assert "speculative:" in err   # lossless mode's statistics
 
 
 def test_a_saved_profile_of_an_older_format_is_fitted_again(fits):

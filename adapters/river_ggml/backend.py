@@ -136,8 +136,14 @@ class GgmlBackend(NumpyArrays, LayerEngine):
         self._made: dict = {}   # (stand_in, layer) -> Layer
 
     @property
-    def stand_in_error(self) -> list[float]:
-        return self.stand_ins.errors
+    def stand_in_error(self) -> Sequence[float]:
+        return self.stand_ins.errors_when_read(self.num_layers)
+
+    @property
+    def stand_ins_at_hand(self) -> bool:
+        """Whether asking for the stand-ins (their errors: a profile's key) costs no
+        quantization: made, or in the cache."""
+        return self.stand_ins.at_hand
 
     @functools.cached_property
     def _stand_in_head(self) -> Head:

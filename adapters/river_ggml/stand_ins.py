@@ -28,14 +28,15 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import Callable, Mapping
+from collections.abc import Sequence as SequenceABC
+from typing import Callable, Mapping, Sequence
 
 import attrs
 import numpy as np
 
 from river_core.config import QuantSpec
 from river_core.errors import ConfigError, ModelError
-from river_models.cache import cache_root, cached, content_key, digest
+from river_models.cache import cache_root, cached, content_key, digest, ready
 from river_models.gguf_quantize import quantized_rows
 from river_models.quant import QuantWeight, quantize, weight_error
 
@@ -258,8 +259,15 @@ def stand_ins(source: MappedGGUF, layers: int, spec: QuantSpec, kind: str = "Q4_
     """The stand-ins of the backbone GGUF `source` in ggml type `kind` (Q4_0: River's at
     `spec`), made once into the user cache when first run (`StandIns`), memory-mapped, with
     each layer's relative weight error."""
-    return StandIns(lambda: _made(source, layers, spec, kind, progress),
-                    kind if kind != "Q4_0" else blocks_kind(spec), source)
+    key = digest(content_key(source.path), FORMAT, spec.bits, spec.group_size, spec.method,
+                 kind, version())
+    folder = cache_root() / "ggml-stand-ins"
+    # the same weights under another file name: its stand-ins already made
+    target = next((t for t in sorted(folder.glob(f"*-{key}")) if ready(t, key)),
+                  folder / f"{source.path.stem}-{key}")
+    return StandIns(lambda: _made(source, layers, spec, kind, progress, target, key),
+                    kind if kind != "Q4_0" else blocks_kind(spec), source,
+                    lambda: ready(target, key))
 
 
 def blocks_kind(spec: QuantSpec) -> str:
@@ -267,11 +275,8 @@ def blocks_kind(spec: QuantSpec) -> str:
     return "Q8_0" if spec.bits == 8 else "Q4_0" if spec.method == "sym" else "Q4_1"
 
 
-def _made(source: MappedGGUF, layers: int, spec: QuantSpec, kind: str,
-          progress: bool) -> tuple[MappedGGUF, list[float]]:
-    key = digest(content_key(source.path), FORMAT, spec.bits, spec.group_size, spec.method,
-                 kind, version())
-    target = cache_root() / "ggml-stand-ins" / f"{source.path.stem}-{key}"
+def _made(source: MappedGGUF, layers: int, spec: QuantSpec, kind: str, progress: bool,
+          target: Path, key: str) -> tuple[MappedGGUF, list[float]]:
     cached(target, lambda tmp: write(quantized(source, layers, spec, kind, progress),
                                      tmp / "stand-ins.gguf"),
            key, source=source.path)
@@ -294,12 +299,17 @@ class StandIns:
     type and the backbone's shapes."""
 
     def __init__(self, make: Callable[[], tuple[MappedGGUF, list[float]]], kind: str,
-                 backbone: MappedGGUF) -> None:
-        self._make, self.kind, self._backbone = make, kind, backbone
+                 backbone: MappedGGUF, in_cache: Callable[[], bool] = lambda: False) -> None:
+        self._make, self.kind, self._backbone, self._in_cache = make, kind, backbone, in_cache
 
     @classmethod
     def made(cls, weights: MappedGGUF, errors, kind: str, backbone: MappedGGUF) -> "StandIns":
         return cls(lambda: (weights, list(errors)), kind, backbone)
+
+    @property
+    def at_hand(self) -> bool:
+        """Made, or in the cache: reading them costs no quantization."""
+        return self.ready or self._in_cache()
 
     @functools.cached_property
     def _made(self) -> tuple[MappedGGUF, list[float]]:
@@ -312,6 +322,11 @@ class StandIns:
     @property
     def errors(self) -> list[float]:
         return self._made[1]
+
+    def errors_when_read(self, layers: int) -> "Sequence[float]":
+        """The errors as a sequence of `layers` that makes the stand-ins only when an error is
+        read: whether an engine has stand-ins, or how many, is asked without making them."""
+        return _ErrorsWhenRead(self, layers)
 
     @property
     def ready(self) -> bool:
@@ -329,3 +344,14 @@ class StandIns:
 
         rows, columns = self._backbone.shape(head_name(self._backbone))
         return rows * g.ggml_row_size(RUNS["Q8_0"], columns)
+
+
+class _ErrorsWhenRead(SequenceABC):
+    def __init__(self, stand_ins: StandIns, layers: int) -> None:
+        self._stand_ins, self._layers = stand_ins, layers
+
+    def __len__(self) -> int:
+        return self._layers
+
+    def __getitem__(self, i):
+        return self._stand_ins.errors[i]
