@@ -141,9 +141,12 @@ def layer_table(model: RiverModel, refs: Sequence[Reference], config: ExitConfig
 
 
 def fit(model: RiverModel, references: Sequence[Reference], config: ExitConfig, target: Target,
-        tick: Callable[[], None]) -> tuple[Trial, list[Trial]]:
+        tick: Callable[[], None], steps: int = STEPS,
+        hopeless: Callable[[Quality], bool] | None = None) -> tuple[Trial, list[Trial]]:
     """The most permissive value of the policy's tuned option that meets `target` (the strict
-    end when none does), and every value tried."""
+    end when none does), and every value tried, bisecting `steps` times. `hopeless(quality)`
+    of a value that misses the target: no stricter value (more layers a token) can be worth
+    running either, so the search stops there, that value its answer (not met)."""
     name, strict, permissive = tuned_option(model.registry, config)
 
     def trial(x: float) -> Trial:
@@ -154,12 +157,17 @@ def fit(model: RiverModel, references: Sequence[Reference], config: ExitConfig, 
     trials = [trial(1.0)]
     best = trials[0] if target.met(trials[0].quality) else None
     lo, hi = 0.0, 1.0
-    for _ in range(STEPS if best is None else 0):
+    for _ in range(steps if best is None else 0):
+        if hopeless is not None and not target.met(trials[-1].quality) and \
+                hopeless(trials[-1].quality):
+            return (best or trials[-1]), trials
         trials.append(trial((lo + hi) / 2))
         if target.met(trials[-1].quality):
             lo, best = (lo + hi) / 2, trials[-1]
         else:
             hi = (lo + hi) / 2
+    if best is None and hopeless is not None:   # the strict end is full depth: no faster
+        return trials[-1], trials
     if best is None:
         trials.append(trial(0.0))
         best = trials[-1]
@@ -188,14 +196,16 @@ def whole_model(model: RiverModel, refs: Sequence[Reference], config: ExitConfig
 def calibrate(model: RiverModel, prompts: Sequence[Sequence[int]], config: ExitConfig,
               targets: Sequence[Target], *, tokens: int = 16, layer_prompts: int = 8,
               model_name: str = "", precision: str = "", source: str = "",
-              progress: bool = False, bar: tqdm | None = None) -> list[Profile]:
+              progress: bool = False, bar: tqdm | None = None, steps: int = STEPS,
+              hopeless: Callable[[Quality], bool] | None = None) -> list[Profile]:
     """Fit `config`'s policy to each target on `prompts` (token ids): a Profile per target,
-    sharing the references and the per-layer table. Its passes advance `bar` if given (a
-    caller's own, longer work), else a bar of its own (shown with `progress`)."""
+    sharing the references and the per-layer table (`fit`'s `steps` and `hopeless`). Its
+    passes advance `bar` if given (a caller's own, longer work), else a bar of its own (shown
+    with `progress`)."""
     name = tuned_option(model.registry, config)[0]
     n = model.backend.num_layers
     relative = any(t.metric == "gap" for t in targets)
-    total = len(prompts) * (1 + relative + (STEPS + 1) * len(targets)) + \
+    total = len(prompts) * (1 + relative + (steps + 1) * len(targets)) + \
         min(layer_prompts, len(prompts)) * n
     own = bar is None
     if own:
@@ -221,7 +231,7 @@ def calibrate(model: RiverModel, prompts: Sequence[Sequence[int]], config: ExitC
         for target in targets:
             bar.set_postfix_str(f"fitting {name} for {target}")
             absolute = target if whole is None else target.resolved(whole)
-            best, trials = fit(model, references, config, absolute, tick)
+            best, trials = fit(model, references, config, absolute, tick, steps, hopeless)
             profiles.append(Profile(
                 model=model_name, fingerprint=fingerprint(model.backend), precision=precision,
                 policy=config.policy, options={name: best.value}, target=target,

@@ -30,6 +30,7 @@ import time
 from typing import Callable, Sequence
 
 import attrs
+import numpy as np
 
 from river_core.arguments import default
 from river_core.backend import StandIns
@@ -44,11 +45,14 @@ from .prompts import GSM8K_TRAIN, read_prompts
 
 CALIBRATION = GSM8K_TRAIN
 SOURCE = "GSM8K train (bundled)"
-FIT_PROMPTS = 8      # the fit's questions: train 0..7
-HELD_APART = 8       # the check's: train 8..15
-TOKENS = 24          # full depth's continuation scored per question
-SPEED_PROMPTS = 2    # questions each setting decodes for its speed
-SPEED_TOKENS = 32
+# sizes that keep a 1.5B model's fit near a minute on 2 cores (issue 59: 406 s at 8, 8, 24,
+# 7 and 2 x 32); the fitted value within 1/32 of the policy's range
+FIT_PROMPTS = 6      # the fit's questions: train 0..5
+HELD_APART = 4       # the check's: train 6..9
+TOKENS = 16          # full depth's continuation scored per question
+STEPS = 5            # bisection halvings
+SPEED_PROMPTS = 1    # questions each setting decodes for its speed
+SPEED_TOKENS = 24
 FASTER = 1.05
 """Exit mode's least speed over full depth for the point to count as reached: a smaller gain
 does not pay for a lossy output where lossless mode keeps full depth's own."""
@@ -107,7 +111,8 @@ def fit_point(model: RiverModel, config: ExitConfig, target: Target = DEFAULT_TA
               disable=not progress) as bar:
         [profile] = calibrate(model, fit_ids, config, [target], tokens=TOKENS, layer_prompts=0,
                               model_name=model_name, precision=precision,
-                              source=f"{SOURCE}, questions 0-{FIT_PROMPTS - 1}", bar=bar)
+                              source=f"{SOURCE}, questions 0-{FIT_PROMPTS - 1}", bar=bar,
+                              steps=STEPS, hopeless=too_slow(model.backend))
         bar.total += 4 * len(held) + (1 + 2) * SPEED_PROMPTS
         bar.refresh()
         tick = lambda: bar.update(1)
@@ -131,6 +136,28 @@ def fit_point(model: RiverModel, config: ExitConfig, target: Target = DEFAULT_TA
                   f"{FIT_PROMPTS + HELD_APART - 1}", whole_model=whole, fitted=measured[0],
                   default=measured[1], reached=reached, seconds=time.perf_counter() - started)
     return attrs.evolve(profile, point=point)
+
+
+def too_slow(backend) -> Callable[[Quality], bool] | None:
+    """Whether a threshold whose tokens run `quality.mean_layers` layers could not reach
+    FASTER times full depth's speed even at the byte limit (the bytes full depth reads a token
+    over those its exits read: real kernels do no better), so a stricter one, which runs more
+    layers, could not either: the fit stops there. None where the engine reports no
+    footprint."""
+    footprint = getattr(backend, "footprint", None)
+    if footprint is None:
+        return None
+    foot, n = footprint(), backend.num_layers
+    full = foot.bytes_per_token(n - 1, 0)
+
+    def slow(quality: Quality) -> bool:
+        k = min(max(quality.mean_layers - 1, -1), n - 1)   # the mean exit layer
+        below, share = int(np.floor(k)), k - np.floor(k)
+        exits = foot.bytes_per_token(below, 0) if share == 0 else \
+            (1 - share) * foot.bytes_per_token(below, 0) + \
+            share * foot.bytes_per_token(min(below + 1, n - 1), 0)
+        return full / exits < FASTER
+    return slow
 
 
 def tuned_name(model: RiverModel, config: ExitConfig) -> str:
