@@ -166,10 +166,10 @@ def main(argv: list[str] | None = None) -> None:
         if all(f != family for f, _ in cells[n + 1:]):   # its F16 source: 14 GB at 7B
             made(family, args.size, file_type).with_name(
                 f"{family}-{args.size}-converted.gguf").unlink(missing_ok=True)
-    load["end"] = os.getloadavg()[0]
-    payload = {"command": run_command("real_files", argv), "machine": info,
-               "load_average": load, "tokens": args.tokens, "rows": rows}
-    out.write(args.name, payload, markdown(payload))
+        load["end"] = os.getloadavg()[0]   # written after each file: hours at 7B shapes
+        payload = {"command": run_command("real_files", argv), "machine": info,
+                   "load_average": load, "tokens": args.tokens, "rows": rows}
+        out.write(args.name, payload, markdown(payload))
 
 
 def markdown(payload: dict) -> str:

@@ -18,6 +18,7 @@ llama-cpp-python is installed.
 from __future__ import annotations
 
 import ctypes
+import os
 import re
 from pathlib import Path
 
@@ -114,16 +115,32 @@ class _Choice:
         return kind
 
 
+CHUNK_ROWS = 256   # rows a thread quantizes at once (ctypes lets go of the GIL meanwhile)
+
+
 def quantized_rows(weights: np.ndarray, kind: str) -> np.ndarray:
     """float32 [rows, columns] in ggml type `kind`, by ggml's own quantizer (no importance
-    matrix): [rows, row bytes] uint8."""
+    matrix; each row on its own, as llama-quantize's threads split it): [rows, row bytes]
+    uint8, chunks of rows on every core."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from ggml import ggml as g
 
     weights = np.ascontiguousarray(weights, np.float32)
     rows, columns = weights.shape
     out = np.empty((rows, g.ggml_row_size(_ggml_type(kind), columns)), np.uint8)
-    g.ggml_quantize_chunk(_ggml_type(kind), weights.ctypes.data_as(ctypes.POINTER(ctypes.c_float)),
-                          out.ctypes.data_as(ctypes.c_void_p), 0, rows, columns, None)
+
+    def chunk(start: int) -> None:
+        n = min(CHUNK_ROWS, rows - start)
+        g.ggml_quantize_chunk(_ggml_type(kind),
+                              weights[start:].ctypes.data_as(ctypes.POINTER(ctypes.c_float)),
+                              out[start:].ctypes.data_as(ctypes.c_void_p), 0, n, columns, None)
+    starts = range(0, rows, CHUNK_ROWS)
+    if len(starts) == 1:
+        chunk(0)
+    else:
+        with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+            list(pool.map(chunk, starts))
     return out
 
 
