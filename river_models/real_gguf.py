@@ -146,12 +146,16 @@ def _draw(seed: int, name: str, shape: tuple[int, ...], config) -> np.ndarray:
     return (rng.standard_normal(shape, np.float32) * np.float32(scale ** 0.5))
 
 
-def write(family: str, size: str, path: Path, seed: int = 0) -> Path:
+def write(family: str, size: str, path: Path, seed: int = 0, text: bool = False) -> Path:
     """`family` at `size` as an F16 GGUF at `path` (2-D weights F16; norms, biases and rotary
-    tensors F32, as the converter writes them), one tensor in memory at a time."""
+    tensors F32, as the converter writes them), one tensor in memory at a time. Its
+    vocabulary: placeholder pieces (the model decodes ids), or with `text` a byte-level BPE
+    that spells any text (tiny_vocab's, padded to the model's width: for timings against
+    llama.cpp's CLI on the same prompt)."""
     import gguf
 
     from .tiny_gguf import add_placeholder_vocabulary
+    from .tiny_vocab import add_vocabulary
 
     cfg = config(family, size)
     shapes = tensor_shapes(family, cfg)
@@ -159,9 +163,12 @@ def write(family: str, size: str, path: Path, seed: int = 0) -> Path:
     w = gguf.GGUFWriter(path, ARCH[family])
     add_metadata(w, family, cfg, gguf.LlamaFileType.MOSTLY_F16,
                  min(CONTEXT, cfg.max_position_embeddings))
-    add_placeholder_vocabulary(w, [b"<unk>", b"<s>", b"</s>"]
-                               + [f"<{i}>".encode() for i in range(3, cfg.vocab_size)])
-    w.add_eos_token_id(2)
+    if text:
+        add_vocabulary(w, "bpe", ARCH[family], cfg.vocab_size)
+    else:
+        add_placeholder_vocabulary(w, [b"<unk>", b"<s>", b"</s>"]
+                                   + [f"<{i}>".encode() for i in range(3, cfg.vocab_size)])
+        w.add_eos_token_id(2)
 
     def tensor(name: str) -> np.ndarray:
         if name in rope:

@@ -61,9 +61,20 @@ def vocabulary(kind: str, arch: str) -> dict:
     return _spm(arch == "gemma3") if kind == "spm" else _bpe()
 
 
-def add_vocabulary(w, kind: str, arch: str) -> None:
-    """Vocabulary `kind`'s fields in GGUF writer `w`, chat template included."""
+UNUSED = 5   # llama.cpp's token type of the converter's padding
+
+
+def add_vocabulary(w, kind: str, arch: str, size: int | None = None) -> None:
+    """Vocabulary `kind`'s fields in GGUF writer `w`, chat template included; padded to
+    `size` tokens as llama.cpp's converter pads a vocabulary shorter than the embedding
+    (`[PAD{i}]`, unused), for a model of a real vocabulary's width."""
     v = vocabulary(kind, arch)
+    if size is not None:
+        pad = range(len(v["tokens"]), size)
+        v["tokens"] = v["tokens"] + [f"[PAD{i}]" for i in pad]
+        v["types"] = v["types"] + [UNUSED] * len(pad)
+        if v["scores"] is not None:
+            v["scores"] = v["scores"] + [-10000.0] * len(pad)
     w.add_tokenizer_model(v["model"])
     w.add_tokenizer_pre(v["pre"])
     w.add_token_list([t.encode() for t in v["tokens"]])

@@ -180,7 +180,7 @@ TINY = [   # each benchmark at a tiny size, in an order that gives later ones th
     pytest.param(("ggml_overhead", "--modes", "full depth", "--context", "8", "--short", "2",
                   "--long", "4", "--repeats", "1"),   # the embedded model's F16 copy
                  marks=pytest.mark.skipif(not has_ggml, reason="needs the ggml extra")),
-    pytest.param(("first_call", "--types", "--llamacpp", "none", "--tokens", "2"),
+    pytest.param(("first_call", "--types", "--shapes", "--llamacpp", "none", "--tokens", "2"),
                  marks=pytest.mark.skipif(not has_ggml, reason="needs the ggml extra")),
     pytest.param(("real_files", "--size", "small", "--families", "qwen2", "--no-more-types",
                   "--tokens", "4"),
