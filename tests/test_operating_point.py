@@ -204,3 +204,20 @@ def test_the_embedded_model_finds_its_shipped_profile(as_file):
     assert profile is not None and profile.point is not None
     assert profile.target == DEFAULT_TARGET and not default_path(embedded.backend,
                                                                   "settled").exists()
+
+
+def test_an_interrupted_fit_leaves_nothing_half_written(fits, gguf, monkeypatch, capsys,
+                                                         tmp_path):
+    """Ctrl-C inside `river fit`: exit status 130, no profile kept, and the next call runs
+    as a first call does (the stand-ins, where made, are whole: the cache keeps only complete
+    builds, tests/test_cache.py)."""
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+    calibrate = op.calibrate
+    monkeypatch.setattr(op, "calibrate", interrupted)
+    assert main(["fit", "--model", str(gguf)]) == 130
+    assert "river: interrupted" in capsys.readouterr().err
+    assert not list((tmp_path / "cache").rglob("profiles/*"))
+    monkeypatch.setattr(op, "calibrate", calibrate)
+    assert main([*GENERATE, "--model", str(gguf)]) == 0
+    assert "no operating point fitted to this model yet" in capsys.readouterr().err
