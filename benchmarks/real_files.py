@@ -50,11 +50,11 @@ def made(family: str, size: str, file_type: str):
     folder = cache_root() / "bench" / "real-files"
     folder.mkdir(parents=True, exist_ok=True)
     source = folder / f"{family}-{size}-converted.gguf"
-    if not source.is_file():
+    target = folder / f"{family}-{size}-{file_type}.gguf"
+    if not target.is_file() and not source.is_file():
         print(f"writing {real_gguf.describe(family, size)}", file=sys.stderr, flush=True)
         real_gguf.write(family, size, source.with_suffix(".partial"))
         source.with_suffix(".partial").rename(source)
-    target = folder / f"{family}-{size}-{file_type}.gguf"
     if not target.is_file():
         print(f"quantizing {family} {size} to {file_type}", file=sys.stderr, flush=True)
         gguf_quantize.quantize(source, target.with_suffix(".partial"), file_type)
