@@ -52,23 +52,17 @@ def add_metadata(w, family: str, config, file_type: int, context: int | None = N
     import gguf
 
     rope = _rope_parameters(family, config)
-    w.add_context_length(context or config.max_position_embeddings)
+    add_dimensions(w, context or config.max_position_embeddings, config.hidden_size,
+                   config.intermediate_size, config.num_hidden_layers,
+                   config.num_attention_heads, config.num_key_value_heads, config.rms_norm_eps,
+                   file_type)
+    w.add_rope_freq_base(float(rope["rope_theta"]))
     if family == "phi3":
         w.add_rope_scaling_orig_ctx_len(rope.get("original_max_position_embeddings",
                                                  config.max_position_embeddings))
-    w.add_embedding_length(config.hidden_size)
-    w.add_feed_forward_length(config.intermediate_size)
-    w.add_block_count(config.num_hidden_layers)
-    w.add_head_count(config.num_attention_heads)
-    w.add_head_count_kv(config.num_key_value_heads)
-    w.add_layer_norm_rms_eps(config.rms_norm_eps)
-    if family == "phi3":
         factor = rope.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1))
         w.add_rope_dimension_count(int(factor * config.hidden_size)
                                    // config.num_attention_heads)
-    w.add_rope_freq_base(float(rope["rope_theta"]))
-    w.add_file_type(file_type)
-    if family == "phi3":
         w.add_sliding_window(config.sliding_window or 0)
         if "long_factor" in rope:
             w.add_rope_scaling_attn_factors(phi3_attn_factor(config))
@@ -96,6 +90,19 @@ def add_metadata(w, family: str, config, file_type: int, context: int | None = N
         w.add_sliding_window(config.sliding_window)
         w.add_rope_freq_base_swa(float(config.rope_parameters["sliding_attention"]
                                        ["rope_theta"]))
+
+
+def add_dimensions(w, context: int, hidden: int, intermediate: int, layers: int, heads: int,
+                   kv_heads: int, eps: float, file_type: int) -> None:
+    """The keys every architecture's file holds: its shape, its RMS epsilon, its file type."""
+    w.add_context_length(context)
+    w.add_embedding_length(hidden)
+    w.add_feed_forward_length(intermediate)
+    w.add_block_count(layers)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_layer_norm_rms_eps(eps)
+    w.add_file_type(file_type)
 
 
 def phi3_attn_factor(config) -> float:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .gguf_convention import ARCH, PERMUTED, add_metadata, rope_tensors
+from .gguf_convention import ARCH, PERMUTED, add_dimensions, add_metadata, rope_tensors
 
 FAMILY = "qwen2"   # the default: the first family llama.cpp and transformers agreed on
 SEPARATE = {"attn_q": "q", "attn_k": "k", "attn_v": "v", "attn_output": "o", "ffn_gate": "gate",
@@ -61,14 +61,8 @@ def add_shape(w, spec, context: int, tokens: list[bytes] | None, file_type) -> N
     """A Llama decoder's dimensions (from its ModelSpec) and a placeholder vocabulary of
     `tokens` (None: none) in GGUF writer `w` (the benchmarks' random shapes, which have no
     transformers config)."""
-    w.add_context_length(context)
-    w.add_embedding_length(spec.hidden)
-    w.add_block_count(spec.num_layers)
-    w.add_feed_forward_length(spec.intermediate)
-    w.add_head_count(spec.heads)
-    w.add_head_count_kv(spec.kv_heads)
-    w.add_layer_norm_rms_eps(spec.norm_eps)
-    w.add_file_type(file_type)
+    add_dimensions(w, context, spec.hidden, spec.intermediate, spec.num_layers, spec.heads,
+                   spec.kv_heads, spec.norm_eps, file_type)
     if tokens is not None:
         add_placeholder_vocabulary(w, tokens)
 
