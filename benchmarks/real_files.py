@@ -100,7 +100,7 @@ def row(family: str, size: str, file_type: str, tokens: int, reference_gb: float
     from river_core.kv import Full
     from river_ggml.plugin import load
     from river_llamacpp.backend import LlamaCppBackend
-    from river_llamacpp.plugin import _llama
+    from river_llamacpp.plugin import open_llama
     from river_models import real_gguf
 
     path = made(family, size, file_type)
@@ -113,7 +113,7 @@ def row(family: str, size: str, file_type: str, tokens: int, reference_gb: float
     ours = load(str(path))
     out["river_load_s"] = time.perf_counter() - start
     out["river_tokens"], out["river_ms_per_token"] = greedy(ours, prompt, tokens)
-    llm, layers = _llama(path, PROMPT + tokens + 8, exact=False)
+    llm, layers = open_llama(path, PROMPT + tokens + 8, exact=False)
     theirs = LlamaCppBackend(llm, layers, path)
     out["llamacpp_tokens"], out["llamacpp_ms_per_token"] = greedy(theirs, prompt, tokens)
     out["first_difference"] = first_difference(out["river_tokens"], out["llamacpp_tokens"])

@@ -140,10 +140,10 @@ def test_greedy_text_is_llama_cpps_on_the_same_file(files, family, file_type):
     allowed and the logits' bound is RTOL."""
     pytest.importorskip("llama_cpp")
     from river_llamacpp.backend import LlamaCppBackend
-    from river_llamacpp.plugin import _llama
+    from river_llamacpp.plugin import open_llama
 
     path, _ = files(family, file_type)
-    llm, layers = _llama(path, 256, exact=False)
+    llm, layers = open_llama(path, 256, exact=False)
     engines = (ggml(path), LlamaCppBackend(llm, layers, path))
     config = GenerationConfig(max_new_tokens=32, ignore_eos=True)
     ours, theirs = (generate_ids(b, [PROMPT[:1]], config, scripted_run(Full(), [])).tokens[0]

@@ -25,7 +25,10 @@ def _llama_cpp():
     return llama_cpp
 
 
-def _llama(path: Path, context: int, exact: bool):
+def open_llama(path: Path, context: int, exact: bool):
+    """llama.cpp (llama-cpp-python's `Llama`) on the GGUF at `path` with `context` positions,
+    and its depth: the llamacpp backend's, and the other engines' comparisons with llama.cpp
+    on the same file (tests/test_real_files.py, `river bench real_files`)."""
     llama_cpp = _llama_cpp()
     # exact: float32 K/V (llama.cpp defaults to float16), for comparisons with other backends;
     # else float16 K/V through flash attention, as llama.cpp's tools run by default (its
@@ -59,7 +62,7 @@ def load(model: str | None = None, *, device: str = "cpu", dtype: str = "float32
     path = default_gguf() if model is None else Path(model).expanduser()
     if path.suffix != ".gguf" or not path.is_file():
         raise ModelError(f"the llamacpp backend needs a .gguf file, got {path}")
-    llm, layers = _llama(path, CONTEXT, exact=False)
+    llm, layers = open_llama(path, CONTEXT, exact=False)
     return LlamaCppBackend(llm, layers, path)
 
 
@@ -82,7 +85,7 @@ def tiny_backend(family: str, seed: int, bits: int, exact: bool = True):
     from river_models.tiny_gguf import gguf_file
 
     path = gguf_file(seed, family)
-    llm, layers = _llama(path, 256, exact)
+    llm, layers = open_llama(path, 256, exact)
     return LlamaCppBackend(llm, layers, path)
 
 
