@@ -182,7 +182,7 @@ def build(meta: dict[str, Any], gguf: str = "the GGUF") -> tuple[str, dict[str, 
     else:
         tok = _sentencepiece(meta, tokens, kind, gguf)
         control = [t for t, k in zip(tokens, types) if k == CONTROL]
-    builder = kind if model == "llama" and kind == "spaces" else model
+    builder = "spaces" if model == "llama" and kind == "spaces" else model
     tok.add_special_tokens([AddedToken(t, special=True)
                             for t in dict.fromkeys(BUILDER_TOKENS[builder])])
     vocab = tok.get_vocab()
