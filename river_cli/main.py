@@ -389,10 +389,10 @@ def _plugins() -> None:
             print(f"  {e.name:<12} {e.provider:<20} {e.summary}")
             for name, value, doc in e.options:
                 print(f"  {'':<12} -o {name}={json.dumps(value)}: {doc}")
-    from river_models.families import SUPPORTED, WRAPPERS
+    from river_models.families import BY_MODEL_TYPE, WRAPPERS
 
     wrapped = ", ".join(f"{w} (its {t})" for w, t in WRAPPERS.items())
-    print(f"architectures (model_type, docs/models.md): {', '.join(SUPPORTED)}; {wrapped}")
+    print(f"architectures (model_type, docs/models.md): {', '.join(BY_MODEL_TYPE)}; {wrapped}")
 
 
 def main(argv: list[str] | None = None) -> int:

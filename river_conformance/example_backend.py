@@ -1,9 +1,10 @@
 """A minimal third-party backend in plain numpy: what an author writes to plug into River,
 and the template a new engine starts from (docs/architecture.md walks through it).
 
-Everything a backend computes is here, for the Llama, Mistral and Qwen2 families (no per-head
-norms, no sandwich norms): the core's `LayerEngine` keeps the cache's bookkeeping (positions,
-prefill, verification, row selection, absent entries) and `NumpyArrays` the array glue, so
+Everything a backend computes is here, for the plain block (no per-head norms, no sandwich
+norms, SiLU, the whole head rotated, no query scale: Llama's, Mistral's, Qwen2's): the core's
+`LayerEngine` keeps the cache's bookkeeping (positions, prefill, verification, row selection,
+absent entries) and `NumpyArrays` the array glue, so
 this file holds only numerics: `allocate`, `make_pass` (the step's rotary tables beside the
 core's slots and masks), `embed_ids`, `run_block` over the step's `Pass`, `head`, and
 `project_kv` for the `propagate` strategy. It reads the model from the model package
@@ -48,7 +49,8 @@ class NumpyBackend(NumpyArrays, LayerEngine):
         partial = any(2 * len(r.inv_freq) != spec.head_dim for r in spec.rotary.values())
         if spec.qk_norm or spec.sandwich or spec.activation != "silu" or partial or \
                 spec.query_scale is not None:
-            raise CapabilityError("the example backend runs the Llama, Mistral and Qwen2 families")
+            raise CapabilityError("the example backend runs the plain block: no q/k or sandwich "
+                                  "norms, SiLU, the whole head rotated, no query scale")
         self.spec, self.w = spec, checkpoint.weights
         # a stand-in is its layer with every projection replaced by its quantized copy
         self.stand_in_weights = [{n: q.dequantize() for n, q in layer.items()}

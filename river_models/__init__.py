@@ -2,7 +2,8 @@
 builds from. Backends import this package, never each other.
 
 - spec.py: `ModelSpec`, `Weights`, `Checkpoint`
-- families.py: per-family differences and every transformers detail
+- families/: each model family's facts, one module a family, and their registry
+- from_transformers.py: a transformers model as a spec and weights (every transformers detail)
 - source.py: the embedded default, HF folders, GGUF conversion; `open_model`
 - quant.py: the stand-ins' weight quantization, in one engine-neutral form
 - cache.py: the user cache and its atomic builds

@@ -2,13 +2,9 @@
 
 transformers (5.19) builds a model's config from a GGUF header by a fixed table of keys, which
 misses what some families need, so their converted models would run wrong with no error:
-- Qwen3: `attention.key_length` (its heads are not hidden / heads wide: 128 on Qwen3-0.6B);
-- Gemma 3: the query scalar, which no file holds (llama.cpp takes the head width);
-- Phi-3 (Phi-4-mini): `rope.dimension_count` (partial rotary: 96 of 128 dims), the LongRoPE
-  factors (tensors `rope_factors_long/short`), `rope.scaling.original_context_length`
-  (the attention factor transformers derives from the two contexts, by the formula llama.cpp's
-  converter wrote it with); its `attention.sliding_window` is dropped, as llama.cpp's loader
-  drops it;
+- `attention.key_length`, where the heads are not hidden / heads wide;
+- what a family's record puts back (`Gguf.restore` in river_models.families: a query scalar in
+  no file, a partial rotary and LongRoPE's factors);
 - Llama 3.1/3.2: llama.cpp's converter stores the llama3 rope scaling only as each frequency's
   divisor (tensor `rope_freqs`); the parameters behind it are recovered here and checked by
   recomputing the divisors with transformers' own llama3 rule, or the file is refused.
@@ -24,8 +20,8 @@ import numpy as np
 
 from river_core.errors import ModelError
 
+from .families import BY_ARCH
 from .gguf_header import float_tensor, read_header
-from .gguf_spec import GEMMA_27B_LAYERS
 
 # Meta's Llama 3.x values, which llama.cpp's converter also falls back to
 LLAMA3_BAND = {"low_freq_factor": 1.0, "high_freq_factor": 4.0}
@@ -43,31 +39,12 @@ def complete(config, metadata: dict[str, Any], tensors: dict[str, np.ndarray]) -
     arch = metadata["general.architecture"]
     if f"{arch}.attention.key_length" in metadata and hasattr(config, "head_dim"):
         config.head_dim = int(metadata[f"{arch}.attention.key_length"])
-    if arch == "gemma3":   # in no file: llama.cpp takes the head width (27B: hidden / heads)
-        config.query_pre_attn_scalar = config.hidden_size // config.num_attention_heads \
-            if config.num_hidden_layers == GEMMA_27B_LAYERS else config.head_dim
-    if arch == "phi3":
-        _phi3(config, metadata, tensors)
-    elif "rope_freqs.weight" in tensors:
+    family = BY_ARCH.get(arch)
+    if family is not None and family.gguf.restore is not None:
+        family.gguf.restore(config, metadata, tensors)
+    if "rope_freqs.weight" in tensors:
         config.rope_parameters = _llama3(config, tensors["rope_freqs.weight"],
                                          metadata.get(f"{arch}.rope.scaling.original_context_length"))
-
-
-def _phi3(config, meta: dict[str, Any], tensors: dict[str, np.ndarray]) -> None:
-    head_dim = config.hidden_size // config.num_attention_heads
-    rope = {"rope_type": "default", "rope_theta": config.rope_parameters["rope_theta"],
-            "partial_rotary_factor": meta.get("phi3.rope.dimension_count", head_dim) / head_dim}
-    original = meta.get("phi3.rope.scaling.original_context_length")
-    if "rope_factors_long.weight" in tensors:
-        rope.update(rope_type="longrope", original_max_position_embeddings=original,
-                    long_factor=tensors["rope_factors_long.weight"].tolist(),
-                    short_factor=tensors["rope_factors_short.weight"].tolist())
-    config.rope_parameters = rope
-    config.partial_rotary_factor = rope["partial_rotary_factor"]
-    if original is not None:
-        config.original_max_position_embeddings = original
-    config.sliding_window = None   # written, but llama.cpp's loader disables Phi-3's window
-    config.pad_token_id = meta.get("tokenizer.ggml.padding_token_id")
 
 
 def _llama3(config, divisors: np.ndarray, context: int | None) -> dict:

@@ -3,20 +3,19 @@ no transformers (the ggml engine runs the file itself, so it needs nothing else)
 
 The spec equals the one River derives from the same file converted through transformers
 (tests/test_gguf_spec.py checks it on every family's tiny GGUF), rotary tables included:
-- plain rope from `rope.freq_base` over `rope.dimension_count` (Phi-3's partial rotary) or the
+- plain rope from `rope.freq_base` over `rope.dimension_count` (a partial rotary) or the
   head; `rope.scaling.type` linear divides the frequencies by `rope.scaling.factor`;
 - Llama 3's scaling, which llama.cpp's converter keeps only as each frequency's divisor
   (tensor `rope_freqs`);
-- Phi-3's LongRoPE from its factor tensors (`rope_factors_short/long`), its switch
+- LongRoPE from its factor tensors (`rope_factors_short/long`), its switch
   `rope.scaling.original_context_length` and `rope.scaling.attn_factor`;
-- Gemma 3: one table per attention type (`rope.freq_base_swa` for the sliding layers, 10000
-  where the file has none).
-- Ministral 3 (`mistral3`): YaRN from `rope.scaling.*` and Llama 4's query scale from
-  `attention.temperature_scale`.
-What llama.cpp's converter leaves out, its loader assumes, and so does this reader: Gemma 3's
-sliding layers are five in every six (no file holds the pattern); Phi-3's sliding window,
-though written, is not applied (llama.cpp disables it); Gemma 3's query scale is the head
-width's (27B, 62 layers: hidden / heads); a missing `rope.freq_base` is 10000.
+- one table per attention type where the family has them (`rope.freq_base_swa` for the
+  sliding layers);
+- YaRN from `rope.scaling.*` and Llama 4's query scale from `attention.temperature_scale`.
+What llama.cpp's converter leaves out, its loader assumes, and so does this reader: each
+family's record says it (river_models.families: the sliding pattern, the defaults of optional
+keys, the query scale, the block's quirks no key holds); a written window no pattern applies
+is not applied; a missing `rope.freq_base` is 10000.
 """
 
 from __future__ import annotations
@@ -29,16 +28,10 @@ import numpy as np
 
 from river_core.errors import ModelError
 
+from .families import BY_ARCH, Family
 from .gguf_header import Header, float_tensor
 from .spec import ModelSpec, QueryScale, Rotary
 
-# llama.cpp architecture -> the Hugging Face model_type River names its family by
-FAMILIES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3_text",
-            "phi3": "phi3", "mistral3": "ministral3"}
-GEMMA_SWA_BASE = 10000.0   # Gemma 3's sliding layers' rope base, where the file has none
-# llama.cpp's Gemma 3 (llama-model.cpp, set_swa_pattern(6)): layer i slides iff i % 6 < 5
-GEMMA_SWA_PERIOD = 6
-GEMMA_27B_LAYERS = 62   # the one Gemma 3 whose query scale is not its head width's
 # the ids that end generation besides EOS, as llama.cpp's vocabulary counts them (end of turn,
 # end of message)
 END_IDS = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
@@ -85,20 +78,20 @@ def _floats(a: np.ndarray) -> tuple[float, ...]:
     return tuple(float(x) for x in np.asarray(a, np.float32))
 
 
-def _rotary(meta: dict[str, Any], header: Header, path: Path, arch: str, head_dim: int,
+def _rotary(meta: dict[str, Any], header: Header, path: Path, family: Family, head_dim: int,
             base: float) -> Rotary:
-    gguf = path.name
+    gguf, arch = path.name, family.gguf.arch
     dims = _int(meta, arch, "rope.dimension_count", gguf, head_dim)
     kind = meta.get(f"{arch}.rope.scaling.type", "none")
-    if kind not in ("none", "linear", "longrope") and not (kind == "yarn" and arch in
-                                                           ("phi3", "mistral3")):
+    yarn = family.gguf.yarn or family.gguf.longrope   # LongRoPE's factors may be called yarn
+    if kind not in ("none", "linear", "longrope") and not (kind == "yarn" and yarn):
         raise ModelError(f"{gguf}: {arch}.rope.scaling.type {kind!r}; River reads none, "
-                         f"linear, llama3 (rope_freqs), Phi-3's longrope and Ministral 3's "
-                         f"yarn")
+                         f"linear, llama3 (rope_freqs), longrope and (where the family has "
+                         f"it) yarn")
     inv_freq = _plain(base, dims)
     if kind == "linear":
         inv_freq = inv_freq / np.float32(_number(meta, arch, "rope.scaling.factor", gguf))
-    if kind == "yarn" and arch == "mistral3":
+    if kind == "yarn" and family.gguf.yarn:
         return _yarn(meta, arch, gguf, base, dims)
     divisors = float_tensor(path, header, "rope_freqs.weight")
     if divisors is not None:   # Llama 3: each frequency's divisor
@@ -122,7 +115,7 @@ def _rotary(meta: dict[str, Any], header: Header, path: Path, arch: str, head_di
 
 
 def _yarn(meta: dict[str, Any], arch: str, gguf: str, base: float, dims: int) -> Rotary:
-    """YaRN's table (Ministral 3) as transformers computes it from the same parameters: each
+    """YaRN's table as transformers computes it from the same parameters: each
     frequency blended between interpolated (divided by the factor) and extrapolated, by a
     linear ramp between the correction dimensions of beta_fast and beta_slow rotations over
     the original context; cos/sin scaled by mscale(factor, 1) / mscale(factor, log_mul), as
@@ -152,7 +145,7 @@ def _yarn(meta: dict[str, Any], arch: str, gguf: str, base: float, dims: int) ->
 
 
 def _query_scale(meta: dict[str, Any], arch: str, gguf: str) -> QueryScale | None:
-    """Llama 4's query scale (Ministral 3), as llama.cpp applies it after the rotary."""
+    """Llama 4's query scale, as llama.cpp applies it after the rotary."""
     beta = _number(meta, arch, "attention.temperature_scale", gguf, None)
     if not beta:
         return None
@@ -169,9 +162,10 @@ def gguf_spec(path: Path, header: Header) -> ModelSpec:
     if arch is None:
         raise ModelError(f"{gguf}: no general.architecture in its metadata (damaged, or not a "
                          f"model's GGUF)")
-    if arch not in FAMILIES:
+    if arch not in BY_ARCH:
         raise ModelError(f"{gguf}: general.architecture {arch!r} is not one River runs from a "
-                         f"GGUF; it runs {', '.join(FAMILIES)}")
+                         f"GGUF; it runs {', '.join(BY_ARCH)}")
+    family = BY_ARCH[arch]
     layers = _int(meta, arch, "block_count", gguf)
     hidden = _int(meta, arch, "embedding_length", gguf)
     heads = _int(meta, arch, "attention.head_count", gguf)
@@ -180,33 +174,34 @@ def gguf_spec(path: Path, header: Header) -> ModelSpec:
     embed = header.tensors.get("token_embd.weight")
     if embed is None:
         raise ModelError(f"{gguf}: no tensor token_embd.weight")
-    gemma = arch == "gemma3"
     base = _number(meta, arch, "rope.freq_base", gguf, 10000.0)
     window = _int(meta, arch, "attention.sliding_window", gguf, 0)
-    if gemma and window:
-        slides = [i % GEMMA_SWA_PERIOD < GEMMA_SWA_PERIOD - 1 for i in range(layers)]
+    period = family.gguf.sliding_period
+    if period and window:
+        slides = [i % period < period - 1 for i in range(layers)]
         keys = tuple("sliding_attention" if s else "full_attention" for s in slides)
         windows = tuple(window if s else None for s in slides)
-        local = _number(meta, arch, "rope.freq_base_swa", gguf, GEMMA_SWA_BASE)
-        rotary = {"full_attention": _rotary(meta, header, path, arch, head_dim, base),
+        local = _number(meta, arch, "rope.freq_base_swa", gguf,
+                        family.gguf.defaults["rope.freq_base_swa"])
+        rotary = {"full_attention": _rotary(meta, header, path, family, head_dim, base),
                   "sliding_attention": Rotary(_floats(_plain(local, head_dim)))}
-    else:   # Gemma 3 without a window: every layer global, on the global table
-        keys = ("full_attention" if gemma else "",) * layers
-        windows = (None,) * layers   # llama.cpp windows no other family's attention
-        rotary = {keys[0]: _rotary(meta, header, path, arch, head_dim, base)}
+    else:   # without a window every layer global, on the global table
+        keys = ("full_attention" if family.rope_per_layer_type else "",) * layers
+        windows = (None,) * layers   # llama.cpp applies no window without a sliding pattern
+        rotary = {keys[0]: _rotary(meta, header, path, family, head_dim, base)}
     softcap = _number(meta, arch, "final_logit_softcapping", gguf, None)
     return ModelSpec(
-        family=FAMILIES[arch], num_layers=layers, hidden=hidden,
+        family=family.model_types[0], num_layers=layers, hidden=hidden,
         intermediate=_int(meta, arch, "feed_forward_length", gguf), heads=heads,
         kv_heads=kv_heads, head_dim=head_dim, vocab=int(embed.dims[1]),
         max_positions=_int(meta, arch, "context_length", gguf), eos_ids=eos_ids(meta),
         windows=windows, rope_keys=keys, rotary=rotary,
-        activation="gelu_pytorch_tanh" if gemma else "silu",
+        activation=family.activation,
         norm_eps=_number(meta, arch, "attention.layer_norm_rms_epsilon", gguf),
-        norm_offset=gemma, sandwich=gemma,
+        norm_offset=family.norm_offset, sandwich=family.sandwich,
         qk_norm="blk.0.attn_q_norm.weight" in header.tensors,
-        attn_scale=(hidden / heads if gemma and layers == GEMMA_27B_LAYERS
+        attn_scale=(hidden / heads if layers in family.gguf.wide_query_layers
                     else head_dim) ** -0.5,
-        embed_scale=hidden ** 0.5 if gemma else 1.0,
+        embed_scale=hidden ** 0.5 if family.embed_scaled else 1.0,
         final_softcap=softcap,
         query_scale=_query_scale(meta, arch, gguf))

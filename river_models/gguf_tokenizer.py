@@ -11,7 +11,7 @@ GGUF and on the embedded model):
   the text split by the regex its `pre` names;
 - `llama` (SentencePiece BPE with byte fallback: Llama 2, Mistral, Gemma, Phi-3): "▁" for a
   space, merges from the file or, as transformers recovers them, from the vocabulary and its
-  scores; Gemma and Phi-3 spell spaces their own way.
+  scores; spaces spelled as the kind its family's record names (`Gguf.tokenizer`, SPM_KINDS).
 The tokens the file marks as control are special (matched whole, dropped by decode), those it
 marks user-defined are matched whole too.
 """
@@ -25,6 +25,8 @@ from typing import Any
 import numpy as np
 
 from river_core.errors import ModelError
+
+from .families import BY_ARCH
 
 CONTROL, USER_DEFINED = 3, 4   # llama.cpp's token types
 SPACE = "\u2581"   # SentencePiece's visible space
@@ -52,14 +54,18 @@ SPLITS = {**dict.fromkeys(("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon
           "qwen35": _QWEN35,
           **dict.fromkeys(("gpt-4o", "llama4", "kanana2", "talkie", "minimax-m2"), _GPT4O)}
 MODELS = ("gpt2", "llama")   # the `tokenizer.ggml.model`s River builds
-GEMMA = ("gemma", "gemma2", "gemma3")
+# how transformers builds a SentencePiece vocabulary, by the kind the file's family names:
+# "▁" for a space from a Metaspace pre-tokenizer (Llama's), or from a normalizer that also
+# prepends one (Phi-3's), or spaces stored as spaces, merges in the file's order and the named
+# tokens of its own class (Gemma's)
+SPM_KINDS = ("metaspace", "prepend", "spaces")
 # the special tokens transformers' tokenizer registers by name, and the ids it takes them from
 NAMED = {"bos_token": "bos_token_id", "eos_token": "eos_token_id",
          "unk_token": "unknown_token_id", "pad_token": "padding_token_id"}
 # the named tokens of the class transformers builds each vocabulary with (its defaults, in the
 # order it registers them): one missing from the vocabulary is added after it, under a new id
 BUILDER_TOKENS = {"gpt2": ("<|endoftext|>",) * 3, "llama": ("<s>", "</s>", "<unk>"),
-                  "gemma": ("<bos>", "<eos>", "<unk>", "<pad>", "<mask>")}
+                  "spaces": ("<bos>", "<eos>", "<unk>", "<pad>", "<mask>")}
 
 
 @functools.cache
@@ -113,23 +119,24 @@ def _byte_level(tokens: list[str], merges: list[str]):
     return tok
 
 
-def _sentencepiece(meta: dict[str, Any], tokens: list[str], arch: str, gguf: str):
+def _sentencepiece(meta: dict[str, Any], tokens: list[str], kind: str, gguf: str):
+    """The tokenizer of a SentencePiece vocabulary of `kind` (SPM_KINDS)."""
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
 
     merges = meta.get("tokenizer.ggml.merges")
-    if arch in GEMMA:   # spaces stored as spaces; merges in the file's order, not its scores'
+    if kind == "spaces":   # spaces stored as spaces; merges in the file's order, not its scores'
         tokens = [SPACE * len(t) if " " in t and not t.strip() else t for t in tokens]
         order = {t: -i for i, t in enumerate(tokens)}
     elif merges is None:
         scores = _field(meta, "tokenizer.ggml.scores", gguf)
         order = dict(zip(tokens, np.asarray(scores, np.float64).tolist()))
     vocab = {t: i for i, t in enumerate(tokens)}
-    if arch in GEMMA and "<unk>" not in vocab:   # tokenizers would fail on every unknown piece
-        raise ModelError(f"{gguf}: tokenizer.ggml.tokens has no <unk>, which Gemma's tokenizer "
+    if kind == "spaces" and "<unk>" not in vocab:   # tokenizers would fail on any unknown piece
+        raise ModelError(f"{gguf}: tokenizer.ggml.tokens has no <unk>, which its tokenizer "
                          f"falls back to")
     pairs = [tuple(m.split(" ")) for m in merges] if merges is not None else \
         recovered_merges(tokens, order)
-    if arch in GEMMA:
+    if kind == "spaces":
         tok = Tokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=True, dropout=None,
                                    unk_token="<unk>", byte_fallback=True))
         tok.normalizer = normalizers.Replace(" ", SPACE)
@@ -142,7 +149,7 @@ def _sentencepiece(meta: dict[str, Any], tokens: list[str], arch: str, gguf: str
                                dropout=None))
     tok.decoder = decoders.Sequence([decoders.Replace(SPACE, " "), decoders.ByteFallback(),
                                      decoders.Fuse(), decoders.Strip(content=" ", left=1)])
-    if arch == "phi3":   # the prefix space from a normalizer (it shows on text led by spaces)
+    if kind == "prepend":   # the prefix space from a normalizer (it shows on text led by spaces)
         tok.normalizer = normalizers.Sequence([normalizers.Prepend(prepend=SPACE),
                                                normalizers.Replace(pattern=" ", content=SPACE)])
     else:
@@ -165,6 +172,7 @@ def build(meta: dict[str, Any], gguf: str = "the GGUF") -> tuple[str, dict[str, 
     if not isinstance(tokens, list) or not tokens:
         raise ModelError(f"{gguf}: tokenizer.ggml.tokens is not a list of tokens")
     arch = meta.get("general.architecture", "")
+    kind = BY_ARCH[arch].gguf.tokenizer if arch in BY_ARCH else "metaspace"
     types = meta.get("tokenizer.ggml.token_type")
     types = [] if types is None or isinstance(types, int) else np.asarray(types).tolist()
     if model == "gpt2":
@@ -172,9 +180,9 @@ def build(meta: dict[str, Any], gguf: str = "the GGUF") -> tuple[str, dict[str, 
         alphabet = set(byte_alphabet().values())
         control = [t for t, k in zip(tokens, types) if k == CONTROL and set(t) <= alphabet]
     else:
-        tok = _sentencepiece(meta, tokens, arch, gguf)
+        tok = _sentencepiece(meta, tokens, kind, gguf)
         control = [t for t, k in zip(tokens, types) if k == CONTROL]
-    builder = "gemma" if model == "llama" and arch in GEMMA else model
+    builder = "spaces" if model == "llama" and kind == "spaces" else model
     tok.add_special_tokens([AddedToken(t, special=True)
                             for t in dict.fromkeys(BUILDER_TOKENS[builder])])
     vocab = tok.get_vocab()
@@ -191,7 +199,7 @@ def build(meta: dict[str, Any], gguf: str = "the GGUF") -> tuple[str, dict[str, 
     for name, key in NAMED.items():
         i = meta.get(f"tokenizer.ggml.{key}")
         config[name] = tokens[i] if i is not None and 0 <= i < len(tokens) else None
-    if builder == "gemma":   # transformers' GemmaTokenizer keeps its own
+    if builder == "spaces":   # transformers' class for these keeps its own
         config["mask_token"] = "<mask>"
     named = [t for t in config.values() if t is not None]
     tok.add_special_tokens([AddedToken(t, special=True) for t in named])   # as transformers does

@@ -1,8 +1,8 @@
 """A GGUF's weights as River's float32 `Checkpoint`, dequantized by gguf-py (not by ggml): the
 reference River's engines on the file are checked against (its torch engine computes on it in
-float32). The converter's layout is undone: Llama-class Q/K rows un-permuted, Gemma's norms
-back to w (the file holds 1 + w), Phi-3's fused projections split; the spec is the file's
-own (gguf_spec, checked against transformers' reading in tests/test_gguf_spec.py)."""
+float32). The converter's layout is undone: Q/K rows un-permuted where llama.cpp rotates the
+normal way, norms back to w where the file holds 1 + w, fused projections split; the spec is
+the file's own (gguf_spec, checked against transformers' reading in tests/test_gguf_spec.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .gguf_convention import PERMUTED
+from .families import BY_ARCH
 from .gguf_header import read_header
 from .gguf_spec import gguf_spec
 from .spec import Checkpoint, LayerWeights, Weights
@@ -53,7 +53,7 @@ def checkpoint(path: Path, tokenizer=None) -> Checkpoint:
 
     def layer(i: int) -> LayerWeights:
         p = f"blk.{i}."
-        if p + "attn_qkv.weight" in t:   # Phi-3: q, k, v fused and gate, up fused
+        if p + "attn_qkv.weight" in t:   # q, k, v fused and gate, up fused
             q, kv = spec.heads * spec.head_dim, spec.kv_heads * spec.head_dim
             qkv, gate_up = t[p + "attn_qkv.weight"], t[p + "ffn_up.weight"]
             projections = {"q": qkv[:q], "k": qkv[q:q + kv], "v": qkv[q + kv:],
@@ -61,7 +61,7 @@ def checkpoint(path: Path, tokenizer=None) -> Checkpoint:
                            "up": gate_up[len(gate_up) // 2:], "down": t[p + "ffn_down.weight"]}
         else:
             projections = {role: t[f"{p}{name}.weight"] for role, name in NAMES.items()}
-        if arch in PERMUTED:
+        if not BY_ARCH[arch].gguf.neox:
             projections["q"] = unpermuted(projections["q"], spec.heads)
             projections["k"] = unpermuted(projections["k"], spec.kv_heads)
         biases = {role: t[f"{p}attn_{role}.bias"] for role in "qkv"

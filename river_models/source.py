@@ -16,7 +16,7 @@ from pathlib import Path
 from river_core.backend import ModelShape
 from river_core.errors import ModelError
 
-from . import families, gguf_rope, gguf_spec, gguf_tokenizer
+from . import from_transformers, gguf_rope, gguf_spec, gguf_tokenizer
 from .cache import cache_root, cached, content_key, digest
 from .gguf_header import check_gguf, read_header
 from .spec import Checkpoint, ModelSpec
@@ -201,16 +201,16 @@ def hf_model(folder: Path, progress: bool = False):
             config = AutoConfig.from_pretrained(folder, local_files_only=True)
         except Exception as e:
             raise ModelError(f"cannot read the model config in {folder}: {e}") from None
-        families.check_architecture(config)
+        from_transformers.check_architecture(config)
         say(progress, f"loading {folder} ...")
         try:
-            if families.text_config(config) is config:
+            if from_transformers.text_config(config) is config:
                 hf = AutoModelForCausalLM.from_pretrained(folder, dtype="float32",
                                                           local_files_only=True)
             else:   # text and vision: River runs the text model
                 from transformers import AutoModelForImageTextToText
 
-                hf = families.text_model(AutoModelForImageTextToText.from_pretrained(
+                hf = from_transformers.text_model(AutoModelForImageTextToText.from_pretrained(
                     folder, dtype="float32", local_files_only=True))
             tok = AutoTokenizer.from_pretrained(folder, local_files_only=True)
         except Exception as e:
@@ -219,7 +219,7 @@ def hf_model(folder: Path, progress: bool = False):
 
 
 def checkpoint_of(hf, tokenizer, name: str, key: str, source: Path | None = None) -> Checkpoint:
-    spec, weights = families.describe(hf, tokenizer)
+    spec, weights = from_transformers.describe(hf, tokenizer)
     return Checkpoint(name, key, spec, weights, Tokenizer(tokenizer, spec.eos_ids), source)
 
 

@@ -1,11 +1,11 @@
 """Tiny random models written as GGUF files as llama.cpp's converter writes them
 (river_models.gguf_convention: its keys, the ones it leaves out, its tensors' layout).
 
-One per tiny family. The Qwen2 one runs the conformance kit on llama.cpp; all of them run it
-on the ggml engine. The Llama-class architectures' Q and K rows go in permuted, as the
-converter writes them, and Gemma's norm weights as 1 + w. The Phi-3 and Llama 3 ones check
-River's GGUF reader on the header fields and tensors transformers' GGUF loader drops (Phi-3's
-partial rotary and LongRoPE factors, Llama 3's rope frequency factors). Float32, so readers
+One per tiny family. The default one runs the conformance kit on llama.cpp; all of them run it
+on the ggml engine. Q and K rows go in permuted where llama.cpp rotates the normal way, as the
+converter writes them, norms scaling by 1 + w as 1 + w. Some check River's GGUF reader on the
+header fields and tensors transformers' GGUF loader drops (a partial rotary, LongRoPE's
+factors, Llama 3's rope frequency factors: each family's `Gguf.restore`). Float32, so readers
 compute on the very same numbers. The kit feeds token ids; the character vocabulary has no
 byte tokens, so llama.cpp cannot tokenize text with it.
 """
@@ -15,10 +15,12 @@ from __future__ import annotations
 import functools
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
-from .gguf_convention import ARCH, PERMUTED, add_dimensions, add_metadata, rope_tensors
+from .families import BY_NAME
+from .gguf_convention import add_dimensions, add_metadata, rope_tensors
 
 FAMILY = "qwen2"   # the default: the first family llama.cpp and transformers agreed on
 SEPARATE = {"attn_q": "q", "attn_k": "k", "attn_v": "v", "attn_output": "o", "ffn_gate": "gate",
@@ -26,22 +28,24 @@ SEPARATE = {"attn_q": "q", "attn_k": "k", "attn_v": "v", "attn_output": "o", "ff
 
 
 def permuted(w: np.ndarray, heads: int) -> np.ndarray:
-    """Llama's Q and K rows as llama.cpp stores them: each head's rotary halves interleaved
-    (its converter's permutation, which transformers' GGUF loader undoes)."""
+    """Q and K rows as llama.cpp stores them where it rotates the normal way: each head's
+    rotary halves interleaved (its converter's permutation, which transformers' GGUF loader
+    undoes)."""
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2) \
         .reshape(w.shape)
 
 
 def projections(family: str, spec, p, permute=permuted, fuse=np.concatenate) -> dict:
     """A layer's projections `p` (by role) under the GGUF's names, as llama.cpp's converter
-    stores them: Phi-3's fused, Llama's Q and K rows permuted. `permute` and `fuse` do it to
-    whatever `p` holds (arrays; the ggml engine's quantized weights)."""
-    if family == "phi3":   # q, k, v fused, gate and up fused, as Phi-3 stores them
+    stores them: fused or not, Q and K rows permuted or not, as the family's are. `permute` and
+    `fuse` do it to whatever `p` holds (arrays; the ggml engine's quantized weights)."""
+    record = BY_NAME[family]
+    if record.fused:   # q, k, v fused, gate and up fused
         tensors = {"attn_qkv": fuse([p["q"], p["k"], p["v"]]), "attn_output": p["o"],
                    "ffn_up": fuse([p["gate"], p["up"]]), "ffn_down": p["down"]}
     else:
         tensors = {short: p[role] for short, role in SEPARATE.items()}
-    if ARCH[family] in PERMUTED:
+    if not record.gguf.neox:
         tensors["attn_q"] = permute(p["q"], spec.heads)
         tensors["attn_k"] = permute(p["k"], spec.kv_heads)
     return {f"{k}.weight": v for k, v in tensors.items()}
@@ -61,8 +65,10 @@ def add_shape(w, spec, context: int, tokens: list[bytes] | None, file_type) -> N
     """A Llama decoder's dimensions (from its ModelSpec) and a placeholder vocabulary of
     `tokens` (None: none) in GGUF writer `w` (the benchmarks' random shapes, which have no
     transformers config)."""
-    add_dimensions(w, context, spec.hidden, spec.intermediate, spec.num_layers, spec.heads,
-                   spec.kv_heads, spec.norm_eps, file_type)
+    shape = SimpleNamespace(hidden_size=spec.hidden, intermediate_size=spec.intermediate,
+                            num_hidden_layers=spec.num_layers, num_attention_heads=spec.heads,
+                            num_key_value_heads=spec.kv_heads, rms_norm_eps=spec.norm_eps)
+    add_dimensions(w, shape, context, file_type)
     if tokens is not None:
         add_placeholder_vocabulary(w, tokens)
 
@@ -94,10 +100,10 @@ def gguf_file(seed: int = 0, family: str = FAMILY, vocabulary: str | None = None
     config = tiny.model(family, seed).config
     name = f"tiny-{family}-{seed}" + (f"-{vocabulary}" if vocabulary else "")
     path = Path(tempfile.mkdtemp(prefix="river-llamacpp-")) / f"{name}.gguf"
-    w = gguf.GGUFWriter(path, ARCH[family])
+    w = gguf.GGUFWriter(path, BY_NAME[family].gguf.arch)
     add_metadata(w, family, config, gguf.LlamaFileType.ALL_F32)
     if vocabulary:
-        tiny_vocab.add_vocabulary(w, vocabulary, ARCH[family])
+        tiny_vocab.add_vocabulary(w, vocabulary, BY_NAME[family].gguf.tokenizer)
     else:
         vocab = tiny.tokenizer().convert_ids_to_tokens(list(range(tiny.VOCAB)))
         add_placeholder_vocabulary(w, [t.encode() for t in vocab])

@@ -1,6 +1,7 @@
 """Small real-shaped vocabularies for the tiny GGUFs, written as llama.cpp's converter writes
-them: one SentencePiece vocabulary with byte fallback, scores and no merges (Llama 2, Mistral,
-Gemma, Phi-3 files), one byte-level BPE with merges and a named split (SmolLM2, Qwen, Llama 3).
+them: one SentencePiece vocabulary with byte fallback, scores and no merges (spaces spelled as
+the family's kind spells them: river_models.gguf_tokenizer), one byte-level BPE with merges and
+a named split.
 They exercise what a GGUF's tokenizer has to get right (bytes, runs of spaces, unicode, control
 and user-defined tokens) in tests of River's GGUF tokenizer against transformers'."""
 
@@ -16,14 +17,14 @@ WORDS = ["the", "he", "hello", "world", "in", "ing", "th", "er", "on", "an", "re
 SPACE = "\u2581"
 
 
-def _spm(gemma: bool) -> dict:
+def _spm(spaces: bool) -> dict:
     tokens = ["<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>", "<think>"]
     types = [UNKNOWN, CONTROL, CONTROL, CONTROL, CONTROL, USER_DEFINED]
     tokens += [f"<0x{b:02X}>" for b in range(256)]
     types += [BYTE] * 256
     pieces = [SPACE] + [c for c in "abcdefghijklmnopqrstuvwxyz.,'!?0123456789"] + WORDS \
         + [SPACE + w for w in WORDS] + ["é", "東"]
-    if gemma:   # Gemma stores its runs of spaces as spaces
+    if spaces:   # runs of spaces stored as spaces
         pieces += ["  ", "   "]
     else:
         pieces += [SPACE * 2, SPACE * 3]
@@ -56,19 +57,20 @@ def _bpe() -> dict:
             "eos": 2, "unk": None, "merges": merges, "pre": "qwen2"}
 
 
-def vocabulary(kind: str, arch: str) -> dict:
-    """The fields of vocabulary `kind` ("spm", "bpe") for a GGUF of llama.cpp arch `arch`."""
-    return _spm(arch == "gemma3") if kind == "spm" else _bpe()
+def vocabulary(kind: str, spm_kind: str) -> dict:
+    """The fields of vocabulary `kind` ("spm", "bpe") for a family whose SentencePiece
+    vocabularies are of `spm_kind` (its `Gguf.tokenizer`)."""
+    return _spm(spm_kind == "spaces") if kind == "spm" else _bpe()
 
 
 UNUSED = 5   # llama.cpp's token type of the converter's padding
 
 
-def add_vocabulary(w, kind: str, arch: str, size: int | None = None) -> None:
+def add_vocabulary(w, kind: str, spm_kind: str, size: int | None = None) -> None:
     """Vocabulary `kind`'s fields in GGUF writer `w`, chat template included; padded to
     `size` tokens as llama.cpp's converter pads a vocabulary shorter than the embedding
     (`[PAD{i}]`, unused), for a model of a real vocabulary's width."""
-    v = vocabulary(kind, arch)
+    v = vocabulary(kind, spm_kind)
     if size is not None:
         pad = range(len(v["tokens"]), size)
         v["tokens"] = v["tokens"] + [f"[PAD{i}]" for i in pad]

@@ -12,6 +12,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from river_core import CapabilityError, ExitConfig, GenerationConfig, RiverModel
 from river_hf.backend import HFBackend
 from river_models import tiny
+from river_models.families import phi3
 from river_models.quant import QuantWeight
 from river_models.torch_blocks import _int4_tinygemm, _scales_and_zeros, packed
 
@@ -156,9 +157,9 @@ def test_a_rerun_across_the_longrope_switch_stays_on_the_device():
         begun = backend._pass
         backend._pass = lambda ids, step, starts=True: (
             whole.append(step.end) if step.start == 0 else None, begun(ids, step, starts))[1]
-        prompt = [1] + [20] * (tiny.PHI3_SWITCH - 2)
+        prompt = [1] + [20] * (phi3.SWITCH - 2)
         out = RiverModel(backend).generate_ids([prompt], ExitConfig(
             policy="fixed", options={"layer": 1}), GenerationConfig(max_new_tokens=4))
     assert out.tokens == [[TOKEN] * 4]
     assert device.of("embed") == [[(1, device.vocab)]] * 3
-    assert whole == [len(prompt), tiny.PHI3_SWITCH + 1]   # one recompute, at the crossing
+    assert whole == [len(prompt), phi3.SWITCH + 1]   # one recompute, at the crossing

@@ -16,12 +16,13 @@ from river_core.predictor import relative_error
 from river_conformance.kit import FULL_DEPTH_RTOL
 from river_conformance.scripted import forced_logits, scripted_run
 from river_models import tiny
+from river_models.families import llama3, ministral3, phi3
 
 PAPER_FAMILIES = ("llama3", "phi3", "ministral3")
 ENGINES = ("hf", "onnx")
 rng = np.random.default_rng(0)
 # longer than Phi-3's LongRoPE switch, and several of Ministral 3's query-scaling periods
-LONG_PROMPT = [1] + rng.integers(3, tiny.VOCAB, 2 * tiny.PHI3_SWITCH).tolist()
+LONG_PROMPT = [1] + rng.integers(3, tiny.VOCAB, 2 * phi3.SWITCH).tolist()
 
 
 def _backend(engine: str, family: str, checkpoint=None):
@@ -68,15 +69,15 @@ def test_longrope_switches_to_the_long_table_past_the_original_context():
     """Without its long table Phi-3 matches transformers up to the switch and not past it."""
     checkpoint = tiny.checkpoint("phi3")
     rotary = checkpoint.spec.rotary[""]
-    assert rotary.switch == tiny.PHI3_SWITCH and rotary.long_inv_freq != rotary.inv_freq
+    assert rotary.switch == phi3.SWITCH and rotary.long_inv_freq != rotary.inv_freq
     assert 2 * len(rotary.inv_freq) == 12 < checkpoint.spec.head_dim   # partial rotary, 0.75
     short_only = attrs.evolve(checkpoint, spec=attrs.evolve(
         checkpoint.spec, rotary={"": attrs.evolve(rotary, long_inv_freq=())}))
-    within = LONG_PROMPT[:tiny.PHI3_SWITCH]
+    within = LONG_PROMPT[:phi3.SWITCH]
     b = _backend("hf", "phi3", short_only)
     assert relative_error(forced_logits(b, within, [], Full())[0].reshape(-1),
                           _reference_logits("phi3", within)[-1]) <= FULL_DEPTH_RTOL
-    past = LONG_PROMPT[:tiny.PHI3_SWITCH + 1]
+    past = LONG_PROMPT[:phi3.SWITCH + 1]
     assert relative_error(forced_logits(b, past, [], Full())[0].reshape(-1),
                           _reference_logits("phi3", past)[-1]) > 100 * FULL_DEPTH_RTOL
 
@@ -85,14 +86,14 @@ def test_ministral3_query_scaling_changes_the_logits_from_its_first_period():
     """Without its query scaling Ministral 3 matches transformers for positions below the
     scaling's period (factor 1) and departs from it from there on."""
     checkpoint = tiny.checkpoint("ministral3")
-    assert checkpoint.spec.query_scale.period == tiny.MINISTRAL3_PERIOD
+    assert checkpoint.spec.query_scale.period == ministral3.PERIOD
     b = _backend("hf", "ministral3", attrs.evolve(
         checkpoint, spec=attrs.evolve(checkpoint.spec, query_scale=None)))
-    got = _full_depth_logits(b, LONG_PROMPT[:3 * tiny.MINISTRAL3_PERIOD])
-    want = _reference_logits("ministral3", LONG_PROMPT[:3 * tiny.MINISTRAL3_PERIOD])
+    got = _full_depth_logits(b, LONG_PROMPT[:3 * ministral3.PERIOD])
+    want = _reference_logits("ministral3", LONG_PROMPT[:3 * ministral3.PERIOD])
     errors = [relative_error(g, w) for g, w in zip(got, want)]
-    assert max(errors[:tiny.MINISTRAL3_PERIOD]) <= FULL_DEPTH_RTOL
-    assert min(errors[tiny.MINISTRAL3_PERIOD:]) > 10 * FULL_DEPTH_RTOL
+    assert max(errors[:ministral3.PERIOD]) <= FULL_DEPTH_RTOL
+    assert min(errors[ministral3.PERIOD:]) > 10 * FULL_DEPTH_RTOL
 
 
 @pytest.mark.parametrize("family", ["llama3", "phi3"])
@@ -104,9 +105,9 @@ def test_tied_embeddings_are_read_as_one_matrix(family):
 def test_llama3_rope_scaling_stretches_the_low_frequencies():
     """Llama 3.1's rope: the long wavelengths divided by the factor, the short ones kept."""
     inv_freq = np.asarray(tiny.checkpoint("llama3").spec.rotary[""].inv_freq)
-    plain = 1.0 / tiny.LLAMA3_ROPE["rope_theta"] ** (np.arange(0, 16, 2) / 16)
+    plain = 1.0 / llama3.TINY_ROPE["rope_theta"] ** (np.arange(0, 16, 2) / 16)
     assert np.isclose(inv_freq[0], plain[0])
-    assert np.isclose(inv_freq[-1], plain[-1] / tiny.LLAMA3_ROPE["factor"])
+    assert np.isclose(inv_freq[-1], plain[-1] / llama3.TINY_ROPE["factor"])
 
 
 def test_phi3_fused_projections_split_into_river_projections():
@@ -206,7 +207,7 @@ def test_a_mistral3_checkpoint_runs_its_ministral3_text_model(tmp_path):
 
     from river_models.source import model_shape, open_model
 
-    folder = tiny.save_mistral3(tmp_path / "mistral3")
+    folder = tiny.save_wrapped(tmp_path / "mistral3", "ministral3")
     checkpoint, alone = open_model(folder), tiny.checkpoint("ministral3")
     assert checkpoint.spec == alone.spec
     assert all(np.array_equal(a.projections[n], b.projections[n])
@@ -227,12 +228,12 @@ def test_decoding_across_the_longrope_switch_recomputes_the_sequence_on_the_long
     the long table), because River recomputes its cache where the sequence first passes the
     switch. (transformers' own generate means to do the same, but at that step feeds only the
     newest token with no cache at all (5.19), so it is not the reference here.)"""
-    prompt, n = LONG_PROMPT[:tiny.PHI3_SWITCH - 3], 8
+    prompt, n = LONG_PROMPT[:phi3.SWITCH - 3], 8
     b = _backend(engine, "phi3")
     tokens = generate_ids(b, [prompt], GenerationConfig(max_new_tokens=n),
                           scripted_run(Full(), [])).tokens[0]
     got = forced_logits(b, prompt, tokens[:-1], Full())
-    assert len(prompt) + len(tokens) > tiny.PHI3_SWITCH + 1   # several steps past the switch
+    assert len(prompt) + len(tokens) > phi3.SWITCH + 1   # several steps past the switch
     for step, g in enumerate(got):
         want = _reference_logits("phi3", prompt + tokens[:step])[-1]
         assert relative_error(g.reshape(-1), want) <= FULL_DEPTH_RTOL
@@ -247,7 +248,7 @@ def test_lossless_mode_across_the_longrope_switch_gives_full_depths_tokens(engin
     from river_core.draft_length import DraftLength
     from river_core.speculative import speculative_ids
 
-    prompt, n = LONG_PROMPT[:tiny.PHI3_SWITCH - 4], 8
+    prompt, n = LONG_PROMPT[:phi3.SWITCH - 4], 8
     b = _backend(engine, "phi3")
     want = generate_ids(b, [prompt], GenerationConfig(max_new_tokens=n),
                         scripted_run(Full(), [])).tokens

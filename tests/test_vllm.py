@@ -17,6 +17,7 @@ pytest.importorskip("vllm.entrypoints", reason="River inside vLLM needs the vllm
 
 from river_core import ConfigError, ExitConfig, GenerationConfig, RiverModel  # noqa: E402
 from river_models import tiny  # noqa: E402
+from river_models.families import ministral3, phi3  # noqa: E402
 
 PROMPTS = [[1, 20, 21, 22], [1, 30, 31], [1, 40, 41, 42, 43, 44]]
 NEW = 12
@@ -28,7 +29,7 @@ CONTEXT = 256
 # vLLM's Phi-3 rotary takes LongRoPE's long table at every position once max_model_len exceeds
 # the original context (transformers and River's own engines: once a sequence passes it), so
 # a comparison with River's own engine keeps a Phi-3 context within the original one
-OWN_ENGINES_CONTEXT = {"phi3": tiny.PHI3_SWITCH}
+OWN_ENGINES_CONTEXT = {"phi3": phi3.SWITCH}
 
 
 @pytest.fixture(scope="module")
@@ -318,7 +319,7 @@ def test_river_serve_refuses_a_text_and_vision_checkpoint_in_one_line(tmp_path):
     from river_models import tiny
     from river_vllm.serve import overrides
 
-    folder = tiny.save_mistral3(tmp_path / "mistral3")
+    folder = tiny.save_wrapped(tmp_path / "mistral3", "ministral3")
     with pytest.raises(ConfigError, match="serve a folder of its text model alone"):
         overrides(folder, ExitConfig(), QuantSpec())
 
@@ -338,8 +339,8 @@ def test_river_serve_runs_each_family_with_its_river_class(folders, tmp_path):
         "qwen3": ["RiverQwen3ForCausalLM"], "phi3": ["RiverPhi3ForCausalLM"],
         "ministral3": ["RiverMinistral3ForCausalLM"]}
     assert served["ministral3"]["llama_4_scaling"] == {
-        "beta": tiny.MINISTRAL3_ROPE["llama_4_scaling_beta"],
-        "original_max_position_embeddings": tiny.MINISTRAL3_PERIOD}
+        "beta": ministral3.TINY_ROPE["llama_4_scaling_beta"],
+        "original_max_position_embeddings": ministral3.PERIOD}
     assert not any("llama_4_scaling" in served[f] for f in ("llama", "phi3"))
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["MistralForCausalLM"]}))
     with pytest.raises(ConfigError, match="this model is MistralForCausalLM"):

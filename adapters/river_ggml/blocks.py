@@ -3,17 +3,18 @@
 A block's graph takes one step's states x [rows * tokens, hidden] of `rows` sequences and its
 per-step inputs (each token's position, the slots it writes (the same for every row: the
 layout left-pads), each row's attention mask over the first `keys` slots, the rotary frequency
-factors, Ministral 3's query scale), writes the step's K/V into the F16 cache it is given
-(`cache`: K and V [head_dim, capacity, kv_heads, rows], the whole batch's or one row's) with
-`set_rows` (slots are an input, so one graph serves every step of its shape) and attends the
-first `keys` slots with `flash_attn_ext`, rows as its batch dimension. Its outputs are the
-block's output and the state between attention and MLP (what the paper's exit rule
+factors, the query scale where the model has one), writes the step's K/V into the F16 cache it
+is given (`cache`: K and V [head_dim, capacity, kv_heads, rows], the whole batch's or one
+row's) with `set_rows` (slots are an input, so one graph serves every step of its shape) and
+attends the first `keys` slots with `flash_attn_ext`, rows as its batch dimension. Its outputs
+are the block's output and the state between attention and MLP (what the paper's exit rule
 compares).
 
 Rotary: every table of the ModelSpec is given to ggml as frequency factors over a fixed base
 (factor_i = BASE^(-2i/d) / inv_freq_i), so one path runs plain, llama3-scaled, LongRoPE and
-per-layer tables alike. Heads rotate as the GGUF stores them: llama's Q/K rows are permuted
-by llama.cpp's converter for ggml's normal rotation, the other families' run NeoX rotation.
+per-layer tables alike. Heads rotate as the GGUF stores them, each architecture the way its
+family's record says (`Gguf.neox`): the normal rotation's Q/K rows permuted by llama.cpp's
+converter, the others' NeoX.
 """
 
 from __future__ import annotations
@@ -21,25 +22,24 @@ from __future__ import annotations
 import numpy as np
 
 from river_core.errors import ModelError
+from river_models.families import BY_ARCH
 from river_models.skeleton import decoder_layer, norms_of
 from river_models.spec import ModelSpec
 
 from .lib import Graph, MappedGGUF, g
 
 BASE = 10000.0
-# llama.cpp's rotation per GGUF architecture (src/llama-model.cpp, llama_model_rope_type), for
-# those checked against transformers on a tiny GGUF of each (tests/test_ggml.py)
-NEOX = g.GGML_ROPE_TYPE_NEOX
-ROPE_MODE = {"llama": 0, "mistral3": 0, "qwen2": NEOX, "qwen3": NEOX, "gemma3": NEOX,
-             "phi3": NEOX}
 F32, F16, I32, I64 = g.GGML_TYPE_F32, g.GGML_TYPE_F16, g.GGML_TYPE_I32, g.GGML_TYPE_I64
 
 
 def rope_mode(arch: str) -> int:
-    if arch not in ROPE_MODE:
-        raise ModelError(f"the ggml engine runs GGUF architectures {', '.join(ROPE_MODE)}, "
+    """llama.cpp's rotation for a GGUF architecture (src/llama-model.cpp,
+    llama_model_rope_type), checked against transformers on each family's tiny GGUF
+    (tests/test_ggml.py)."""
+    if arch not in BY_ARCH:
+        raise ModelError(f"the ggml engine runs GGUF architectures {', '.join(BY_ARCH)}, "
                          f"not {arch}")
-    return ROPE_MODE[arch]
+    return g.GGML_ROPE_TYPE_NEOX if BY_ARCH[arch].gguf.neox else 0
 
 
 def frequency_factors(inv_freq) -> np.ndarray:
@@ -66,7 +66,7 @@ class Layer:
             self.q, self.k, self.v = (w(weights, f"attn_{n}.weight") for n in "qkv")
         self.qkv_bias = [w(norms, f"attn_{n}.bias", False) for n in "qkv"]
         self.o = w(weights, "attn_output.weight")
-        self.gate = w(weights, "ffn_gate.weight", False)   # None: fused into ffn_up (Phi-3)
+        self.gate = w(weights, "ffn_gate.weight", False)   # None: fused into ffn_up
         self.up, self.down = w(weights, "ffn_up.weight"), w(weights, "ffn_down.weight")
         self.input_norm, self.pre_mlp_norm = w(norms, "attn_norm.weight"), \
             w(norms, "ffn_norm.weight")

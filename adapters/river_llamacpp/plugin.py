@@ -10,6 +10,7 @@ from river_core.backend import ModelShape
 from river_core.config import QuantSpec
 from river_core.errors import CapabilityError, ConfigError, ModelError
 from river_core.hookspecs import BackendPlugin, hookimpl
+from river_models.families import FAMILIES
 
 from . import CAPABILITIES
 
@@ -67,11 +68,7 @@ def load(model: str | None = None, *, device: str = "cpu", dtype: str = "float32
 
 
 # the tiny families llama.cpp computes otherwise than transformers, and why
-DIFFERS = {"mistral": "its llama architecture has no sliding window",
-           "phi3": "it takes Phi-3's LongRoPE factors by the context allocated, not the "
-                   "position",
-           "gemma3": "its GELU reads ggml's float16 table (the tiny Gemma 3's logits 2.7e-4 "
-                     "from transformers', past the kit's float32 bound of 1e-4)"}
+DIFFERS = {f.name: f.llamacpp_differs for f in FAMILIES if f.llamacpp_differs}
 
 
 def tiny_backend(family: str, seed: int, bits: int, exact: bool = True):

@@ -20,6 +20,7 @@ from typing import Any, Mapping
 import attrs
 
 from river_core import Capabilities, ConfigError, ExitConfig, QuantSpec
+from river_models.families import FAMILIES
 
 # what River can do inside vLLM's step (known without importing vLLM): vLLM's speculative
 # decoding verifies the drafts of lossless mode (drafter.py); its model sees tokens, not
@@ -60,13 +61,9 @@ def river_entry(exit_config: ExitConfig, quant: QuantSpec) -> dict:
             **{k: v for k, v in attrs.asdict(quant).items() if v != getattr(QuantSpec(), k)}}
 
 
-ARCHITECTURES = {
-    "LlamaForCausalLM": "RiverLlamaForCausalLM",
-    "Qwen2ForCausalLM": "RiverQwen2ForCausalLM",
-    "Qwen3ForCausalLM": "RiverQwen3ForCausalLM",
-    "Phi3ForCausalLM": "RiverPhi3ForCausalLM",
-    "Ministral3ForCausalLM": "RiverMinistral3ForCausalLM",
-}
+# a checkpoint's architecture (config.json) -> River's class for it, one for each family vLLM
+# serves with River's exits (models.py makes it from the family's vLLM class)
+ARCHITECTURES = {f.architecture: f"River{f.architecture}" for f in FAMILIES if f.vllm}
 
 
 def model_overrides(config: Mapping[str, Any]) -> dict:
@@ -83,8 +80,8 @@ def model_overrides(config: Mapping[str, Any]) -> dict:
 
 
 def query_scaling(config: Mapping[str, Any]) -> dict:
-    """Ministral 3's position-dependent query scaling where vLLM 0.32 reads it: only from a
-    Mistral-format config (`llama_4_scaling`). A Hugging Face config holds it in
+    """Llama 4's position-dependent query scaling (Ministral 3's) where vLLM 0.32 reads it:
+    only from a Mistral-format config (`llama_4_scaling`). A Hugging Face config holds it in
     rope_parameters (`llama_4_scaling_beta`), which vLLM ignores, running every position from
     the original context on without it (docs/models.md); spelled out, vLLM's attention (and so
     River's walk) applies it as transformers and River's own engines do."""

@@ -28,6 +28,7 @@ flat prior every step.
 
 from __future__ import annotations
 
+import importlib
 from typing import Any, Callable
 
 import attrs
@@ -39,22 +40,18 @@ from vllm.distributed import (get_tensor_model_parallel_rank,
                               tensor_model_parallel_all_gather)
 from vllm.forward_context import get_forward_context
 from vllm.logger import init_logger
-from vllm.model_executor.models.llama import LlamaForCausalLM
-from vllm.model_executor.models.mistral import MistralForCausalLM
-from vllm.model_executor.models.phi3 import Phi3ForCausalLM
-from vllm.model_executor.models.qwen2 import Qwen2ForCausalLM
-from vllm.model_executor.models.qwen3 import Qwen3ForCausalLM
 from vllm.platforms import current_platform
 
 from river_core import ConfigError, ModelShape, Pass, Walk, default_registry, resolve
 from river_core.decode import Row
 from river_core.layer_engine import StandInDefaults
 from river_models import open_model, stand_ins
+from river_models.families import FAMILIES
 from river_models.skeleton import decoder_layer
 from river_models.spec import QueryScale
 from river_models.torch_blocks import Block, TorchArrays, mlp, packed, query_factors
 
-from . import CAPABILITIES, pages, repairs, settings, verifies
+from . import ARCHITECTURES, CAPABILITIES, pages, repairs, settings, verifies
 
 logger = init_logger(__name__)
 REPORT_EVERY = 64   # decode steps between exit statistics in the log
@@ -323,21 +320,21 @@ def _rows(backbone, river, h: torch.Tensor, deep: torch.Tensor,
     return out
 
 
-class RiverLlamaForCausalLM(RiverExits, LlamaForCausalLM):
-    """Llama (and the embedded SmolLM2) with River's exits."""
+def _river_classes() -> dict[str, type]:
+    """River's class for each architecture in ARCHITECTURES: its family's vLLM class (weights,
+    loader, attention layers and paged cache) with River's forward mixed in; a module global
+    each, where vLLM's registry finds it by name (`register`)."""
+    made = {}
+    for family in FAMILIES:
+        name = ARCHITECTURES.get(family.architecture)
+        if not family.vllm or name in made:   # not served, or served by a class made already
+            continue
+        module, base = family.vllm.split(":")
+        vllm = importlib.import_module(f"vllm.model_executor.models.{module}")
+        made[name] = type(name, (RiverExits, getattr(vllm, base)), {
+            "__module__": __name__, "__qualname__": name,
+            "__doc__": f"{family.architecture} with River's exits (vLLM's {base})."})
+    return made
 
 
-class RiverQwen2ForCausalLM(RiverExits, Qwen2ForCausalLM):
-    """Qwen2 with River's exits."""
-
-
-class RiverQwen3ForCausalLM(RiverExits, Qwen3ForCausalLM):
-    """Qwen3 with River's exits."""
-
-
-class RiverPhi3ForCausalLM(RiverExits, Phi3ForCausalLM):
-    """Phi-3 (Phi-4-mini) with River's exits: vLLM's Llama layers over the fused checkpoint."""
-
-
-class RiverMinistral3ForCausalLM(RiverExits, MistralForCausalLM):
-    """Ministral 3's text model with River's exits (vLLM runs it as Mistral)."""
+globals().update(_river_classes())

@@ -1,6 +1,5 @@
-"""Every difference between model families, and every transformers detail, in one place.
-
-`describe(hf_model)` turns a loaded transformers causal LM into a `ModelSpec` and `Weights`.
+"""A loaded transformers causal LM as River's `ModelSpec` and `Weights` (`describe`): every
+transformers detail in one place, each family's quirks from its record (river_models.families).
 Tested with transformers 5.23 (pinned in pyproject.toml).
 """
 
@@ -10,15 +9,9 @@ import numpy as np
 
 from river_core.errors import ModelError
 
+from .families import BY_MODEL_TYPE, WRAPPERS
 from .spec import ACTIVATIONS, LayerWeights, ModelSpec, QueryScale, Rotary, Weights
 
-# model_type -> has a sandwich-normed block (Gemma: norms after attention and after the MLP too)
-SUPPORTED = {"llama": False, "mistral": False, "qwen2": False, "qwen3": False,
-             "gemma3_text": True, "phi3": False, "ministral3": False}
-WINDOWED = ("mistral", "phi3", "ministral3")   # config.sliding_window applies to every layer
-# model_type of a text-and-vision checkpoint -> its text model's, which River runs alone
-# (Ministral-3-8B's hub checkpoint is a "mistral3": its language model is a ministral3)
-WRAPPERS = {"mistral3": "ministral3"}
 STATIC_ROPE = ("default", "linear", "llama3", "yarn")   # inv_freq fixed after construction
 
 
@@ -48,9 +41,9 @@ def text_model(wrapper):
 
 def check_architecture(config) -> None:
     config = text_config(config)
-    if config.model_type not in SUPPORTED:
+    if config.model_type not in BY_MODEL_TYPE:
         raise ModelError(f"unsupported architecture {config.model_type!r}; River "
-                         f"supports {', '.join(SUPPORTED)} (and {', '.join(WRAPPERS)}: "
+                         f"supports {', '.join(BY_MODEL_TYPE)} (and {', '.join(WRAPPERS)}: "
                          f"their text model)")
     if getattr(config, "attn_logit_softcapping", None) is not None:
         raise ModelError("attention logit soft-capping is not supported")
@@ -66,12 +59,12 @@ def _windows(config) -> tuple[int | None, ...]:
     window = getattr(config, "sliding_window", None)
     if types is not None:
         return tuple(window if t == "sliding_attention" else None for t in types)
-    return (window,) * n if config.model_type in WINDOWED else (None,) * n
+    return (window,) * n if BY_MODEL_TYPE[config.model_type].windowed else (None,) * n
 
 
 def _rope_keys(config) -> tuple[str, ...]:
-    """Gemma 3 has one rotary table per attention type; the others one table."""
-    if config.model_type == "gemma3_text":
+    """One rotary table per attention type where the family has them; else one table."""
+    if BY_MODEL_TYPE[config.model_type].rope_per_layer_type:
         return tuple(config.layer_types)
     return ("",) * config.num_hidden_layers
 
@@ -98,9 +91,11 @@ def _rotary(inner, config, key: str) -> Rotary:
 
 
 def _query_scale(config) -> QueryScale | None:
-    """Ministral 3's position-dependent query scaling, where the config sets it."""
+    """Llama 4's position-dependent query scaling, where the family has it and the config
+    sets it."""
     rope = getattr(config, "rope_parameters", None) or {}
-    beta = rope.get("llama_4_scaling_beta") if config.model_type == "ministral3" else None
+    beta = rope.get("llama_4_scaling_beta") if BY_MODEL_TYPE[config.model_type].query_scale \
+        else None
     return None if beta is None else QueryScale(float(beta),
                                                 int(rope["original_max_position_embeddings"]))
 
@@ -119,8 +114,8 @@ def _np(t) -> np.ndarray | None:
 
 
 def _projections(attn, mlp) -> tuple[dict, dict]:
-    """(weights, biases) by River's projection names. Phi-3 stores q, k and v as one matrix
-    and gate and up as one: split by rows here, and River's FUSED concatenates them back."""
+    """(weights, biases) by River's projection names. A fused family stores q, k and v as one
+    matrix and gate and up as one: split by rows here, and River's FUSED concatenates them back."""
     if hasattr(attn, "qkv_proj"):
         q = attn.config.num_attention_heads * attn.head_dim
         kv = attn.num_key_value_heads * attn.head_dim
@@ -154,7 +149,8 @@ def describe(model, tokenizer) -> tuple[ModelSpec, Weights]:
     config = model.config
     check_architecture(config)
     inner = model.model
-    sandwich = SUPPORTED[config.model_type]
+    family = BY_MODEL_TYPE[config.model_type]
+    sandwich = family.sandwich
     keys = _rope_keys(config)
     attn = inner.layers[0].self_attn
     spec = ModelSpec(
@@ -166,7 +162,7 @@ def describe(model, tokenizer) -> tuple[ModelSpec, Weights]:
         windows=_windows(config), rope_keys=keys,
         rotary={k: _rotary(inner, config, k) for k in set(keys)},
         activation=getattr(config, "hidden_activation", None) or config.hidden_act,
-        norm_eps=float(config.rms_norm_eps), norm_offset=config.model_type.startswith("gemma"),
+        norm_eps=float(config.rms_norm_eps), norm_offset=family.norm_offset,
         sandwich=sandwich, qk_norm=hasattr(attn, "q_norm"), attn_scale=float(attn.scaling),
         embed_scale=float(getattr(inner.embed_tokens, "scalar_embed_scale", 1.0)),
         final_softcap=getattr(config, "final_logit_softcapping", None),
