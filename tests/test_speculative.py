@@ -250,25 +250,6 @@ def test_a_new_process_starts_from_what_the_last_one_measured_on_this_cpu(folder
     assert elsewhere.stats.drafted[0] == 0
 
 
-def test_hf_prepacks_its_backbone_only_for_verifications_that_run_the_packed_kernel():
-    """oneDNN's prepacked copy (0.17 s to make on the embedded model) serves verifications of
-    4-16 tokens; lossless mode's plain rounds verify one token and never need it. oneDNN is
-    the CPU's: the backend is on the CPU whatever RIVER_TEST_DEVICE says."""
-    from river_hf.backend import PACK_AFTER
-    from river_hf.plugin import tiny_backend
-
-    backend = tiny_backend("llama", 0, 4, device="cpu")
-    backend.prefill([[1, 20, 21]], 64)
-    for _ in range(PACK_AFTER + 2):   # plain rounds
-        backend.extend([5], 3)
-        backend.trim(3)
-    assert backend._head._packed is None
-    for _ in range(PACK_AFTER):       # rounds that verify 3 drafts and the next token
-        backend.extend([5, 6, 7, 8], 3)
-        backend.trim(3)
-    assert backend._head._packed is not None
-
-
 @pytest.mark.parametrize("drafted, chosen", [(0.0098, "plain"), (0.0090, "drafting")])
 def test_drafting_is_chosen_only_where_it_saves_a_margin(drafted, chosen):
     """Plain steps at 10 ms a token: drafting at 9.8 ms (a 2% gain, inside a call's spread)
