@@ -14,8 +14,7 @@ repeats, cycling through all layers where weights are involved (cold caches, as 
 - the drafts' head (speculative mode): the float32 LM head against its int8 and 4-bit copies,
   time on onnx and how often each picks full precision's token (the whole model at 4 bits
   reading 4-shot GSM8K text);
-- verification (speculative mode, hf): the backbone over 1-7 positions at once, through
-  F.linear or oneDNN's prepacked kernel;
+- verification (speculative mode, hf): the backbone over 1-7 positions, a pass a token;
 - what a confidence rule (CALM) pays: a step exiting after layer 3 reading the early softmax
   at no layer, one, or four;
 - ONNX stand-ins with HQQ's float zero points (corrected by extra nodes) or integer ones.
@@ -238,21 +237,16 @@ def draft_head(checkpoint, model_path: str | None) -> dict:
 
 
 def verification(model: str | None, repeats: int = 15) -> dict:
-    """The hf backbone over m positions at once (speculative verification), ms."""
+    """The hf backbone verifying m positions (speculative mode), ms: a pass a token, each
+    computed bitwise as a decode step (`LayerEngine.exact_width`: a batched matmul's summation
+    order follows its rows; oneDNN's prepacked kernel, faster from 4 rows, was dropped so)."""
     from river_core import RiverModel
-    from river_models.torch_blocks import Dense
 
     backend = RiverModel.from_pretrained(model, backend="hf").backend
     backend.prefill([[1] * 300], 400)
-    out = {}
-    for label, rows in (("F.linear", range(0)), ("oneDNN prepacked", range(1, 17))):
-        saved, Dense.ROWS = Dense.ROWS, rows
-        for m in (1, 2, 3, 4, 5, 7):
-            def run():
-                backend.extend([42] * m, 300)
-            out.setdefault(label, {})[m] = median_us(run, repeats=repeats) / 1e3
-        Dense.ROWS = saved
-    return out
+    return {"a pass a token": {m: median_us(lambda: backend.extend([42] * m, 300),
+                                            repeats=repeats) / 1e3
+                               for m in (1, 2, 3, 4, 5, 7)}}
 
 
 def confidence_cost(model: str | None, repeats: int = 30) -> dict:

@@ -20,8 +20,10 @@ Tolerances and why (docs/backends.md), per the float type the backend computes i
 - stand-in K/V: relative error <= STAND_IN_BOUND_C * eps_j * d at the d-th stand-in layer j of
   a token, eps_j = the backend's own `stand_in_error[j]`;
 - exit after the last layer and `propagate` at layer k+1: bit-identical, within the backend;
-- speculative mode: greedy, full depth's tokens; sampled, full depth's distribution, by the
-  statistical tests of distribution.py at family level 0.001, their power stated.
+- a verification against the same tokens decoded a step each: bit-identical logits and cache
+  (`Verifies.extend`), so speculative mode's greedy output is full depth's tokens exactly;
+  sampled, full depth's distribution, by the statistical tests of distribution.py at family
+  level 0.001, their power stated.
 """
 
 from __future__ import annotations
@@ -531,6 +533,26 @@ def _drafting(b, data):
     return data.draw(st.sampled_from(strategies), label="draft strategy")
 
 
+@given(prompt=prompts, cont=st.lists(st.integers(3, tiny.VOCAB - 1), min_size=2, max_size=17),
+       data=st.data())
+def test_a_verification_computes_each_token_as_a_step_of_it_does(conformance_backend, prompt,
+                                                                  cont, data):
+    """`extend` over several tokens gives bitwise the logits of decoding them a step each, and
+    leaves bitwise their cache (`Verifies.extend`): what makes lossless mode's greedy output
+    full depth's on every run, whatever drafts were tried, not only up to a near tie."""
+    b = conformance_backend.backend(conformance_backend.family(data))
+    _needs(b, "verify")
+    p, capacity = len(prompt), len(prompt) + len(cont)
+    b.prefill([prompt], capacity)
+    steps = np.stack([b.decode([t], Step(p + j))[0] for j, t in enumerate(cont)])
+    stepped = [b.read_kv(i) for i in range(b.num_layers)]
+    b.prefill([prompt], capacity)
+    together = b.extend(cont, p)
+    assert np.array_equal(together, steps)
+    for (k, v), (sk, sv) in zip([b.read_kv(i) for i in range(b.num_layers)], stepped):
+        assert np.array_equal(k, sk) and np.array_equal(v, sv)
+
+
 @given(prompt=prompts, n=st.integers(1, 16), gamma=st.integers(1, 5), exits=draft_exits,
        adaptive=st.booleans(), data=st.data())
 def test_speculative_greedy_output_is_full_depths_token_for_token(
@@ -543,9 +565,7 @@ def test_speculative_greedy_output_is_full_depths_token_for_token(
     got = speculative_ids(b, [prompt], GenerationConfig(max_new_tokens=n),
                           attrs.evolve(scripted_run(strategy, exits), draft_window=window),
                           DraftLength(gamma, adaptive))
-    full_logits = lambda: forced_logits(b, prompt, want[0], Full())
-    precision = conformance_backend.precision
-    assert precision.keeps_to(got.tokens[0], want[0], full_logits, precision.own_rtol)
+    assert got.tokens == want
     assert sum(got.accepted) + len(got.accepted) >= len(want[0]) - 1   # every round yields
 
 
@@ -571,9 +591,7 @@ def test_speculative_greedy_output_with_ngram_drafts_is_full_depths_token_for_to
     got = speculative_ids(b, [prompt], GenerationConfig(max_new_tokens=n),
                           scripted_run(strategy, exits),
                           DraftLength({name: gamma for name in sources}, adaptive), sources)
-    full_logits = lambda: forced_logits(b, prompt, want[0], Full())
-    precision = conformance_backend.precision
-    assert precision.keeps_to(got.tokens[0], want[0], full_logits, precision.own_rtol)
+    assert got.tokens == want
     assert sum(got.accepted) + len(got.accepted) >= len(want[0]) - 1   # every round yields
     assert set(got.draft_sources) <= {*sources, "plain"}
     drafted = [d for d, s in zip(got.drafted, got.draft_sources) if s == "ngram"]
@@ -583,12 +601,9 @@ def test_speculative_greedy_output_with_ngram_drafts_is_full_depths_token_for_to
 @given(prompt=prompts, n=st.integers(2, 16), gamma=st.integers(1, 5), exits=draft_exits,
        data=st.data())
 def test_no_river_kv_survives_verification(conformance_backend, prompt, n, gamma, exits, data):
-    """After every round, every layer's K/V of every position the output stands on is full
-    depth's, within the full-depth tolerance: drafts' K/V never outlive their round (compared
-    where the output still follows full depth's tokens: a float16 run may part at a near tie,
-    `Precision.keeps_to`)."""
+    """After every round, every layer's K/V of every position the output stands on is
+    bitwise full depth's: drafts' K/V never outlive their round."""
     b = conformance_backend.backend(conformance_backend.family(data))
-    precision = conformance_backend.precision
     strategy = _drafting(b, data)
     tokens = _greedy(b, prompt, n).tokens[0]
     want = _kv_after(b, prompt, tokens[:-1], Full()) if len(tokens) > 1 else None
@@ -596,19 +611,13 @@ def test_no_river_kv_survives_verification(conformance_backend, prompt, n, gamma
     for r in rounds(b, prompt, GenerationConfig(max_new_tokens=n), scripted_run(strategy, exits),
                     DraftLength(gamma, False)):
         out += r.tokens
-        stands = len(prompt) + min(len(out) - 1,   # the newest token is not in the cache yet
-                                   _common_prefix(out, tokens))
+        stands = len(prompt) + len(out) - 1   # the newest token is not in the cache yet
         if want is None or stands <= len(prompt):
             continue
         for i in range(b.num_layers):
             for got, full in zip(b.read_kv(i), want[i]):
-                assert relative_error(got[:, :, :stands], full[:, :, :stands]) <= precision.own_rtol
-    assert precision.keeps_to(out, tokens, lambda: forced_logits(b, prompt, tokens, Full()),
-                              precision.own_rtol)
-
-
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+                assert np.array_equal(got[:, :, :stands], full[:, :, :stands])
+    assert out == tokens
 
 
 windowed_prompts = st.lists(st.integers(3, tiny.VOCAB - 1), min_size=SINKS + 4,
@@ -681,10 +690,9 @@ def test_a_step_reads_nothing_past_its_end(conformance_backend, prompt, cont, st
     b.trim(p)
     assert b.offset == p
     again = b.extend(cont, p)
-    rtol = conformance_backend.precision.own_rtol
-    assert relative_error(again, fresh) <= rtol
+    assert np.array_equal(again, fresh)
     for (k, v), (fk, fv) in zip([b.read_kv(i) for i in range(b.num_layers)], fresh_kv):
-        assert relative_error(k, fk) <= rtol and relative_error(v, fv) <= rtol
+        assert np.array_equal(k, fk) and np.array_equal(v, fv)
 
 
 # Sampled exactness: seeded samples of lossless and plain generation against each other and

@@ -180,7 +180,13 @@ class Verifies(Protocol):
     def extend(self, tokens: Sequence[int], start: int) -> np.ndarray:
         """Run `tokens` through the whole backbone at slots start..start+len(tokens)-1 of the
         one sequence, attending everything before, and write those slots in every layer:
-        [len(tokens), vocab] float32 logits, row t predicting the token after tokens[t]."""
+        [len(tokens), vocab] float32 logits, row t predicting the token after tokens[t].
+
+        Exactly as steps: row t is bitwise what `decode([tokens[t]], Step(start + t))` returns
+        after tokens[:t] were decoded a step each, and every slot it writes holds bitwise what
+        those steps write. Lossless mode's greedy output is then full depth's whatever drafts
+        were tried, on every run (the conformance kit checks it; a kernel whose summation
+        order follows the number of tokens breaks it at a near tie)."""
 
     def trim(self, offset: int) -> None:
         """Positions offset.. hold no tokens any more (mlx-lm's trim: the offset moves,

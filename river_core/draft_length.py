@@ -1,7 +1,8 @@
-"""Which source drafts a lossless round, and how many tokens: `DraftLength`, from the measured
-time of each source's last rounds against plain steps (a round of no drafts). The loop that
-drafts and verifies is speculative.py; this is what it (and vLLM's drafter) consults between
-rounds, and what drafting.py keeps between calls."""
+"""Which source drafts a lossless round, and how many tokens: `DraftLength`, from the cost of
+each source's last rounds against plain steps (a round of no drafts), modelled from the
+verification costs measured on this machine (verify_costs.py) or, without them, clocked. The
+loop that drafts and verifies is speculative.py; this is what it (and vLLM's drafter)
+consults between rounds."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from typing import Mapping
 
 import attrs
 import numpy as np
+
+from .verify_costs import VerifyCosts
 
 RIVER = "river"   # the exit river's drafts: the source of a round that names none
 PLAIN = "plain"   # a round of no drafts: the backbone's next token alone
@@ -48,30 +51,33 @@ class DraftLength:
     a cost model that assumed independent acceptances, but not a fixed length:
     docs/benchmarks.md, "Lossless mode").
 
-    And it steps aside where drafts do not pay (a CPU whose low-bit kernel is slower than the
-    float one, docs/benchmarks.md "Defaults that never lose"): it keeps the seconds and tokens
-    of the last KEEP rounds of each source (the river, the context's n-grams, ...) and of
-    plain steps (a round of no drafts: the backbone's next token alone), and asks a source to
-    draft only while its time per token over them is lower than plain steps' by MARGIN at
-    least: where the two ways cost about the same, a call-to-call spread of a few percent
-    would otherwise choose drafting half the time and lose as often as it wins, while a plain
-    step is full depth's own (first contact, hf: 0.96x). Sources that pay are asked cheapest
-    first; a source may have nothing to propose (no n-gram of the context repeats), and the
-    next is asked. A source's rounds are those it proposed in, so its time per token is what
-    it costs where it drafts. The time per token is the rounds' seconds over their tokens, as
-    a user's clock adds them up, not a median of each round's own ratio: that counts a round
-    that kept every draft as much as one that kept none, and inside vLLM at one request it put
-    drafting 9% under plain steps where it cost 3% more (docs/benchmarks.md). A round counts at
-    most CLIP times the median round's seconds, so a one-off cost (hf's first prepacked
-    verification) weighs as a slow round, not as ten.
+    And it steps aside where drafts do not pay (a CPU whose verification of several tokens
+    costs about as many steps, a prompt whose drafts the backbone rejects): it keeps the cost
+    and tokens of the last KEEP rounds of each source (the river, the context's n-grams, ...)
+    and of plain steps (a round of no drafts: the backbone's next token alone), and asks a
+    source to draft only while its cost per token over them is lower than plain steps' by
+    MARGIN at least: where the two ways cost about the same a plain step is full depth's own,
+    and never slower. Sources that pay are asked cheapest first; a source may have nothing to
+    propose (no n-gram of the context repeats), and the next is asked. A source's rounds are
+    those it proposed in, so its cost per token is what it costs where it drafts: the rounds'
+    cost over their tokens, not a median of each round's own ratio, which counts a round that
+    kept every draft as much as one that kept none.
 
-    The first round is a plain step and each source's first TRIAL rounds are trials, asked
-    before any measured source, so it has chosen once every source has proposed TRIAL times.
-    Then a losing source is tried again after PROBE rounds, plain steps likewise while some
-    source wins, and after twice as many each time that way still loses (at most LONGEST): a
-    losing way costs ever fewer rounds. A try that beats the chosen way replaces the other's
-    record and wins at once. Fixed at each source's `most` when not adaptive, every source
-    asked in its order."""
+    A round's cost is modelled (`use`: the verification costs measured on this machine and
+    model, verify_costs.py): plain steps' is known from the start, a source that could not pay
+    even with every draft kept is never asked, and every choice follows from the drafts the
+    backbone kept, so a prompt drafts alike on every run. Without a model (vLLM's drafter, its
+    batch's steps not one sequence's) a round costs its clocked seconds, counted at most CLIP
+    times the median round's, so a one-off cost weighs as a slow round, not as ten.
+
+    The first round is a plain step (unless the model knows its cost) and each source's first
+    TRIAL rounds are trials, asked before any measured source, so it has chosen once every
+    source has proposed TRIAL times. Then a losing source is tried again after PROBE rounds,
+    plain steps likewise while some source wins (clocked only: a modelled plain step costs
+    what it is known to), and after twice as many each time that way still loses (at most
+    LONGEST): a losing way costs ever fewer rounds. A try that beats the chosen way replaces
+    the other's record and wins at once. Fixed at each source's `most` when not adaptive,
+    every source asked in its order."""
 
     TRIAL = 2
     PROBE = 4
@@ -89,33 +95,24 @@ class DraftLength:
         self._plain = _Way(wait=self.PROBE)
         self._kept = self._drafted = 0
         self._trying: set[str] = set()   # the ways the last `order` tried
+        self.costs: VerifyCosts | None = None
+
+    @property
+    def widest(self) -> int:
+        """The most tokens a round verifies: the longest draft and the token before it."""
+        return max(w.most for w in self._ways.values()) + 1
+
+    def use(self, costs: VerifyCosts) -> None:
+        """Judge rounds by `costs` from now on (class docstring): plain steps cost a step,
+        and the sources that could not pay are left out."""
+        self.costs = costs
+        self._plain.rounds = [[costs.step, 1]]
+        self._ways = {name: w for name, w in self._ways.items()
+                      if costs.can_pay(w.most, self.MARGIN)}
 
     @property
     def sources(self) -> list[str]:
         return list(self._ways)
-
-    def state(self) -> dict:
-        """What it has measured and chosen, as JSON (`resume` takes it, in another process:
-        `drafting.DraftStore`)."""
-        return {"plain": self._plain.rounds, "wait": self._plain.wait,
-                "sources": {name: {"rounds": w.rounds, "next": w.next, "wait": w.wait}
-                            for name, w in self._ways.items()}}
-
-    def resume(self, state: dict) -> None:
-        """Start from `state` (another generation's `state()`): its choice stands from the
-        first round, and it keeps measuring and trying the other ways as before. A source
-        the state does not name starts with trials."""
-        self._plain.rounds = [list(r) for r in state["plain"]][-self.KEEP:]
-        self._plain.wait = self._bounded_wait(state["wait"])
-        for name, stored in state["sources"].items():
-            if name in self._ways:
-                way = self._ways[name]
-                way.rounds = [list(r) for r in stored["rounds"]][-self.KEEP:]
-                way.next = min(way.most, max(1, int(stored["next"])))
-                way.wait = self._bounded_wait(stored["wait"])
-
-    def _bounded_wait(self, wait) -> int:
-        return min(max(self.PROBE, int(wait)), self.LONGEST)
 
     @property
     def acceptance(self) -> float:
@@ -131,7 +128,9 @@ class DraftLength:
 
     def _per_token(self, rounds: list[list[float]]) -> float:
         seconds, tokens = np.array(rounds).T
-        return float(np.minimum(seconds, self.CLIP * np.median(seconds)).sum() / tokens.sum())
+        if self.costs is None:   # clocked: a one-off cost weighs as a slow round
+            seconds = np.minimum(seconds, self.CLIP * np.median(seconds))
+        return float(seconds.sum() / tokens.sum())
 
     def pays(self, source: str) -> bool:
         """Whether drafting with `source` beats plain steps (or either is not measured yet)."""
@@ -163,7 +162,8 @@ class DraftLength:
         decided = [n for n in self._ways if n not in trials]
         paying = sorted((n for n in decided if self.pays(n)),
                         key=lambda n: self._per_token(self._ways[n].rounds))
-        if paying and not trials and self._plain.since >= self._plain.wait:
+        if paying and not trials and self.costs is None and \
+                self._plain.since >= self._plain.wait:
             self._trying = {PLAIN}
             return []
         tries = [n for n in decided if n not in paying
@@ -179,8 +179,9 @@ class DraftLength:
 
     def update(self, r: Round) -> None:
         if r.verify_seconds > 0 and r.tokens:   # a round after prefill's
-            self._time(r.source if r.drafted else PLAIN,
-                       [r.draft_seconds + r.verify_seconds, len(r.tokens)])
+            seconds = r.draft_seconds + r.verify_seconds if self.costs is None else \
+                self.costs.round(r.drafted, r.exit_layers)
+            self._time(r.source if r.drafted else PLAIN, [seconds, len(r.tokens)])
         if r.drafted:
             self._kept += r.accepted
             self._drafted += r.drafted

@@ -1,11 +1,9 @@
-"""Speculative mode's draft length, kept from one generation to the next: in the process
-(`RiverModel`), and in the user cache between processes, so a CLI call does not pay again for
-the first rounds' trials where drafts do not pay (docs/benchmarks.md, "Defaults that never
-lose"). What drafting costs is the CPU's, the engine's and the model's: an entry is keyed by
-the engine, the model's bytes per layer (its `footprint`, where it has one), the CPU
-(`machine.cpu_key`: another CPU's is remeasured, not trusted), the settings and the context's
-power of two. An entry is a start, not a verdict: the length keeps measuring and trying the
-other way (`DraftLength`)."""
+"""Speculative mode's verification costs (verify_costs.py), measured once and kept in the user
+cache, so a CLI call does not measure them again, and where no draft can pay takes plain steps
+from its first round (docs/benchmarks.md, "Defaults that never lose"). What verifying costs is
+the CPU's, the engine's and the model's: a file is keyed by the engine, the model's bytes per
+layer (its `footprint`, where it has one) and the CPU (`machine.cpu_key`: another CPU's is
+remeasured, not trusted); an entry in it by the context's power of two."""
 
 from __future__ import annotations
 
@@ -16,8 +14,9 @@ from pathlib import Path
 
 from .machine import cpu_key
 from .user_cache import cache_root
+from .verify_costs import VerifyCosts
 
-FORMAT = 3   # bump when DraftLength.state changes
+FORMAT = 4   # bump when VerifyCosts.as_json changes
 
 
 def model_key(backend) -> str:
@@ -28,23 +27,29 @@ def model_key(backend) -> str:
 
 
 class DraftStore:
-    """One JSON file per (engine, model, CPU) under the user cache: settings key -> state."""
+    """One JSON file per (engine, model, CPU) under the user cache: context key -> costs."""
 
     def __init__(self, backend, root: Path | None = None) -> None:
         name = hashlib.sha256(f"{FORMAT}|{model_key(backend)}|{cpu_key()}".encode()) \
             .hexdigest()[:16]
         self.path = (root or cache_root()) / "drafts" / f"{backend.name}-{name}.json"
 
-    def read(self) -> dict:
+    def read(self, key: str) -> VerifyCosts | None:
+        try:
+            return VerifyCosts.from_json(self._entries()[key])
+        except (KeyError, TypeError, ValueError):   # none yet, or damaged: measured afresh
+            return None
+
+    def _entries(self) -> dict:
         try:
             return json.loads(self.path.read_text())
-        except (OSError, ValueError):   # none yet, or damaged: measured afresh
+        except (OSError, ValueError):
             return {}
 
-    def write(self, key: str, state: dict) -> None:
-        """`state` under `key`, replacing the file whole (a reader never sees half of it);
-        a cache that cannot be written costs only the next process's trials."""
-        entries = self.read() | {key: state}
+    def write(self, key: str, costs: VerifyCosts) -> None:
+        """`costs` under `key`, replacing the file whole (a reader never sees half of it);
+        a cache that cannot be written costs only the next process's measurement."""
+        entries = self._entries() | {key: costs.as_json()}
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)

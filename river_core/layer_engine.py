@@ -70,6 +70,11 @@ class LayerEngine(StandInDefaults, abc.ABC):
     switch_at: int | None = None
     # The most prompt tokens a prefill pass takes (None: the whole prompt in one pass).
     prefill_chunk: int | None = None
+    # Whether a full-depth pass of up to `exact_width` tokens computes each token bitwise as
+    # a pass of that token alone does (no kernel of it takes its summation order from the
+    # pass's width): a verification then runs as one pass. Otherwise, or wider, it runs a
+    # pass a token: exact by construction (`Verifies.extend`), and as slow as that many steps.
+    exact_width = 1
     cache: KVCache | None = None
     switch: RotarySwitch | None = None
 
@@ -201,6 +206,15 @@ class LayerEngine(StandInDefaults, abc.ABC):
                                for at, n in parts])
 
     def _extend(self, tokens: Sequence[int], start: int) -> np.ndarray:
+        width = self.exact_width
+        return np.concatenate([self._exact(tokens[at:at + width], start + at)
+                               for at in range(0, len(tokens), width)])
+
+    def _exact(self, tokens: Sequence[int], start: int) -> np.ndarray:
+        """Logits of `tokens` at slots start.., as many as the engine computes exactly as
+        steps (`exact_width`); one token: a decode step's own pass."""
+        if len(tokens) == 1:
+            return self.decode(tokens, Step(start))
         p = self._begin(np.asarray([list(tokens)], dtype=np.int64), Step(start, len(tokens)))
         return self.full_depth_logits(p, every_token=True)[0]
 

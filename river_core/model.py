@@ -20,6 +20,7 @@ from .sampling import Sampler
 from .drafting import DraftStore
 from .draft_length import DraftLength
 from .speculative import speculative_stream
+from .verify_costs import VerifyCosts
 
 _EXIT_FIELDS = {f.name for f in attrs.fields(ExitConfig)} - {"options"}
 _GEN_FIELDS = {f.name for f in attrs.fields(GenerationConfig)}
@@ -75,9 +76,9 @@ class RiverModel:
         self.registry = registry or default_registry()
         # a backend owns one KV cache: calls on one model take turns, two models run at once
         self.lock = threading.Lock()
-        # speculative mode's adaptive draft length, kept from one generation to the next of
-        # the same settings and context scale (`_draft_length`), and between processes
-        self._draft_lengths: dict[str, DraftLength] = {}
+        # speculative mode's verification costs by context scale, measured once on this
+        # machine and kept between calls and processes (`_draft_length`)
+        self._verify_costs: dict[str, VerifyCosts] = {}
         self._draft_store: DraftStore | None = None
 
     @classmethod
@@ -181,11 +182,11 @@ class RiverModel:
             if sample is not None or eos is not None:
                 raise ConfigError("speculative mode chooses tokens by its own verification "
                                   "rule: it takes no caller's sampler or EOS set")
-            key = f"{plan.config!r}|{len(prompts[0]).bit_length()}"
+            key = f"context {len(prompts[0]).bit_length()}"
             length = self._draft_length(plan, key, generation_config)
             stream = speculative_stream(self.backend, prompts, generation_config, plan.run(),
                                         length, plan.draft_sources)
-            if length is self._draft_lengths.get(key):
+            if length.adaptive and length.costs is None:
                 stream = self._remembered(stream, key, length)
         else:
             stream = stream_ids(self.backend, prompts, generation_config, plan.run(),
@@ -193,20 +194,18 @@ class RiverModel:
         return _holding(self.lock, stream)
 
     def _draft_length(self, plan: Plan, key: str, gen: GenerationConfig) -> DraftLength:
-        """The adaptive draft length this model learned on earlier greedy generations of the
-        same settings at contexts of the same power of two (`key`), in this process or, from
-        the user cache, in an earlier one on this CPU (`drafting.py`): what drafts cost and
-        gain there is the machine's and the model's, so a call does not pay the first
-        rounds' trials again (on the ggml engine they cost a 32-token answer up to a tenth).
-        A sampled generation starts afresh, so that its seed draws as before."""
-        if not plan.config.adaptive or gen.temperature > 0:
-            return plan.draft_length()
-        if key not in self._draft_lengths:
-            length = self._draft_lengths[key] = plan.draft_length()
-            stored = self._drafts().read().get(key)
-            if stored is not None:
-                length.resume(stored)
-        return self._draft_lengths[key]
+        """A fresh draft length for this generation, so that what it drafts follows from the
+        prompt alone, judging rounds by the verification costs measured on this machine at
+        contexts of the same power of two (`key`), in this process or, from the user cache,
+        in an earlier one on this CPU (`drafting.py`); where none cover its widest round (no
+        wider than `gen` asks tokens), the generation measures them (`speculative.rounds`)."""
+        length = plan.draft_length()
+        if length.adaptive:
+            costs = self._verify_costs.get(key) or self._drafts().read(key)
+            if costs is not None and costs.covers(min(length.widest, gen.max_new_tokens)):
+                self._verify_costs[key] = costs
+                length.use(costs)
+        return length
 
     def _drafts(self) -> DraftStore:
         if self._draft_store is None:
@@ -214,9 +213,11 @@ class RiverModel:
         return self._draft_store
 
     def _remembered(self, stream: Stream, key: str, length: DraftLength) -> Stream:
-        """`stream`, and once it is done, what its draft length measured, in the user cache."""
+        """`stream`, and once it is done, the verification costs it measured, kept."""
         result = yield from stream
-        self._drafts().write(key, length.state())
+        if length.costs is not None:   # none where it ended before a round
+            self._verify_costs[key] = length.costs
+            self._drafts().write(key, length.costs)
         return result
 
     def teacher_force(self, prompts: Sequence[Sequence[int]],

@@ -40,6 +40,7 @@ from .errors import ConfigError
 from .finite import checked
 from .draft_length import PLAIN, RIVER, DraftLength, Round
 from .sampling import draw, probabilities, verify_draft
+from .verify_costs import measure
 
 
 @attrs.frozen
@@ -203,8 +204,9 @@ def rounds(backend: Backend, prompt: Sequence[int], gen: GenerationConfig, run: 
     or gen.max_new_tokens; each round's tokens end at whichever comes first. Each round asks
     the `sources` (by name, as `length` names them; None: the river alone) in `length`'s order,
     its measure of what each costs a token, and drafts from the first that proposes; none: a
-    plain step. `run` comes from a resolved plan (`Plan.run`), whose resolution checked that
-    the backend and the strategy can draft."""
+    plain step. An adaptive `length` without verification costs has them measured here, after
+    prefill (`verify_costs.measure`). `run` comes from a resolved plan (`Plan.run`), whose
+    resolution checked that the backend and the strategy can draft."""
     check_capacity(backend, [prompt], gen.max_new_tokens)
     choice = Choice(gen, np.random.default_rng(gen.seed))
     eos, out, stops = gen.ends(backend.tokenizer), [], StopScan(backend.tokenizer, gen.stop)
@@ -221,9 +223,13 @@ def rounds(backend: Backend, prompt: Sequence[int], gen: GenerationConfig, run: 
     pre = backend.prefill([prompt], len(prompt) + gen.max_new_tokens)
     first = checked(pre.logits, backend, lambda r: list(prompt), 0)[0]
     tokens, done = stand([choice.token(first)])
+    if length.adaptive and length.costs is None and not done:   # once per machine and model:
+        length.use(measure(backend, tokens[-1], len(prompt),    # the caller keeps them
+                           min(length.widest, gen.max_new_tokens)))
     generation = Generation(backend, prompt, run, pre.similarity, choice)
-    drafters = {name: s.start(generation)
-                for name, s in (sources or {RIVER: RiverSource()}).items()}
+    drafters = {name: s.start(generation)   # a source that cannot pay is never started
+                for name, s in (sources or {RIVER: RiverSource()}).items()
+                if name in length.sources}
     for drafter in drafters.values():
         drafter.stood(tokens)
     yield Round(tokens, 0, 0, [], time.perf_counter() - start, 0.0)

@@ -147,27 +147,14 @@ class Norm:
 
 
 class Dense:
-    """A float projection. From 4 rows at once (speculative verification) oneDNN's prepacked
-    kernel runs faster than F.linear on this CPU, below that slower (docs/results/levers.md,
-    "verification_ms"); so `pack` makes the prepacked copy (more memory) when verification
-    first needs it, and only 4-16 rows take it."""
-
-    ROWS = range(4, 17)
+    """A float projection."""
 
     def __init__(self, w: np.ndarray, bias: np.ndarray | None, dtype, device) -> None:
         self.weight = upload(w, dtype, device)
         self.bias = None if bias is None else upload(bias, dtype, device)
         self.nbytes = self.weight.numel() * self.weight.element_size()
-        self._packed = None
-
-    def pack(self) -> None:
-        cpu = self.weight.device.type == "cpu" and self.weight.dtype == torch.float32
-        if cpu and self._packed is None and torch.backends.mkldnn.is_available():
-            self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weight)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self._packed is not None and x.numel() // x.shape[-1] in self.ROWS:
-            return torch.ops.mkldnn._linear_pointwise(x, self._packed, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
 
 
@@ -279,12 +266,6 @@ class Block:
                    norm(layer.post_mlp_norm), norm(layer.q_norm), norm(layer.k_norm), proj,
                    splits, per_weight, act, spec.head_dim, spec.attn_scale, spec.windows[i],
                    spec.rope_keys[i])
-
-    def pack(self) -> None:
-        """Prepack the float projections for verification (`Dense.pack`)."""
-        for proj in self.proj.values():
-            if isinstance(proj, Dense):
-                proj.pack()
 
     def weight_bytes(self, names=PROJECTIONS) -> int:
         return sum(self.nbytes[n] for n in names)

@@ -146,14 +146,11 @@ def checkout_copy(into: Path) -> Path:
 
 # A short part 1, each piece of it something the image's absences could break: the kit on hf
 # (its llamacpp and ggml subjects refused where gguf, llama-cpp-python and ggml-python are
-# absent), the prepack test (the CPU's oneDNN whatever the device), the bfloat16 comparison
-# with transformers' generate(). The whole of part 1's tests is collected (every module
-# imports there); running it is CI's own suite. Run whole in this simulation, one process, on
+# absent), the bfloat16 comparison with transformers' generate(). The whole of part 1's tests
+# is collected (every module imports there); running it is CI's own suite. Run whole in this simulation, one process, on
 # the CPU (RIVER_TEST_DEVICE=cpu, the six sampled comparisons deselected as on CUDA): 97 tests
 # in 36 s on an AMD EPYC (AVX2, 2 cores), gpu_plan.TESTS_S.
 PART_1 = ["tests/test_conformance.py::test_capability_flags_are_respected",
-          "tests/test_speculative.py::"
-          "test_hf_prepacks_its_backbone_only_for_verifications_that_run_the_packed_kernel",
           "tests/test_invariants.py::test_bfloat16_full_depth_matches_generate_and_river_runs"]
 
 

@@ -133,15 +133,6 @@ def test_each_source_keeps_its_own_draft_length():
     assert dict(length.order()) == {"river": 2, "ngram": 8}
 
 
-def test_what_each_source_measured_carries_over_to_another_generation():
-    length = DraftLength({"river": 2, "ngram": 8}, adaptive=True)
-    _simulate(length, 12, COSTS)
-    again = DraftLength({"river": 2, "ngram": 8}, adaptive=True)
-    again.resume(length.state())
-    assert again.seconds_per_token == length.seconds_per_token
-    assert again.order()[0][0] == "ngram"
-
-
 @pytest.fixture(scope="module")
 def model(tiny_folder):
     from river_core import RiverModel

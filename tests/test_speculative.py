@@ -9,6 +9,7 @@ from river_core import ConfigError, RiverModel
 from river_cli.main import main
 from river_core.sampling import verify_draft
 from river_core.draft_length import DraftLength, Round
+from river_core.verify_costs import VerifyCosts
 from river_conformance.kit import SAMPLED_SETTINGS, lossless_against_plain
 
 
@@ -102,17 +103,18 @@ def test_speculative_generation_through_the_api(folder):
     model = RiverModel.from_pretrained(folder)
     full = model.generate("abc", chat=False, max_new_tokens=12, kv="full")
     lossless = model.generate("abc", chat=False, max_new_tokens=12, mode="speculative",
-                              policy="fixed", layer=0)
+                              policy="fixed", layer=0, adaptive=False)   # drafts every round
     assert lossless.text == full.text
     stats = lossless.stats
     assert stats.speculative and 0.0 <= stats.acceptance_rate <= 1.0
     assert stats.tokens_per_round >= 1.0 and len(stats.drafted) == len(stats.step_seconds)
-    # a seeded sampled generation repeats with the draft length fixed (ExitConfig.adaptive:
-    # the adaptive one chooses by measured time, whose spread can change a round's source)
-    sampled = [model.generate("abc", chat=False, max_new_tokens=8, mode="speculative",
-                              temperature=1.0, seed=5, adaptive=False).stats.tokens
-               for _ in range(2)]
-    assert sampled[0] == sampled[1]
+    # a seeded sampled generation repeats, its drafts chosen alike each time, whether fixed
+    # or adaptive (judged by the verification costs measured once, not by a clock)
+    for adaptive in (False, True):
+        sampled = [model.generate("abc", chat=False, max_new_tokens=8, mode="speculative",
+                                  temperature=1.0, seed=5, adaptive=adaptive).stats.tokens
+                   for _ in range(2)]
+        assert sampled[0] == sampled[1]
 
 
 def test_cli_speculative_mode(folder, capsys):
@@ -200,73 +202,94 @@ def test_speculative_mode_keeps_stop_strings_and_refuses_unknown_sampling_settin
         model.generate("abc", chat=False, mode="speculative", temperature=1.0, min_p=0.1)
 
 
-def test_a_warm_model_keeps_what_drafting_costs_from_one_greedy_generation_to_the_next(
+def test_a_model_measures_verification_once_and_drafts_a_prompt_alike_on_every_call(
         folder, monkeypatch, tmp_path):
-    """The adaptive draft length carries over between greedy generations of the same settings
-    and context scale, so the second does not repeat the first's plain step and trial rounds;
-    text unchanged. Another context scale, or a sampled generation, starts afresh."""
-    from river_core.plan import Plan
+    """What verifying costs is measured on the first lossless generation and kept, in the
+    process and the user cache; every call starts a fresh draft length judged by those costs,
+    so the same prompt drafts alike each time (no clock decides), text unchanged. Another
+    context scale measures its own."""
+    from river_core import speculative
 
-    monkeypatch.setenv("RIVER_CACHE", str(tmp_path))   # nothing learned before
-    made = []
-    fresh = Plan.draft_length
-    monkeypatch.setattr(Plan, "draft_length", lambda plan: made.append(1) or fresh(plan))
+    monkeypatch.setenv("RIVER_CACHE", str(tmp_path))   # nothing measured before
+    measured = []
+    real = speculative.measure
+    monkeypatch.setattr(speculative, "measure", lambda *a: measured.append(a) or real(*a))
     model = RiverModel.from_pretrained(folder)
     settings = dict(chat=False, max_new_tokens=12, mode="speculative", policy="fixed", layer=0)
-    first, second = (model.generate("abc", **settings) for _ in range(2))
-    assert first.text == second.text and len(made) == 1
-    assert first.stats.drafted[:2] == [0, 2]   # a plain step first, then a trial
+    calls = [model.generate("abc", **settings).stats for _ in range(3)]
+    assert len(measured) == 1
+    assert calls[0].tokens == calls[1].tokens == calls[2].tokens
+    assert calls[0].drafted == calls[1].drafted == calls[2].drafted
+    assert calls[0].accepted == calls[1].accepted == calls[2].accepted
     model.generate("abc" * 40, **settings)
-    model.generate("abc", temperature=1.0, seed=1, **settings)
-    assert len(made) == 3
+    assert len(measured) == 2
+
+
+def _costs(step: float, per_token: float, layers: int) -> VerifyCosts:
+    """Verification of k tokens at step + (k - 1) * per_token seconds."""
+    widths = (1, 2, 4, 8, 16)   # wider than any round of the default sources
+    return VerifyCosts(widths, tuple(step + (k - 1) * per_token for k in widths), layers)
 
 
 def test_a_new_process_starts_from_what_the_last_one_measured_on_this_cpu(folder, tmp_path,
                                                                           monkeypatch):
-    """The draft length's measurements go to the user cache after a greedy generation, keyed
-    by engine, model bytes and CPU: the next process's first round follows them (no plain
-    step, no trial); another CPU's entry is not used."""
-    from river_core import machine
+    """The verification costs go to the user cache after the first lossless generation, keyed
+    by engine, model bytes and CPU: the next process measures nothing and follows them (where
+    no draft can pay, plain steps from its first round); another CPU's entry is not used."""
+    from river_core import machine, speculative
 
     monkeypatch.setenv("RIVER_CACHE", str(tmp_path))
     settings = dict(chat=False, max_new_tokens=12, mode="speculative", policy="fixed", layer=0)
     first = RiverModel.from_pretrained(folder).generate("abc", **settings)
-    assert first.stats.drafted[0] == 0   # nothing known: a plain step first
     [entry] = (tmp_path / "drafts").iterdir()
-    state = next(iter(json.loads(entry.read_text()).values()))
-    assert len(state["plain"]) >= 1 and len(state["sources"]["river"]["rounds"]) >= 2
-    # drafting measured as paying: the next process drafts from its first round
-    state["plain"] = [[1.0, 1]]
-    for way in state["sources"].values():
-        way["rounds"] = [[0.003, 3], [0.003, 3]]
-    key = next(iter(json.loads(entry.read_text())))
-    entry.write_text(json.dumps({key: state}))
-    again = RiverModel.from_pretrained(folder).generate("abc", **settings)
-    assert again.stats.drafted[0] > 0 and again.text == first.text
+    [(key, stored)] = json.loads(entry.read_text()).items()
+    assert VerifyCosts.from_json(stored).covers(3)   # two drafts and the token before
+    layers = stored["layers"]
+    measured = []
+    monkeypatch.setattr(speculative, "measure", lambda *a: measured.append(a) or
+                        _costs(0.01, 0.01, layers))
+    # drafting cheap: the river drafts from the first round; verifying k tokens costing k
+    # steps: no draft can pay, plain steps throughout
+    for per_token, drafts in ((0.001, True), (0.01, False)):
+        entry.write_text(json.dumps({key: _costs(0.01, per_token, layers).as_json()}))
+        again = RiverModel.from_pretrained(folder).generate("abc", **settings)
+        assert (again.stats.drafted[0] > 0) == drafts and again.text == first.text
+        assert drafts or set(again.stats.draft_sources) == {"plain"}
+    assert not measured
     # on another CPU the entry is not found: measured afresh
     monkeypatch.setattr(machine, "cpu_key", lambda: "another-cpu")
     monkeypatch.setattr("river_core.drafting.cpu_key", lambda: "another-cpu")
-    elsewhere = RiverModel.from_pretrained(folder).generate("abc", **settings)
-    assert elsewhere.stats.drafted[0] == 0
+    RiverModel.from_pretrained(folder).generate("abc", **settings)
+    assert len(measured) == 1
 
 
-def test_hf_prepacks_its_backbone_only_for_verifications_that_run_the_packed_kernel():
-    """oneDNN's prepacked copy (0.17 s to make on the embedded model) serves verifications of
-    4-16 tokens; lossless mode's plain rounds verify one token and never need it. oneDNN is
-    the CPU's: the backend is on the CPU whatever RIVER_TEST_DEVICE says."""
-    from river_hf.backend import PACK_AFTER
-    from river_hf.plugin import tiny_backend
+def test_modelled_costs_make_the_choices_follow_the_drafts_kept_not_the_clock():
+    """With verification costs, a round costs its modelled seconds: rounds of the same drafts
+    and acceptances clocked at wildly different times choose alike; a river draft costs the
+    share of a step it ran (exit after layer 1 of 4, two stand-in layers at half a layer each:
+    three quarters of a step)."""
+    costs = _costs(0.010, 0.002, 4)
+    assert costs.round(2, [1, 1]) == pytest.approx(0.015 + 0.014)
+    assert costs.verification(6) == pytest.approx(0.020)   # between the widths measured
+    chosen = []
+    for clock in (0.001, 1.0):
+        length = DraftLength(4, adaptive=True)
+        length.use(costs)
+        picks = []
+        for k in range(40):
+            g = length.next()
+            picks.append(g)
+            kept = g if k % 3 else 0
+            length.update(Round([0] * (kept + 1), g, kept, [0] * g, clock, clock))
+        chosen.append(picks)
+    assert chosen[0] == chosen[1] and chosen[0][0] > 0   # plain steps' cost known: no plain
+    #                                                      step first
 
-    backend = tiny_backend("llama", 0, 4, device="cpu")
-    backend.prefill([[1, 20, 21]], 64)
-    for _ in range(PACK_AFTER + 2):   # plain rounds
-        backend.extend([5], 3)
-        backend.trim(3)
-    assert backend._head._packed is None
-    for _ in range(PACK_AFTER):       # rounds that verify 3 drafts and the next token
-        backend.extend([5, 6, 7, 8], 3)
-        backend.trim(3)
-    assert backend._head._packed is not None
+
+def test_a_source_that_could_not_pay_with_every_draft_kept_is_never_asked():
+    length = DraftLength({"river": 2, "ngram": 8}, adaptive=True)
+    length.use(_costs(0.010, 0.0098, 30))   # two tokens verified at 19.8 ms: 9.9 ms a token
+    assert length.sources == [] and length.order() == [] and not length.drafting_pays
 
 
 @pytest.mark.parametrize("drafted, chosen", [(0.0098, "plain"), (0.0090, "drafting")])
@@ -293,9 +316,10 @@ def test_drafting_is_judged_by_its_seconds_over_its_tokens():
 
 
 def test_a_one_off_cost_weighs_as_one_slow_round():
-    """hf prepacks its weights on the first verification of several rows: one round a hundred
-    times the others'. Drafting at 8 ms a token against plain steps' 10 still pays with it in
-    the record: it counts as CLIP median rounds, not as a hundred."""
+    """Clocked rounds (vLLM's drafter, which has no verification costs): a one-off cost, as a
+    first verification's kernel setup, makes one round a hundred times the others'. Drafting
+    at 8 ms a token against plain steps' 10 still pays with it in the record: it counts as
+    CLIP median rounds, not as a hundred."""
     length = DraftLength(2, adaptive=True)
     length.update(_round(0, 0, 0.0, 0.010))
     length.update(_round(2, 2, 0.0, 2.4))

@@ -33,8 +33,8 @@ from river_core.layout import View
 from river_models.spec import ModelSpec
 
 from . import CAPABILITIES
-from .blocks import (F16, Head, Layer, embed_graph, frequency_factors, head_graph,
-                     rope_mode, span_graph)
+from .blocks import (EXACT_WIDTH, F16, Head, Layer, embed_graph, frequency_factors,
+                     head_graph, rope_mode, span_graph)
 from .lib import EMBEDDING, HostTensors, MappedGGUF, aligned, cpu, default_threads
 from .stand_ins import StandIns, head_name
 
@@ -109,6 +109,7 @@ class GgmlBackend(NumpyArrays, LayerEngine):
     floats = np.dtype(np.float16)   # the cache's and attention's: the kit's float16 bounds
     windowed_reads = False   # a graph reads its whole key bucket; the mask keeps the window
     prefill_chunk = PREFILL_CHUNK
+    exact_width = EXACT_WIDTH   # blocks.py: verifications compute each token as a step
 
     def __init__(self, backbone: MappedGGUF, spec: ModelSpec, tokenizer, stand_ins: StandIns,
                  threads: int | None = None) -> None:

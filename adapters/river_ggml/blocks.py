@@ -10,6 +10,17 @@ attends the first `keys` slots with `flash_attn_ext`, rows as its batch dimensio
 are the block's output and the state between attention and MLP (what the paper's exit rule
 compares).
 
+Exactness: a verification (`verification`: a span of one sequence and at most EXACT_WIDTH
+tokens, with logits of every token) computes each token bitwise as a decode step of it alone,
+as lossless mode needs (`Verifies.extend`). Its products run each column as a plane of its
+own (x reshaped to [d, 1, columns]): a one-column plane is what llamafile's sgemm leaves to
+ggml's dot product (or a repacked type's gemv), the kernel of a one-token step, where several
+columns together would take the sgemm's other summation order. Its attention reads a query at a time over every key
+in order (ggml's tiling starts at 64 queries), but a lone query over SPLIT_KEYS keys or more
+would have its keys split among threads: such a step runs on ggml's reference kernels
+(`reference`, `Cpu.compute`). Prefill chunks keep the sgemm and the tiled attention: both
+modes share them. What each way costs: docs/backends.md, "Exact verification".
+
 Rotary: every table of the ModelSpec is given to ggml as frequency factors over a fixed base
 (factor_i = BASE^(-2i/d) / inv_freq_i), so one path runs plain, llama3-scaled, LongRoPE and
 per-layer tables alike. Heads rotate as the GGUF stores them, each architecture the way its
@@ -30,6 +41,33 @@ from .lib import Graph, MappedGGUF, g
 
 BASE = 10000.0
 F32, F16, I32, I64 = g.GGML_TYPE_F32, g.GGML_TYPE_F16, g.GGML_TYPE_I32, g.GGML_TYPE_I64
+EXACT_WIDTH = 32   # the most tokens of one sequence a graph computes as steps of one token
+SPLIT_KEYS = 512   # from here ggml's flash attention splits a lone query's keys among threads
+
+
+def verification(rows: int, tokens: int, head: "tuple[Head, str] | None") -> bool:
+    """Whether a span graph is a verification, which computes each token as a graph of it
+    alone does (module docstring): one sequence, 2 to EXACT_WIDTH tokens, logits of every
+    token. A prefill chunk is not one: it keeps the sgemm, as full depth's own prefill."""
+    return rows == 1 and 1 < tokens <= EXACT_WIDTH and head is not None and head[1] == "all"
+
+
+def reference(rows: int, tokens: int, keys: int) -> bool:
+    """Whether a graph runs on ggml's reference kernels: a one-token step of one sequence over
+    SPLIT_KEYS keys or more, whose attention would otherwise sum in another order than a
+    verification's row (module docstring). Only there: elsewhere they cost a step 7% on the
+    embedded model (docs/backends.md, "Exact verification")."""
+    return rows == 1 and tokens == 1 and keys >= SPLIT_KEYS
+
+
+def product(ctx, w, x, columns: bool):
+    """w x for states x [d, columns]: [rows of w, columns]; with `columns`, each column by the
+    kernel of a one-column product (module docstring)."""
+    if not columns or x.contents.ne[1] == 1:
+        return g.ggml_mul_mat(ctx, w, x)
+    d, n = x.contents.ne[0], x.contents.ne[1]
+    y = g.ggml_mul_mat(ctx, w, g.ggml_reshape_3d(ctx, x, d, 1, n))
+    return g.ggml_reshape_2d(ctx, y, y.contents.ne[0], n)
 
 
 def rope_mode(arch: str) -> int:
@@ -93,7 +131,8 @@ class Layer:
     def graph(self, tokens: int, keys: int, cache) -> Graph:
         """The block: outputs `out` and `mid` [rows * tokens, hidden]."""
         return Graph(self._inputs(tokens, keys, rows_of(cache)),
-                     lambda ctx, t: self.block(ctx, t, tokens, keys, cache))
+                     lambda ctx, t: self.block(ctx, t, tokens, keys, cache, False),
+                     reference=reference(rows_of(cache), tokens, keys))
 
     def kv_graph(self, tokens: int, cache) -> Graph:
         """The step's K/V of this layer written from x without running it (`propagate`)."""
@@ -104,21 +143,21 @@ class Layer:
     def _norm(self, ctx, a, weight):
         return g.ggml_mul(ctx, g.ggml_rms_norm(ctx, a, self.spec.norm_eps), weight)
 
-    def _kv(self, ctx, t, h, tokens: int, queries: bool, cache):
+    def _kv(self, ctx, t, h, tokens: int, queries: bool, cache, columns: bool = False):
         """(q [head_dim, tokens, heads, rows] or None, K and V as written into the cache):
         the projections of the normed input h, rotated, the step's K/V stored in its slots."""
         s, hd, rows = self.spec, self.spec.head_dim, rows_of(cache)
         n = tokens * rows
         if self.fused_qkv is not None:
-            qkv = g.ggml_mul_mat(ctx, self.fused_qkv, h)
+            qkv = product(ctx, self.fused_qkv, h, columns)
             sizes = [s.heads * hd, s.kv_heads * hd, s.kv_heads * hd]
             offsets = np.cumsum([0] + sizes[:-1])
             q, k, v = (g.ggml_cont(ctx, g.ggml_view_2d(ctx, qkv, m, n, qkv.contents.nb[1],
                                                         int(o) * 4))
                        for m, o in zip(sizes, offsets))
         else:
-            q = g.ggml_mul_mat(ctx, self.q, h) if queries else None
-            k, v = (g.ggml_mul_mat(ctx, m, h) for m in (self.k, self.v))
+            q = product(ctx, self.q, h, columns) if queries else None
+            k, v = (product(ctx, m, h, columns) for m in (self.k, self.v))
         q, k, v = (a if a is None or b is None else g.ggml_add(ctx, a, b)
                    for a, b in zip((q, k, v), self.qkv_bias))
         k = g.ggml_reshape_3d(ctx, k, hd, s.kv_heads, n)
@@ -144,31 +183,31 @@ class Layer:
         return g.ggml_rope_ext(ctx, a, t["pos"], t["factors"], 2 * self._rotary_pairs(),
                                self.mode, 0, BASE, 1.0, 0.0, rotary.scaling, 32.0, 1.0)
 
-    def block(self, ctx, t: dict, tokens: int, keys: int, cache) -> dict:
+    def block(self, ctx, t: dict, tokens: int, keys: int, cache, columns: bool) -> dict:
         """The block's ops in a graph being built (`graph`, `span_graph`), from inputs `t`."""
         s, hd, rows = self.spec, self.spec.head_dim, rows_of(cache)
         n = tokens * rows
 
         def attention(h):
-            q, kw, vw = self._kv(ctx, t, h, tokens, True, cache)
+            q, kw, vw = self._kv(ctx, t, h, tokens, True, cache, columns)
             c = cache[0].contents
             kv = [g.ggml_view_4d(ctx, a, hd, keys, s.kv_heads, rows, c.nb[1], c.nb[2], c.nb[3],
                                  0) for a in (kw, vw)]
             # [hd, heads, tokens, rows] out: each row's tokens in turn, as x holds them
             attn = g.ggml_flash_attn_ext(ctx, q, kv[0], kv[1], t["mask"], s.attn_scale, 0.0, 0.0)
             g.ggml_flash_attn_ext_set_prec(attn, g.GGML_PREC_F32)
-            return g.ggml_mul_mat(ctx, self.o, g.ggml_reshape_2d(ctx, attn, hd * s.heads, n))
+            return product(ctx, self.o, g.ggml_reshape_2d(ctx, attn, hd * s.heads, n), columns)
 
         def mlp(h):
             if self.gate is None:
-                gate_up, m = g.ggml_mul_mat(ctx, self.up, h), s.intermediate
+                gate_up, m = product(ctx, self.up, h, columns), s.intermediate
                 gate, up = (g.ggml_cont(ctx, g.ggml_view_2d(ctx, gate_up, m, n,
                                                             gate_up.contents.nb[1], o * m * 4))
                             for o in (0, 1))
             else:
-                gate, up = g.ggml_mul_mat(ctx, self.gate, h), g.ggml_mul_mat(ctx, self.up, h)
+                gate, up = product(ctx, self.gate, h, columns), product(ctx, self.up, h, columns)
             act = g.ggml_silu(ctx, gate) if s.activation == "silu" else g.ggml_gelu(ctx, gate)
-            return g.ggml_mul_mat(ctx, self.down, g.ggml_mul(ctx, act, up))
+            return product(ctx, self.down, g.ggml_mul(ctx, act, up), columns)
         out, mid = decoder_layer(t["x"], norms_of(self, lambda a, w: self._norm(ctx, a, w)),
                                  attention, mlp, lambda a, b: g.ggml_add(ctx, a, b))
         return {"out": out, "mid": mid}
@@ -201,6 +240,7 @@ def span_graph(layers: "list[Layer]", tokens: int, keys: int, caches: list,
     of every token. With the embedding `table`, the input is the token `ids` [rows * tokens]
     (int32), embedded in the graph: a step from ids to logits is one compute."""
     rows = rows_of(caches[0])
+    columns = verification(rows, tokens, head)
     first = layers[0]._inputs(tokens, keys, rows)
     inputs = {k: v for k, v in first.items() if k not in ("mask", "factors")}
     if table is not None:
@@ -215,7 +255,8 @@ def span_graph(layers: "list[Layer]", tokens: int, keys: int, caches: list,
         outs = {}
         for j, (layer, cache, (m, f)) in enumerate(zip(layers, caches, shared)):
             out = layer.block(ctx, {**t, "x": x, "mask": t[f"mask{m}"],
-                                    "factors": t[f"factors{f}"]}, tokens, keys, cache)["out"]
+                                    "factors": t[f"factors{f}"]}, tokens, keys, cache,
+                                columns)["out"]
             if cosines:
                 outs[f"cos{j}"] = cosine(ctx, x, out)
             x = out
@@ -224,9 +265,10 @@ def span_graph(layers: "list[Layer]", tokens: int, keys: int, caches: list,
             last = x if head[1] == "all" or tokens == 1 else g.ggml_view_2d(
                 ctx, x, x.contents.ne[0], rows, x.contents.nb[1] * tokens,
                 x.contents.nb[1] * (tokens - 1))
-            outs["logits"] = head[0].build(ctx, last)
+            outs["logits"] = head[0].build(ctx, last, columns)
         return outs
-    return Graph(inputs, build, layers=len(layers) + (head is not None))
+    return Graph(inputs, build, layers=len(layers) + (head is not None),
+                 reference=reference(rows, tokens, keys))
 
 
 def cosine(ctx, a, b):
@@ -247,11 +289,12 @@ class Head:
     def __init__(self, spec: ModelSpec, final_norm, weight) -> None:
         self.spec, self.final_norm, self.weight = spec, final_norm, weight
 
-    def build(self, ctx, x):
-        """Logits [vocab, columns] of states x [hidden, columns]."""
+    def build(self, ctx, x, columns: bool = False):
+        """Logits [vocab, columns] of states x [hidden, columns] (with `columns`, each column
+        as a one-column product)."""
         s = self.spec
         h = g.ggml_mul(ctx, g.ggml_rms_norm(ctx, x, s.norm_eps), self.final_norm)
-        logits = g.ggml_mul_mat(ctx, self.weight, h)
+        logits = product(ctx, self.weight, h, columns)
         if s.final_softcap:
             cap = s.final_softcap
             logits = g.ggml_scale(ctx, g.ggml_tanh(ctx, g.ggml_scale(ctx, logits, 1 / cap)), cap)

@@ -129,13 +129,23 @@ class Cpu:
         self.backend = g.ggml_backend_cpu_init()
         self.threads = 0
         self.buffer_type = g.lib.ggml_backend_cpu_buffer_type()
+        address = g.ggml_backend_reg_get_proc_address(
+            g.ggml_backend_dev_backend_reg(_cpu_device()), b"ggml_backend_cpu_set_use_ref")
+        self._use_ref = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_bool)(address)
+        self.reference = False
 
     def set_threads(self, threads: int) -> None:
         if threads != self.threads:
             g.ggml_backend_cpu_set_n_threads(self.backend, threads)
             self.threads = threads
 
-    def compute(self, graph) -> None:
+    def compute(self, graph, reference: bool = False) -> None:
+        """Run `graph`; `reference`: on ggml's reference kernels where it has them (flash
+        attention a query at a time over every key, no fused ops), whose summation order does
+        not follow the number of queries."""
+        if reference != self.reference:
+            self._use_ref(self.backend, reference)
+            self.reference = reference
         if g.ggml_backend_graph_compute(self.backend, graph) != 0:
             raise RuntimeError("ggml failed to compute a graph")
 
@@ -189,7 +199,8 @@ class Graph:
     values into the inputs' views, computes, and reads the outputs' views."""
 
     def __init__(self, inputs: dict[str, tuple[int, Sequence[int]]], build,
-                 layers: int = 1) -> None:
+                 layers: int = 1, reference: bool = False) -> None:
+        self.reference = reference   # run on ggml's reference kernels (`Cpu.compute`)
         nodes = NODES_PER_LAYER * layers + 32   # sized from what it holds: a layer's graph
         self.ctx = new_context(nodes + len(inputs), nodes)   # is small beside a span's
         made = {}
@@ -213,7 +224,7 @@ class Graph:
         for name, value in values.items():
             dst = self.inputs[name]
             np.copyto(dst, np.reshape(value, dst.shape), casting="unsafe")
-        cpu().compute(self.graph)
+        cpu().compute(self.graph, self.reference)
         return self.outputs
 
     def __del__(self, free_alloc=g.ggml_gallocr_free, free=g.ggml_free) -> None:

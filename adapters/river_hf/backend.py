@@ -24,11 +24,6 @@ from river_models.torch_blocks import (Block, Dense, Norm, Rotaries, TorchArrays
 from . import CAPABILITIES
 
 
-# The backbone's prepacked copy (Dense.pack) makes a verification faster but costs as much to
-# make as a dozen verifications save (docs/results/levers.json, verification_ms; the packing
-# itself ~0.17 s on the embedded model): short generations skip it.
-PACK_AFTER = 16
-
 
 def default_dtype(device: str) -> torch.dtype:
     """float32 on the CPU (bfloat16 matmuls are slower there); bfloat16 on a GPU, where
@@ -65,8 +60,6 @@ class HFBackend(TorchArrays, LayerEngine):
         self.capabilities = CAPABILITIES
         self.runs_on = (str(self.device),)
         self.tokenizer = checkpoint.tokenizer
-        self._extends = 0      # verifications of Dense.ROWS tokens so far: the prepacked copy
-                               # comes at PACK_AFTER
 
     # -- numerics for the engine base -------------------------------------------------------
 
@@ -100,19 +93,6 @@ class HFBackend(TorchArrays, LayerEngine):
         return y if cap is None else torch.tanh(y / cap) * cap
 
     # -- what the torch engine does beyond the base -----------------------------------------
-
-    @torch.inference_mode()
-    def extend(self, tokens, start: int) -> np.ndarray:
-        # only verifications the packed kernel would run count: a plain round of lossless
-        # mode (one token, where drafts do not pay) never needs the copy, and paying 0.17 s
-        # for it cost a 31-token answer a tenth (docs/benchmarks.md, "Defaults that never lose")
-        if len(tokens) in Dense.ROWS:
-            self._extends += 1
-            if self._extends == PACK_AFTER:   # from here on in oneDNN's prepacked kernel
-                for block in self.blocks:
-                    block.pack()
-                self._head.pack()
-        return super().extend(tokens, start)
 
     @torch.inference_mode()
     def project_kv(self, p: Pass, i: int, h, rows) -> None:
