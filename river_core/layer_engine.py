@@ -207,16 +207,22 @@ class LayerEngine(StandInDefaults, abc.ABC):
 
     def _extend(self, tokens: Sequence[int], start: int) -> np.ndarray:
         width = self.exact_width
-        return np.concatenate([self._exact(tokens[at:at + width], start + at)
-                               for at in range(0, len(tokens), width)])
-
-    def _exact(self, tokens: Sequence[int], start: int) -> np.ndarray:
-        """Logits of `tokens` at slots start.., as many as the engine computes exactly as
-        steps (`exact_width`); one token: a decode step's own pass."""
-        if len(tokens) == 1:
+        if len(tokens) == 1:   # a decode step's own pass
             return self.decode(tokens, Step(start))
-        p = self._begin(np.asarray([list(tokens)], dtype=np.int64), Step(start, len(tokens)))
-        return self.full_depth_logits(p, every_token=True)[0]
+        if len(tokens) <= width:   # one pass, as the engine runs it whole
+            return self.full_depth_logits(self._verify_pass(tokens, start), every_token=True)[0]
+        # a pass a `width` tokens, each exact as steps; their logits read from the device once
+        return self.host(self.concat([self._exact_logits(tokens[at:at + width], start + at)
+                                      for at in range(0, len(tokens), width)], 0))
+
+    def _verify_pass(self, tokens: Sequence[int], start: int) -> Pass:
+        return self._begin(np.asarray([list(tokens)], dtype=np.int64), Step(start, len(tokens)))
+
+    def _exact_logits(self, tokens: Sequence[int], start: int):
+        """Logits [len(tokens), vocab] on the device of at most `exact_width` tokens at slots
+        start..: one token as a decode step computes it (the head of its last state)."""
+        h = self._full_depth(self._verify_pass(tokens, start))
+        return self.head(h[:, -1]) if len(tokens) == 1 else self.head(h)[0]
 
     def trim(self, offset: int) -> None:
         self.cache.trim(offset)

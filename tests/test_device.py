@@ -93,8 +93,8 @@ def test_a_lossless_round_reads_one_token_per_draft_and_one_verification(on_devi
         adaptive=False), GenerationConfig(max_new_tokens=7))
     assert out.tokens == [[TOKEN] * 7] and out.accepted == out.drafted == [2, 2]
     assert device.of("embed") == [[(1, device.vocab)]] * 4    # a draft: its token, one read
-    # x and two drafts, one read of the row's logits
-    assert device.of("extend") == [[(1, 3, device.vocab)]] * 2
+    # x and two drafts, a pass a token (exact as steps), one read of their logits
+    assert device.of("extend") == [[(3, device.vocab)]] * 2
 
 
 def test_a_cpu_tensor_in_a_device_step_is_refused(on_device):

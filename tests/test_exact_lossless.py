@@ -40,12 +40,15 @@ def test_the_same_lossless_call_three_times_is_full_depths_text_each_time(engine
         assert any(d > 1 for d in got.drafted)   # verifications of several tokens ran
 
 
-@pytest.mark.parametrize("context", [40, 600])
-def test_a_ggml_verification_is_its_steps_bitwise_on_either_side_of_512_keys(context,
-                                                                             tiny_folder):
+@pytest.mark.parametrize("context, width", [(40, None), (600, None), (40, 4)])
+def test_a_ggml_verification_is_its_steps_bitwise_on_either_side_of_512_keys(
+        context, width, tiny_folder, monkeypatch):
     """On the embedded model, below and past the 512 keys from which ggml would split a lone
-    query's keys among threads (a step there runs on its reference kernels: blocks.py)."""
+    query's keys among threads (a step there runs on its reference kernels: blocks.py); and
+    a verification wider than the engine's exact width, run as several passes."""
     b = _model("ggml", tiny_folder).backend
+    if width is not None:
+        monkeypatch.setattr(b, "exact_width", width)
     prompt, cont = [100 + i % 500 for i in range(context)], [7, 300, 41, 9, 1200, 77]
     b.prefill([prompt], context + len(cont))
     steps = np.stack([b.decode([t], Step(context + j))[0] for j, t in enumerate(cont)])

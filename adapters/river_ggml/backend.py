@@ -291,6 +291,11 @@ class GgmlBackend(NumpyArrays, LayerEngine):
         return self._states(self._span(p, range(self.num_layers), backbone), "out",
                             len(p.ids), p.step.tokens)
 
+    def _exact_logits(self, tokens, start: int) -> np.ndarray:
+        # the engine's own full-depth graph, its head inside, as a decode step runs it (its
+        # arrays are the host's: nothing to read back)
+        return self.full_depth_logits(self._verify_pass(tokens, start), every_token=True)[0]
+
     def full_depth_logits(self, p: GgmlPass, every_token: bool) -> np.ndarray:
         """The embedding, the whole backbone and the head as one graph run."""
         tokens = p.step.tokens if every_token else 1
