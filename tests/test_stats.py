@@ -26,7 +26,8 @@ def test_exit_layers_are_indices_and_layers_run_are_counts():
 
 
 @pytest.mark.parametrize("settings", [dict(policy="fixed", layer=1),
-                                      dict(mode="speculative", policy="fixed", layer=-1)])
+                                      dict(mode="speculative", policy="fixed", layer=-1,
+                                           draft_tokens=2, adaptive=False)])   # drafts run
 def test_the_cli_reports_both_modes_alike(tiny_folder, settings):
     model = RiverModel.from_pretrained(tiny_folder("llama"))
     stats = model.generate("abc", chat=False, max_new_tokens=8, **settings).stats
@@ -62,3 +63,7 @@ def test_a_speculative_run_that_drafted_nothing_reports_no_acceptance():
     r = DecodeResult(tokens=[[5, 6]], exit_layers=[[]], num_layers=4, prefill_seconds=0.1,
                      step_seconds=[0.02], drafted=[0], accepted=[0])
     assert r.speculative and math.isnan(r.acceptance_rate) and r.tokens_per_round == 1.0
+    from river_cli.main import report_stats
+
+    assert report_stats(r).endswith("speculative: no drafts, every round full depth's "
+                                    "one-token step")
