@@ -74,3 +74,18 @@ def ctrl_c_at_step(monkeypatch):
             return begin(self, tokens, step)
         monkeypatch.setattr(HFBackend, "begin", interrupted)
     return arm
+
+
+# The kit's sampled comparisons (seconds to half a minute each) run by default on ggml, the
+# CPU's default engine; on every other engine under `-m reliability`. Those engines' speculative
+# sampling is the same rule over logits the kit's exact test proves bitwise their steps'
+# (`Verifies.extend`), so what the comparison adds there is the rule, which ggml's runs test.
+SAMPLED = {"test_speculative_sampling_draws_full_depths_distribution",
+           "test_speculative_sampling_with_ngram_drafts_draws_full_depths_distribution"}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if item.originalname in SAMPLED and "[ggml" not in item.name:
+            item.add_marker(pytest.mark.reliability)
