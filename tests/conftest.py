@@ -59,6 +59,22 @@ def tiny_folder(tmp_path_factory):
     return save
 
 
+@pytest.fixture(scope="session")
+def fastest_tiny_backend():
+    """tiny_backend(family, seed, bits) of the fastest engine installed: ggml's, else the
+    reference (hf). For tests of what the core does over any engine's logits."""
+    from river_core import CapabilityError
+    from river_hf.plugin import tiny_backend as reference
+
+    def make(family: str, seed: int, bits: int):
+        try:
+            from river_ggml.plugin import tiny_backend
+            return tiny_backend(family, seed, bits)
+        except (ImportError, CapabilityError):
+            return reference(family, seed, bits)
+    return make
+
+
 @pytest.fixture
 def ctrl_c_at_step(monkeypatch):
     """ctrl_c_at_step(n): Ctrl-C arrives as the hf backend's n-th decode step begins."""

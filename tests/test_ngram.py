@@ -198,13 +198,13 @@ def test_on_a_copying_prompt_the_round_drafts_from_ngrams():
     assert rounds.get("ngram", 0) > rounds.get("river", 0) and kept >= 24
 
 
-def test_the_kits_sampled_test_catches_ngram_drafts_kept_without_the_ratio_test(monkeypatch):
+def test_the_kits_sampled_test_catches_ngram_drafts_kept_without_the_ratio_test(
+        monkeypatch, fastest_tiny_backend):
     """The kit's sampled test with n-gram drafts has power: a verification that keeps every
     (point-mass) draft fails it."""
     from river_conformance.kit import NGRAM_DRAFTS, NGRAM_PROMPT, lossless_against_plain
-    from river_hf.plugin import tiny_backend
 
     monkeypatch.setattr("river_core.speculative.verify_draft", lambda *args: None)
-    comparison = lossless_against_plain(tiny_backend("llama", 0, 4), sources=NGRAM_DRAFTS,
+    comparison = lossless_against_plain(fastest_tiny_backend("llama", 0, 4), sources=NGRAM_DRAFTS,
                                         prompt=NGRAM_PROMPT, temperature=1.0)
     assert not comparison.same, comparison.summary()

@@ -162,10 +162,10 @@ def test_ignore_eos_decodes_the_whole_budget_in_every_mode(folder, monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def tiny4():
-    from river_hf.plugin import tiny_backend
-
-    return tiny_backend("llama", 0, 4)
+def tiny4(fastest_tiny_backend):
+    """A tiny llama with 4-bit stand-ins on the fastest engine installed: the sampling rule
+    under test is the core's, the same over every engine's logits."""
+    return fastest_tiny_backend("llama", 0, 4)
 
 
 def test_speculative_sampling_with_top_k_draws_full_depths_distribution(tiny4):
