@@ -144,13 +144,14 @@ def report_stats(stats: DecodeResult) -> str:
              f"{stats.tokens_per_second:.1f} tokens/s" + ("" if np.isnan(layers) else
              f" | {'drafts ran' if stats.speculative else 'tokens ran'} {layers:.1f}/"
              f"{stats.num_layers} backbone layers on average")]
-    if stats.speculative and not sum(stats.drafted):   # no source could pay (issue 60)
-        lines[0] += " | speculative: no drafts, every round full depth's one-token step"
-    elif stats.speculative:
-        lines[0] += (f" | speculative: {100 * stats.acceptance_rate:.1f}% of "
+    if stats.speculative:
+        lines[0] += (" | speculative: no drafts, every round full depth's one-token step"
+                     if not sum(stats.drafted) else   # no source could pay (issue 60)
+                     f" | speculative: {100 * stats.acceptance_rate:.1f}% of "
                      f"{sum(stats.drafted)} drafts kept, {stats.tokens_per_round:.2f} tokens "
-                     f"per verification; rounds: " + ", ".join(
-                         f"{n} {source}" for source, n in stats.rounds_by_source.items()))
+                     f"per verification")
+        lines[0] += "; rounds: " + ", ".join(f"{n} {source}" for source, n
+                                             in stats.rounds_by_source.items())
     else:
         lines[0] += f" | {100 * stats.skipped_share:.1f}% of layers skipped"
     hist = stats.layers_run_histogram()
