@@ -100,8 +100,32 @@ SAMPLED = {"test_speculative_sampling_draws_full_depths_distribution",
            "test_speculative_sampling_with_ngram_drafts_draws_full_depths_distribution"}
 
 
+# The suite's budget (15 minutes on 2 cores, an AVX2 AMD EPYC the slowest machine it meets):
+# tests of half a minute and more whose subject another default test covers more cheaply, or
+# that matter before a lent GPU session rather than on every commit, run under
+# `-m reliability` (docs/architecture.md, "Tests").
+LONG = {
+    # two vLLM ranks in two processes (83 s); one rank's River walk is test_vllm's default
+    "tests/test_vllm.py::test_river_runs_under_tensor_parallelism_across_two_ranks",
+    # a sampled comparison (34 s); the served one (test_served_lossless_sampling_...) stays
+    "tests/test_vllm.py::test_sampled_lossless_inside_vllm_draws_vllm_plains_distribution",
+    # the lent GPU's image simulated (54 s) and the gpu benchmark's tiny run (31 s): run
+    # before a GPU session (docs/gpu.md)
+    "tests/test_gpu_image.py::test_river_installs_and_runs_on_the_lent_gpus_image",
+    "tests/test_benchmarks.py::test_each_benchmark_runs_at_a_tiny_size[gpu]",
+    # two thousand steps a strategy (35 s); the kit's bounds hold at every step it draws
+    "tests/test_reliability.py::test_two_thousand_steps_with_exits_stay_finite_and_bounded",
+    # benchmarks' tiny runs of 8-16 s whose subjects the tests run (ggml's cost, the first
+    # call, the levers, the walk, the quantizers, first contact, n-gram drafts)
+    *(f"tests/test_benchmarks.py::test_each_benchmark_runs_at_a_tiny_size[{name}]"
+      for name in ("ggml_cost", "first_call", "levers", "walk", "quantizers",
+                   "first_contact", "ngram")),
+}
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items):
     for item in items:
-        if item.originalname in SAMPLED and "[ggml" not in item.name:
+        sampled = item.originalname in SAMPLED and "[ggml" not in item.name
+        if sampled or item.nodeid in LONG or item.nodeid.split("[")[0] in LONG:
             item.add_marker(pytest.mark.reliability)
