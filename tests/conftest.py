@@ -115,6 +115,9 @@ LONG = {
     "tests/test_benchmarks.py::test_each_benchmark_runs_at_a_tiny_size[gpu]",
     # two thousand steps a strategy (35 s); the kit's bounds hold at every step it draws
     "tests/test_reliability.py::test_two_thousand_steps_with_exits_stay_finite_and_bounded",
+    # the embedded model's ONNX export and answer (35-70 s); the onnx engine runs the kit on
+    # every tiny family's export by default, and the export's interrupted builds run here too
+    "tests/test_embedded_model.py::test_onnx_backend_generates_on_the_default_model",
     # benchmarks' tiny runs of 8-16 s whose subjects the tests run (ggml's cost, the first
     # call, the levers, the walk, the quantizers, first contact, n-gram drafts)
     *(f"tests/test_benchmarks.py::test_each_benchmark_runs_at_a_tiny_size[{name}]"
