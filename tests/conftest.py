@@ -118,11 +118,14 @@ LONG = {
     # the embedded model's ONNX export and answer (35-70 s); the onnx engine runs the kit on
     # every tiny family's export by default, and the export's interrupted builds run here too
     "tests/test_embedded_model.py::test_onnx_backend_generates_on_the_default_model",
-    # benchmarks' tiny runs of 8-16 s whose subjects the tests run (ggml's cost, the first
-    # call, the levers, the walk, the quantizers, first contact, n-gram drafts)
+    # benchmarks' tiny runs of 3-16 s whose subjects the tests run (ggml's cost and overhead,
+    # the first call, the levers, the walk, the quantizers, first contact, n-gram drafts, the
+    # real files' matrix, the river's K/V error, prefill exit, the kit's margins, the oracle,
+    # vLLM plain against River inside it)
     *(f"tests/test_benchmarks.py::test_each_benchmark_runs_at_a_tiny_size[{name}]"
-      for name in ("ggml_cost", "first_call", "levers", "walk", "quantizers",
-                   "first_contact", "ngram")),
+      for name in ("ggml_cost", "ggml_overhead", "first_call", "levers", "walk",
+                   "quantizers", "first_contact", "ngram", "real_files", "river_kv_error",
+                   "prefill_exit", "kit_margins", "oracle", "vllm")),
 }
 
 
