@@ -48,4 +48,6 @@ def test_the_first_command_answers_as_the_readme_says(capsys):
     promised = re.search(r"River answers `([^`]+)`", TEXT).group(1)
     assert main(["generate", "What is the capital of France?"]) == 0
     out, err = capsys.readouterr()
-    assert out.strip() == promised and "backbone layers on average" in err
+    # its decode statistics (the layers a draft ran only where the river drafted: n-gram
+    # drafts and plain rounds run none of its own)
+    assert out.strip() == promised and "ms/token" in err and "speculative:" in err
