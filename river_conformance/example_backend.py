@@ -61,7 +61,8 @@ class NumpyBackend(NumpyArrays, LayerEngine):
         self.kv_heads, self.head_dim, self.windows = spec.kv_heads, spec.head_dim, spec.windows
         self.capabilities = Capabilities(exits=True, stand_in=True, propagate=True, mask=True,
                                          recompute=True, sub_blocks=True, verify=True,
-                                         windowed_drafts=True, batch=True)
+                                         windowed_drafts=True, batch=True,
+                                         keeps_prefill=True)
         self.runs_on = ("cpu",)
         self.tokenizer = checkpoint.tokenizer
 

@@ -451,13 +451,16 @@ class Forced:
 def teacher_force(backend: Backend, prompts: Sequence[Sequence[int]],
                   continuations: Sequence[Sequence[int]], run: Run,
                   prefill_exit: int | None = None) -> list[Forced]:
-    """Prefill each prompt, then feed its continuation a token a step, every row exiting on
-    its own as the policy says (several sequences at once: fewer, larger engine calls). A row
+    """Prefill each prompt (or take the prefill of them the engine's cache still holds:
+    `KeepsPrefill`), then feed its continuation a token a step, every row exiting on its own
+    as the policy says (several sequences at once: fewer, larger engine calls). A row
     whose continuation is used up keeps repeating its last token, and what it then writes or
     returns is dropped."""
     longest = max(len(c) for c in continuations)
     capacity = max(len(p) for p in prompts) + longest
-    pre = backend.prefill(prompts, capacity, prefill_exit)
+    kept = backend.kept_prefill(prompts, capacity, prefill_exit) \
+        if backend.capabilities.keeps_prefill else None
+    pre = kept or backend.prefill(prompts, capacity, prefill_exit)
     rows = start_rows(backend, run, pre.similarity)
     position = max(len(p) for p in prompts)
     logits = [[row] for row in pre.logits]

@@ -77,6 +77,8 @@ class LayerEngine(StandInDefaults, abc.ABC):
     exact_width = 1
     cache: KVCache | None = None
     switch: RotarySwitch | None = None
+    # the last prefill: its cache, prompts, prefill_exit and result (`kept_prefill`)
+    _kept: tuple[KVCache, list[list[int]], int | None, Prefill] | None = None
 
     # -- what a subclass supplies ---------------------------------------------------------------
 
@@ -165,7 +167,23 @@ class LayerEngine(StandInDefaults, abc.ABC):
         every = np.concatenate(every, 1)
         similarity = np.stack([layout.prompt_mean(every[..., i])
                                for i in range(self.num_layers)], -1)
-        return Prefill(self.logits(h), similarity)
+        result = Prefill(self.logits(h), similarity)
+        self._kept = (self.cache, [list(map(int, p)) for p in prompts], prefill_exit, result)
+        return result
+
+    def kept_prefill(self, prompts: Sequence[Sequence[int]], capacity: int,
+                     prefill_exit: int | None = None) -> Prefill | None:
+        kept = self._kept
+        if kept is None or kept[0] is not self.cache:
+            return None
+        cache, prompts_kept, exit_kept, result = kept
+        if exit_kept != prefill_exit or capacity > cache.layout.capacity or \
+                prompts_kept != [list(map(int, p)) for p in prompts]:
+            return None
+        cache.trim(cache.layout.width)
+        if self.switch is not None:
+            self.switch = self.switch.after_prompts()
+        return result
 
     def prefill_layers(self, p: Pass, prefill_exit: int | None) -> tuple[Any, np.ndarray]:
         """A prefill pass through every layer (stand-ins past `prefill_exit`, the paper's

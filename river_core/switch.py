@@ -21,6 +21,14 @@ class RotarySwitch:
         self.ids = np.zeros((layout.batch, layout.capacity), np.int64)
         self._past = self._past_at(Step(0, layout.width))
 
+    def after_prompts(self) -> "RotarySwitch":
+        """The switch as the prefill left it (the prompts' ids, their table): for steps run
+        again over a kept prefill (`LayerEngine.kept_prefill`)."""
+        fresh = RotarySwitch(self.at, self._layout)
+        width = self._layout.width
+        fresh.ids[:, :width] = self.ids[:, :width]
+        return fresh
+
     def _past_at(self, step: Step) -> np.ndarray:
         return self._layout.positions(step.start, step.end).max(-1) + 1 > self.at
 

@@ -4,4 +4,4 @@ from river_core.backend import Capabilities
 
 # known before anything loads (no engine imported): no windowed drafts
 CAPABILITIES = Capabilities(exits=True, stand_in=True, propagate=True, mask=True, recompute=True,
-                            sub_blocks=True, verify=True, batch=True)
+                            sub_blocks=True, verify=True, batch=True, keeps_prefill=True)

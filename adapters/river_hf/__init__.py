@@ -6,4 +6,5 @@ from river_core.backend import Capabilities
 
 # known before anything loads (no engine imported): a plan is checked before a long load
 CAPABILITIES = Capabilities(exits=True, stand_in=True, propagate=True, mask=True, recompute=True,
-                            sub_blocks=True, verify=True, windowed_drafts=True, batch=True)
+                            sub_blocks=True, verify=True, windowed_drafts=True, batch=True,
+                            keeps_prefill=True)
