@@ -144,6 +144,33 @@ def quantized_rows(weights: np.ndarray, kind: str) -> np.ndarray:
     return out
 
 
+def dequantized_rows(data: np.ndarray, kind: str, columns: int) -> np.ndarray:
+    """[rows, row bytes] uint8 of ggml type `kind` back to float32 [rows, columns] by ggml's
+    own type traits (C, 40x gguf-py's numpy on Q4_K), chunks of rows on every core."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ggml import ggml as g
+
+    data = np.ascontiguousarray(data).reshape(len(data), -1)
+    if kind == "F32":
+        return data.view(np.float32).reshape(len(data), columns).copy()
+    to_float = g.ggml_get_type_traits(_ggml_type(kind)).contents.to_float
+    rows = len(data)
+    out = np.empty((rows, columns), np.float32)
+
+    def chunk(start: int) -> None:
+        n = min(CHUNK_ROWS, rows - start)
+        to_float(data[start:].ctypes.data_as(ctypes.c_void_p),
+                 out[start:].ctypes.data_as(ctypes.POINTER(ctypes.c_float)), n * columns)
+    starts = range(0, rows, CHUNK_ROWS)
+    if len(starts) == 1:
+        chunk(0)
+    else:
+        with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+            list(pool.map(chunk, starts))
+    return out
+
+
 def _order(name: str) -> tuple[int, str]:
     """llama.cpp's walk of a file's tensors: those outside the layers first, then by layer,
     each layer's by name."""

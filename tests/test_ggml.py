@@ -242,20 +242,32 @@ def test_a_tensor_type_it_does_not_run_is_named(tmp_path):
         MappedGGUF(path)
 
 
-def test_its_head_stand_in_is_ggml_q8_0_with_a_scale_per_block():
+def test_its_head_stand_in_is_ggml_q8_0_with_a_scale_per_block(tmp_path, monkeypatch):
     """A head's columns differ in range, so a scale per block of 32 (ggml's own Q8_0) holds it
-    far closer than one per row; the blocks are ggml's Q8_0 rounding of the same weights."""
+    far closer than one per row. ggml's quantizer makes it from the file's head a slice of
+    rows at a time: the blocks gguf-py's reference Q8_0 makes of the whole."""
+    import gguf
     from gguf import GGMLQuantizationType as Q
-    from gguf.quants import dequantize, quantize as ggml_quantize
+    from gguf.quants import dequantize, quantize as reference_q8_0
 
-    from river_ggml.stand_ins import HEAD
+    from river_ggml import stand_ins
 
-    w = np.random.default_rng(0).standard_normal((64, 256)).astype(np.float32)
+    w = np.random.default_rng(0).standard_normal((80, 256)).astype(np.float32)
     w[:, 5] *= 30   # one outlying column, as token embeddings have
-    ours = q8_0(quantize(w, HEAD))
+    path = tmp_path / "head.gguf"
+    writer = gguf.GGUFWriter(path, "llama")
+    writer.add_tensor("token_embd.weight", w)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    monkeypatch.setattr(stand_ins, "HEAD_ROWS", 32)   # three slices
+    blocks, kind = stand_ins._head(MappedGGUF(path))
     per_row = q8_0(quantize(w, QuantSpec(bits=8)))
-    assert close(dequantize(ours, Q.Q8_0), w) < close(dequantize(per_row, Q.Q8_0), w) / 2
-    assert np.array_equal(dequantize(ours, Q.Q8_0), dequantize(ggml_quantize(w, Q.Q8_0), Q.Q8_0))
+    assert kind == "Q8_0"
+    assert close(dequantize(blocks, Q.Q8_0), w) < close(dequantize(per_row, Q.Q8_0), w) / 2
+    assert np.allclose(dequantize(blocks, Q.Q8_0), dequantize(reference_q8_0(w, Q.Q8_0), Q.Q8_0),
+                       rtol=0, atol=1e-6 * np.abs(w).max())
 
 
 def test_its_ggml_is_built_as_llama_cpp_builds_it():

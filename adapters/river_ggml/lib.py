@@ -359,17 +359,10 @@ class MappedGGUF:
     def _dequantized(self, name: str, rows) -> np.ndarray:
         """Rows `rows` of tensor `name` from the file's bytes, dequantized by ggml's own type
         traits (not the kernels under test), float64."""
-        kind, columns = self.tensors[name].contents.type, self.tensors[name].contents.ne[0]
-        raw = self.raw(name)
-        if kind == g.GGML_TYPE_F32:
-            return raw[list(rows)].view(np.float32).astype(np.float64)
-        to_float = g.ggml_get_type_traits(kind).contents.to_float
-        out = np.empty((len(rows), columns), np.float32)
-        for j, r in enumerate(rows):
-            row = np.ascontiguousarray(raw[r])
-            to_float(row.ctypes.data_as(ctypes.c_void_p),
-                     out[j].ctypes.data_as(ctypes.POINTER(ctypes.c_float)), columns)
-        return out.astype(np.float64)
+        from river_models.gguf_quantize import dequantized_rows
+
+        return dequantized_rows(self.raw(name)[list(rows)], self.kind(name),
+                                self.tensors[name].contents.ne[0]).astype(np.float64)
 
     def _compare(self, got, want, label: str, t, what: str, rtol: float) -> None:
         error = float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30))

@@ -18,7 +18,7 @@ itself (`ggml_quantize_chunk`) from the backbone's dequantized weights; where no
 fits (a row length not a multiple of 256, the block of every ggml type below 4 bits; a
 backbone of 3.4 bits or fewer) exit mode is refused in one line (`Choice.refused`) and the
 Q4_0 stand-ins still draft for lossless mode.
-The head's stand-in is 8-bit with one scale per block of 32 (HEAD: ggml's own Q8_0 rounding),
+The head's stand-in is 8-bit with one scale per block of 32 (ggml's own Q8_0, `_head`),
 not the other engines' one per row: a head's columns differ in range (the embedded model's
 token embeddings: relative weight error 1.2% with a scale per row, 0.02% per block, whose
 original GGUF holds them as Q8_0).
@@ -37,14 +37,13 @@ import numpy as np
 from river_core.config import QuantSpec
 from river_core.errors import ConfigError, ModelError
 from river_models.cache import cache_root, cached, content_key, digest, ready
-from river_models.gguf_quantize import quantized_rows
+from river_models.gguf_quantize import dequantized_rows, quantized_rows
 from river_models.quant import QuantWeight, quantize, weight_error
 
 from .lib import RUNS, MappedGGUF, version
 
-FORMAT = 5   # bump when the stand-ins' file changes (5: the type chosen from the backbone's)
+FORMAT = 6   # bump when the stand-ins' file changes (6: ggml's own dequantization and head)
 BLOCK = 32
-HEAD = QuantSpec(bits=8, group_size=BLOCK, method="sym")
 ERRORS = "river.stand_in_error"
 VERSION = "river.ggml_version"
 
@@ -170,10 +169,8 @@ def choose(source: MappedGGUF, layers: int) -> Choice:
 
 
 def dequantized(data: np.ndarray, kind: str, shape: tuple[int, ...]) -> np.ndarray:
-    from gguf import GGMLQuantizationType
-    from gguf.quants import dequantize
-
-    return dequantize(data, GGMLQuantizationType[kind]).reshape(shape).astype(np.float32)
+    """float32 of `shape` from a tensor's blocks, by ggml's own dequantization."""
+    return dequantized_rows(data.reshape(-1, data.shape[-1]), kind, shape[-1]).reshape(shape)
 
 
 @attrs.frozen(eq=False)
@@ -182,7 +179,7 @@ class Quantized:
 
     layers: tuple[Mapping[str, QuantWeight | tuple[np.ndarray, str]], ...]   # or ggml's blocks
     errors: tuple[float, ...]
-    head: QuantWeight
+    head: QuantWeight | tuple[np.ndarray, str]   # or ggml's Q8_0 blocks
 
 
 def quantized(source: MappedGGUF, layers: int, spec: QuantSpec, kind: str = "Q4_0",
@@ -209,14 +206,30 @@ def quantized(source: MappedGGUF, layers: int, spec: QuantSpec, kind: str = "Q4_
     with ThreadPoolExecutor(default_threads()) as pool:
         done = list(tqdm(pool.map(layer, range(layers)), total=layers, unit="layer",
                          desc=f"stand-ins ({label})", disable=not progress))
-    return Quantized(tuple(q for q, _ in done), tuple(e for _, e in done),
-                     quantize(floats(source, head_name(source)), HEAD))
+    return Quantized(tuple(q for q, _ in done), tuple(e for _, e in done), _head(source))
+
+
+HEAD_ROWS = 16384   # the head's rows dequantized at once: a 150k vocabulary's float32 head
+                    # whole is 0.9 GB (issue 59: 4.9 GB peak quantizing it at once)
+
+
+def _head(source: MappedGGUF) -> tuple[np.ndarray, str]:
+    """The head's stand-in, by ggml's own Q8_0 quantizer, a slice of rows at a time."""
+    name = head_name(source)
+    raw, (rows, columns) = source.raw(name), source.shape(name)
+    return np.concatenate([
+        quantized_rows(dequantized_rows(raw[r:r + HEAD_ROWS], source.kind(name), columns), "Q8_0")
+        for r in range(0, rows, HEAD_ROWS)]), "Q8_0"
 
 
 def _error(weights: Mapping[str, np.ndarray], got: Mapping[str, np.ndarray]) -> float:
     """||Q(W) - W|| / ||W|| over a layer's projections together (river_models.quant's)."""
-    err = sum(float(((got[n].astype(np.float64) - w) ** 2).sum()) for n, w in weights.items())
-    norm = sum(float((w.astype(np.float64) ** 2).sum()) for w in weights.values())
+    def square(x: np.ndarray) -> float:   # BLAS's dot: no float64 copy of a weight
+        flat = x.reshape(-1)
+        return float(np.dot(flat, flat))
+
+    err = sum(square(got[n] - w) for n, w in weights.items())
+    norm = sum(square(w) for w in weights.values())
     return (err / norm) ** 0.5 if norm else 0.0
 
 
@@ -235,8 +248,9 @@ def write(stand_ins: Quantized, path: Path) -> None:
         for name, q in layer.items():
             data, kind = q if isinstance(q, tuple) else blocks(q)
             writer.add_tensor(name, data, raw_dtype=gguf.GGMLQuantizationType[kind])
-    writer.add_tensor("output.weight", q8_0(stand_ins.head),
-                      raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+    head, kind = stand_ins.head if isinstance(stand_ins.head, tuple) else \
+        (q8_0(stand_ins.head), "Q8_0")
+    writer.add_tensor("output.weight", head, raw_dtype=gguf.GGMLQuantizationType[kind])
     writer.add_array(ERRORS, list(stand_ins.errors))
     writer.add_string(VERSION, version())
     writer.write_header_to_file()
