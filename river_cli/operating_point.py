@@ -6,6 +6,10 @@ does neither on another (issue 52: tau 0.97, fitted on SmolLM2, exits every toke
 model after layer 3, at the whole 4-bit model's quality). So at a model's first exit-mode call
 `river generate`:
 
+0. times the policy's fastest setting (its tuned option's permissive end: the fewest layers
+   a token) against full depth on CEILING_PROMPTS questions; where even that is not FASTER,
+   no setting is, and nothing is fitted (issue 59: every exit of a 1.5B Q4_K_M on an AVX2 CPU
+   decodes below full depth's speed, its Q3_K stand-ins' kernels slower a byte than Q4_K's);
 1. fits the policy's tuned option as `river calibrate` fits it (calibrate.py), on the first
    FIT_PROMPTS questions of the bundled GSM8K train slice (never the test slice), to the
    target: by default DEFAULT_TARGET, exit mode recovering at least half of the whole 4-bit
@@ -39,20 +43,28 @@ from river_core.errors import ConfigError
 from river_core.model import RiverModel
 from river_core.options import tuned
 
-from .calibrate import FULL, calibrate, force, full_depth_references, quality, whole_model
-from .profile import DEFAULT_TARGET, Measured, Point, Profile, Quality, Target, default_path
+from .calibrate import (FULL, calibrate, force, full_depth_references, quality, tuned_option,
+                        whole_model)
+from .profile import (DEFAULT_TARGET, Measured, Point, Profile, Quality, Target, default_path,
+                      fingerprint)
 from .prompts import GSM8K_TRAIN, read_prompts
 
 CALIBRATION = GSM8K_TRAIN
 SOURCE = "GSM8K train (bundled)"
 # sizes that keep a 1.5B model's fit near a minute on 2 cores (issue 59: 406 s at 8, 8, 24,
 # 7 and 2 x 32); the fitted value within 1/32 of the policy's range
+CONTEXT = 128        # each question's last tokens: the prefill is most of a fit's time
+                     # (25 s of 6 byte-level questions of up to 221 tokens, issue 59), and
+                     # a chat template's question is shorter under a real tokenizer
 FIT_PROMPTS = 6      # the fit's questions: train 0..5
 HELD_APART = 4       # the check's: train 6..9
 TOKENS = 16          # full depth's continuation scored per question
 STEPS = 5            # bisection halvings
 SPEED_PROMPTS = 1    # questions each setting decodes for its speed
 SPEED_TOKENS = 24
+CEILING_PROMPTS = 2  # questions the fastest setting decodes, against full depth, first
+SPEED_CONTEXT = 64   # each question's last tokens it decodes after: a step's cost barely
+                     # follows a short context, a prefill's does (4 s for 200 tokens, issue 59)
 FASTER = 1.05
 """Exit mode's least speed over full depth for the point to count as reached: a smaller gain
 does not pay for a lossy output where lossless mode keeps full depth's own."""
@@ -102,20 +114,31 @@ def fit_point(model: RiverModel, config: ExitConfig, target: Target = DEFAULT_TA
     name = tuned_name(model, config)
     # each question's last tokens where a model's context is short (the generation prompt
     # of a chat template comes last)
-    room = model.backend.max_positions - max(TOKENS, SPEED_TOKENS) - 1
+    room = min(CONTEXT, model.backend.max_positions - max(TOKENS, SPEED_TOKENS) - 1)
     ids = [q[-room:] for q in model.encode(read_prompts(CALIBRATION, FIT_PROMPTS + HELD_APART))]
     fit_ids, held = ids[:FIT_PROMPTS], ids[FIT_PROMPTS:]
+    where = f"{SOURCE}, {FIT_PROMPTS}-{FIT_PROMPTS + HELD_APART - 1}"
     from tqdm import tqdm   # here: its import (0.07 s) is paid only where a bar runs
 
-    with tqdm(total=0, desc="fitting the exit rule to this model (once)", unit="pass",
-              disable=not progress) as bar:
+    with tqdm(total=2 * CEILING_PROMPTS, desc="fitting the exit rule to this model (once)",
+              unit="pass", disable=not progress) as bar:
+        tick = lambda: bar.update(1)
+        # the tuned option's permissive end runs the fewest layers a token, the fastest the
+        # policy runs: where even that is not FASTER than full depth, no value is, and the
+        # answer is clear before any fit
+        bar.set_postfix_str("the fastest setting's speed")
+        [ceiling] = speed_over_full(model, held[:CEILING_PROMPTS], [fastest(model, config)],
+                                    tick)
+        if ceiling < FASTER:
+            return unreachable(model, config, target, ceiling,
+                               f"{CEILING_PROMPTS} questions of {where}", started, model_name,
+                               precision)
         [profile] = calibrate(model, fit_ids, config, [target], tokens=TOKENS, layer_prompts=0,
                               model_name=model_name, precision=precision,
                               source=f"{SOURCE}, questions 0-{FIT_PROMPTS - 1}", bar=bar,
                               steps=STEPS, hopeless=too_slow(model.backend))
         bar.total += 4 * len(held) + (1 + 2) * SPEED_PROMPTS
         bar.refresh()
-        tick = lambda: bar.update(1)
         bar.set_postfix_str("held-apart questions")
         refs = full_depth_references(model, held, TOKENS, 0, tick)
         if not refs:
@@ -132,10 +155,28 @@ def fit_point(model: RiverModel, config: ExitConfig, target: Target = DEFAULT_TA
     measured = [Measured(c.options[name], q, s) for c, q, s in zip((fitted, paper), qualities,
                                                                    speeds)]
     reached = profile.met and target.met(measured[0].quality, whole) and speeds[0] >= FASTER
-    point = Point(prompts=f"{len(refs)} questions of {SOURCE}, {FIT_PROMPTS}-"
-                  f"{FIT_PROMPTS + HELD_APART - 1}", whole_model=whole, fitted=measured[0],
-                  default=measured[1], reached=reached, seconds=time.perf_counter() - started)
+    point = Point(prompts=f"{len(refs)} questions of {where}", whole_model=whole,
+                  fitted=measured[0], default=measured[1], reached=reached,
+                  seconds=time.perf_counter() - started, ceiling=ceiling)
     return attrs.evolve(profile, point=point)
+
+
+def fastest(model: RiverModel, config: ExitConfig) -> ExitConfig:
+    """`config` at its policy's tuned option's permissive end: the fewest layers a token."""
+    name, _, permissive = tuned_option(model.registry, config)
+    return attrs.evolve(config, options={**config.options, name: permissive})
+
+
+def unreachable(model: RiverModel, config: ExitConfig, target: Target, ceiling: float,
+                prompts: str, started: float, model_name: str, precision: str) -> Profile:
+    """The profile of a model on which exit mode cannot pay: nothing fitted, the fastest exit
+    mode's speed (`ceiling`) kept as the reason."""
+    point = Point(prompts=prompts, whole_model=None, fitted=None, default=None, reached=False,
+                  seconds=time.perf_counter() - started, ceiling=ceiling)
+    return Profile(model=model_name, fingerprint=fingerprint(model.backend),
+                   precision=precision, policy=config.policy, options={}, target=target,
+                   quality=None, prompts="none: exit mode cannot pay", tokens=0, trials=(),
+                   layers=(), point=point)
 
 
 def too_slow(backend) -> Callable[[Quality], bool] | None:
@@ -174,6 +215,7 @@ def speed_over_full(model: RiverModel, prompts: Sequence[Sequence[int]],
     drift hits all alike, after an untimed short decode of each (an engine's first use of a
     setting builds what it runs)."""
     settings = [FULL, *configs]
+    prompts = [p[-SPEED_CONTEXT:] for p in prompts]
     for c in settings:
         model.generate_ids([prompts[0]], c, GenerationConfig(max_new_tokens=4))
     seconds, tokens = [0.0] * len(settings), [0] * len(settings)
@@ -195,8 +237,25 @@ def chosen(profile: Profile, config: ExitConfig, lossless: ExitConfig) -> ExitCo
     return profile.exit_config(config)
 
 
+def _tuned(profile: Profile) -> str:
+    from river_core.plugins import default_registry
+
+    return tuned(default_registry().policy(profile.policy).options)[0]
+
+
+def _cannot_pay(profile: Profile) -> str:
+    from river_core.plugins import default_registry
+
+    name, _, permissive = tuned(default_registry().policy(profile.policy).options)
+    return (f"its fastest setting ({name}={permissive:g}, the fewest layers a token) decodes at "
+            f"{profile.point.ceiling:.2f}x full depth's speed, below {FASTER:g}x")
+
+
 def _short(profile: Profile, num_layers: int) -> str:
-    point, name = profile.point, next(iter(profile.options))
+    point, name = profile.point, _tuned(profile)
+    if point.fitted is None:
+        return (f"river: lossless mode (full depth's own output): exit mode cannot pay on this "
+                f"model here: {_cannot_pay(profile)} (measured once; --verbose for more)")
     if point.reached:
         m = point.fitted
         return (f"river: exit mode at {name}={m.value:.4g}, fitted to this model "
@@ -228,7 +287,14 @@ def describe(profile: Profile, num_layers: int, verbose: bool = False) -> str:
         return f"calibrated: {profile.describe()}"
     if not verbose:
         return _short(profile, num_layers)
-    name = next(iter(profile.options))
+    name = _tuned(profile)
+    if point.fitted is None:
+        return (f"operating point: exit mode cannot pay on this model on this machine: "
+                f"{_cannot_pay(profile)}, measured once, in {point.seconds:.0f} s, on "
+                f"{point.prompts}; so nothing was fitted and River runs lossless mode: full "
+                f"depth's own output (--mode speculative). Other choices: --mode exit -o "
+                f"{name}=VALUE runs exit mode at a value of your own; --no-profile for the "
+                f"policy's defaults")
     whole = point.whole_model
 
     def figures(m: Measured) -> str:

@@ -19,6 +19,7 @@ from river_core.errors import ConfigError
 from river_models import cache_root
 
 FORMAT = 2   # 2: the gap target, the whole 4-bit model's quality and the held-apart check
+             # (a profile of nothing fitted, `Point.ceiling`, reads as format 2 too)
 METRICS = ("agreement", "nll", "gap")
 SHIPPED = Path(__file__).resolve().parent / "data" / "profiles"
 
@@ -137,11 +138,15 @@ class Point:
     checked on prompts held apart from the fit, against the whole 4-bit model there."""
 
     prompts: str
-    whole_model: Quality      # every token on stand-ins, on the held-apart prompts
-    fitted: Measured          # the fitted value
-    default: Measured         # the policy's own default (the paper's tau for settled)
+    # None, these three, where exit mode cannot pay (`ceiling` below FASTER): nothing fitted
+    whole_model: Quality | None   # every token on stand-ins, on the held-apart prompts
+    fitted: Measured | None       # the fitted value
+    default: Measured | None      # the policy's own default (the paper's tau for settled)
     reached: bool             # the target met there, faster than full depth
     seconds: float            # the whole fit's wall-clock
+    ceiling: float | None = None  # the decode speed over full depth's of the tuned option's
+                                  # permissive end, the fewest layers a token: the most any
+                                  # setting reaches
 
 
 @attrs.frozen
@@ -152,7 +157,8 @@ class Profile:
     policy: str
     options: Mapping[str, Any] = attrs.field(converter=dict)   # the fitted option(s)
     target: Target
-    quality: Quality                  # at `options`, on the calibration prompts
+    quality: Quality | None           # at `options`, on the calibration prompts (None:
+                                      # nothing fitted, `Point.ceiling`)
     prompts: str                      # where the prompts came from, and how many
     tokens: int                       # continuation tokens per prompt
     trials: tuple[Trial, ...] = attrs.field(converter=tuple)
@@ -164,7 +170,7 @@ class Profile:
     @property
     def met(self) -> bool:
         """The target held at the fitted value on the calibration prompts."""
-        return self.target.met(self.quality, self.whole_model)
+        return self.quality is not None and self.target.met(self.quality, self.whole_model)
 
     def save(self, path: Path) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -183,7 +189,8 @@ class Profile:
             raise ConfigError(f"{path} is a calibration profile of format "
                               f"{data.get('format')}, this River reads {FORMAT}: calibrate again")
         quality = lambda q: None if q is None else Quality(**q)
-        measured = lambda m: Measured(m["value"], quality(m["quality"]), m["speed"])
+        measured = lambda m: None if m is None else \
+            Measured(m["value"], quality(m["quality"]), m["speed"])
         point = data.get("point")
         if point is not None:
             point = Point(**{**point, "whole_model": quality(point["whole_model"]),

@@ -5,6 +5,7 @@ short line states the point, or says no faster point exists and runs lossless mo
 call that asks for nothing on a model without a point fits nothing and makes no stand-ins: it
 runs lossless mode on n-gram drafts and says how to fit (issue 59)."""
 
+import attrs
 import pytest
 
 from river_cli import operating_point as op
@@ -26,7 +27,8 @@ def small_fit(monkeypatch, tmp_path, request):
                     "Say hi.\n")
     monkeypatch.setattr(op, "CALIBRATION", text)
     for name, value in (("FIT_PROMPTS", 4), ("HELD_APART", 2), ("TOKENS", 4),
-                        ("SPEED_PROMPTS", 1), ("SPEED_TOKENS", 4)):
+                        ("SPEED_PROMPTS", 1), ("SPEED_TOKENS", 4),
+                        ("FASTER", 0.0)):   # tiny models' speed shows nothing: fit them
         monkeypatch.setattr(op, name, value)
 
 
@@ -163,22 +165,48 @@ def test_a_reached_point_runs_exit_mode_at_the_fitted_value(monkeypatch):
         assert figure in line
 
 
-def test_an_unreachable_target_says_so_and_runs_lossless_mode(monkeypatch, gguf, capsys):
-    monkeypatch.setattr(op, "FASTER", 1e9)   # no exit is that much faster than full depth
-    profile = op.fit_point(model(), ExitConfig())
-    assert not profile.point.reached
+def test_an_unreachable_target_says_so_and_runs_lossless_mode(monkeypatch):
+    monkeypatch.setattr(op, "FASTER", 0.0)   # the fastest exit mode passes: the fit runs
+    fitted = op.fit_point(model(), ExitConfig())
+    profile = attrs.evolve(fitted, point=attrs.evolve(fitted.point, reached=False))
     lossless = ExitConfig(mode="speculative")
     assert op.chosen(profile, ExitConfig(), lossless) == lossless
     line = op.describe(profile, 4, verbose=True)
-    assert line.startswith("operating point: no settled tau meets gap=0.5 at 1e+09x full "
+    assert line.startswith("operating point: no settled tau meets gap=0.5 at 0x full "
                            "depth's speed or more on this model")
     assert "so River runs lossless mode" in line and "-o tau=0.97, the policy's default (" in line
     assert "\n" not in line
+    assert op.describe(profile, 4).startswith(
+        "river: lossless mode (full depth's own output): on this model exit mode does not "
+        "meet gap=0.5 at 0x full depth's speed (fitted once; --verbose")
+
+
+def test_where_even_the_fastest_setting_is_not_faster_nothing_is_fitted(monkeypatch, gguf,
+                                                                        capsys, fits):
+    """The tuned option's permissive end runs the fewest layers a token, the fastest the
+    policy runs: timed first, and where it is not FASTER than full depth the answer is clear
+    before any fit (issue 59: 154 s on a 1.5B Q4_K_M whose exits all decode below full depth's
+    speed)."""
+    monkeypatch.setattr(op, "FASTER", 1e9)   # no exit is that much faster than full depth
+    monkeypatch.setattr(op, "calibrate", None)   # never reached
+    profile = op.fit_point(model(), ExitConfig())
+    point = profile.point
+    assert not point.reached and point.fitted is None and 0 < point.ceiling < 1e9
+    assert not profile.met and profile.trials == () and profile.options == {}
+    lossless = ExitConfig(mode="speculative")
+    assert op.chosen(profile, ExitConfig(), lossless) == lossless
+    line = op.describe(profile, 4, verbose=True)
+    assert line.startswith("operating point: exit mode cannot pay on this model on this "
+                           "machine: its fastest setting (tau=0.5, the fewest layers a token) "
+                           f"decodes at {point.ceiling:.2f}x full depth's speed, below 1e+09x")
+    assert "so nothing was fitted and River runs lossless mode" in line and "\n" not in line
     assert main([*GENERATE, "--model", str(gguf), "--mode", "exit"]) == 0
     err = capsys.readouterr().err
-    assert "river: lossless mode (full depth's own output): on this model exit mode does not " \
-        "meet gap=0.5 at 1e+09x full depth's speed (fitted once; --verbose" in err
+    assert "river: lossless mode (full depth's own output): exit mode cannot pay on this " \
+        "model here: its fastest setting (tau=0.5" in err
     assert "speculative:" in err   # lossless mode's statistics
+    path = default_path(fits[-1].backend, "settled")
+    assert Profile.load(path).point.ceiling is not None   # kept: read back as written
 
 
 def test_a_saved_profile_of_an_older_format_is_fitted_again(fits):
