@@ -59,8 +59,9 @@ def fit(gguf: Path, cache: Path) -> dict:
     command = [sys.executable, "-m", "river_cli.main", "fit", "--backend", "ggml", "--model",
                str(gguf)]
     output, stderr, wall, rss = measured(command, os.environ | {"RIVER_CACHE": str(cache)})
-    fitted = re.search(r"fitted once, in (\d+) s", output)
-    return {"wall_s": wall, "peak_rss_mb": rss, "fit_s": int(fitted[1]) if fitted else None,
+    fitted = re.search(r"(fitted|measured) once, in (\d+) s", output)
+    return {"wall_s": wall, "peak_rss_mb": rss, "fit_s": int(fitted[2]) if fitted else None,
+            "fitted": fitted is not None and fitted[1] == "fitted",
             "point": output.strip().splitlines()[0] if output.strip() else None}
 
 
@@ -159,7 +160,9 @@ def markdown(payload: dict) -> str:
     for r in payload["rows"]:
         first, fit, later, base = r["first"], r["fit"], r["later"], r.get("llama.cpp")
         stated = "shipped" if fit["fit_s"] is not None and fit["wall_s"] < fit["fit_s"] else \
-            f"fitted in {fit['fit_s']} s" if fit["fit_s"] is not None else "nothing fitted"
+            "nothing fitted" if fit["fit_s"] is None else \
+            f"fitted in {fit['fit_s']} s" if fit.get("fitted", True) else \
+            f"exit mode cannot pay, timed in {fit['fit_s']} s"
         over = f" ({first['peak_rss_mb'] / base['peak_rss_mb']:.2f}x)" if base else ""
         lines.append(
             f"| {r['type']} ({r['file_mb']} MB) | {first['wall_s']:.1f} s | "
