@@ -21,6 +21,7 @@ import ctypes
 import os
 import re
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -115,59 +116,50 @@ class _Choice:
         return kind
 
 
-CHUNK_ROWS = 256   # rows a thread quantizes at once (ctypes lets go of the GIL meanwhile)
+CHUNK_ROWS = 256   # rows a thread converts at once (ctypes lets go of the GIL meanwhile)
+
+
+def _by_chunks(rows: int, convert: Callable[[int, int], None]) -> None:
+    """`convert(start, n)` over every CHUNK_ROWS rows, on every core."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    starts = range(0, rows, CHUNK_ROWS)
+    chunk = lambda start: convert(start, min(CHUNK_ROWS, rows - start))
+    if len(starts) == 1:
+        chunk(0)
+    else:
+        with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+            list(pool.map(chunk, starts))
 
 
 def quantized_rows(weights: np.ndarray, kind: str) -> np.ndarray:
     """float32 [rows, columns] in ggml type `kind`, by ggml's own quantizer (no importance
     matrix; each row on its own, as llama-quantize's threads split it): [rows, row bytes]
     uint8, chunks of rows on every core."""
-    from concurrent.futures import ThreadPoolExecutor
-
     from ggml import ggml as g
 
     weights = np.ascontiguousarray(weights, np.float32)
     rows, columns = weights.shape
     out = np.empty((rows, g.ggml_row_size(_ggml_type(kind), columns)), np.uint8)
-
-    def chunk(start: int) -> None:
-        n = min(CHUNK_ROWS, rows - start)
-        g.ggml_quantize_chunk(_ggml_type(kind),
-                              weights[start:].ctypes.data_as(ctypes.POINTER(ctypes.c_float)),
-                              out[start:].ctypes.data_as(ctypes.c_void_p), 0, n, columns, None)
-    starts = range(0, rows, CHUNK_ROWS)
-    if len(starts) == 1:
-        chunk(0)
-    else:
-        with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
-            list(pool.map(chunk, starts))
+    _by_chunks(rows, lambda start, n: g.ggml_quantize_chunk(
+        _ggml_type(kind), weights[start:].ctypes.data_as(ctypes.POINTER(ctypes.c_float)),
+        out[start:].ctypes.data_as(ctypes.c_void_p), 0, n, columns, None))
     return out
 
 
 def dequantized_rows(data: np.ndarray, kind: str, columns: int) -> np.ndarray:
     """[rows, row bytes] uint8 of ggml type `kind` back to float32 [rows, columns] by ggml's
     own type traits (C, 40x gguf-py's numpy on Q4_K), chunks of rows on every core."""
-    from concurrent.futures import ThreadPoolExecutor
-
     from ggml import ggml as g
 
     data = np.ascontiguousarray(data).reshape(len(data), -1)
     if kind == "F32":
         return data.view(np.float32).reshape(len(data), columns).copy()
     to_float = g.ggml_get_type_traits(_ggml_type(kind)).contents.to_float
-    rows = len(data)
-    out = np.empty((rows, columns), np.float32)
-
-    def chunk(start: int) -> None:
-        n = min(CHUNK_ROWS, rows - start)
-        to_float(data[start:].ctypes.data_as(ctypes.c_void_p),
-                 out[start:].ctypes.data_as(ctypes.POINTER(ctypes.c_float)), n * columns)
-    starts = range(0, rows, CHUNK_ROWS)
-    if len(starts) == 1:
-        chunk(0)
-    else:
-        with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
-            list(pool.map(chunk, starts))
+    out = np.empty((len(data), columns), np.float32)
+    _by_chunks(len(data), lambda start, n: to_float(
+        data[start:].ctypes.data_as(ctypes.c_void_p),
+        out[start:].ctypes.data_as(ctypes.POINTER(ctypes.c_float)), n * columns))
     return out
 
 
