@@ -131,7 +131,8 @@ class LayerEngine(StandInDefaults, abc.ABC):
     def _begin(self, ids: np.ndarray, step: Step) -> Pass:
         if self.switch is not None:
             whole = self.switch.crossing(ids, step)
-            if whole is not None:
+            if whole is not None:   # the prompts' slots too: a kept prefill holds them no more
+                self._kept = None
                 self._full_depth(self._pass(self.switch.ids[:, :whole.end], whole))
         return self._pass(ids, step)
 
