@@ -101,9 +101,12 @@ def force(model: RiverModel, refs: Sequence[Reference], config: ExitConfig,
     plan = model.plan(config)
     runs, states = [], []
     for chunk in _chunks(model, refs, plan.kv_plugin.make.batch):
+        # the capacity of the generation that made the continuations: forcing runs over
+        # its prefill, and every setting's over the same one (`KeepsPrefill`)
         forced = model.teacher_force(
             [r.prompt for r in chunk], [r.continuation[:-1] for r in chunk], plan,
-            None if exits is None else [exits] * max(r.scored for r in chunk))
+            None if exits is None else [exits] * max(r.scored for r in chunk),
+            max(len(r.prompt) for r in chunk) + max(len(r.continuation) for r in chunk))
         if keep_kv:
             found = _read_kv(model.backend, max(len(r.prompt) for r in chunk),
                              [r.scored for r in chunk])

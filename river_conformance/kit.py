@@ -440,26 +440,29 @@ def test_batched_rows_exit_on_their_own_and_match_single_runs(conformance_backen
 def test_forcing_again_over_the_kept_prefill_is_bitwise_a_fresh_prefills(
         conformance_backend, prompt, other, cont, exits, before, strategy, data):
     """Calibration teacher-forces every setting it tries over the same prompts on the prefill
-    the cache kept (`KeepsPrefill`): whatever ran after that prefill (another setting's
-    exits and holes, a longer generation), forcing again computes bitwise what it does after
-    a fresh prefill."""
+    the cache kept (`KeepsPrefill`): whatever ran after that prefill (a generation of as many
+    positions, another setting's exits and holes), forcing again computes bitwise what it
+    does after a fresh prefill."""
     b = conformance_backend.backend(conformance_backend.family(data))
     _needs(b, "keeps_prefill")
     _needs(b, "exits")
     _needs(b, strategy.requires)
     together = strategy.batch and b.capabilities.batch
     rows, conts = ([prompt, other], [cont, cont[::-1]]) if together else ([prompt], [cont])
-    capacity = max(map(len, rows)) + len(cont)
+    new = len(cont) + 3
+    capacity = max(map(len, rows)) + new   # a generation of `new` tokens's
 
     def force():   # a strategy keeps its rows' state: a new one a run
-        return teacher_force(b, rows, conts, scripted_run(type(strategy)(), exits))
+        return teacher_force(b, rows, conts, scripted_run(type(strategy)(), exits),
+                             capacity=capacity)
 
     b.prefill([[1, 3]], 4)   # nothing of these prompts kept
     fresh = force()
-    generate_ids(b, rows, GenerationConfig(max_new_tokens=len(cont) + 3),
+    generate_ids(b, rows, GenerationConfig(max_new_tokens=new),
                  scripted_run(Mask() if b.capabilities.mask else River(), before))
     assert b.kept_prefill(rows, capacity) is not None
     assert b.kept_prefill([prompt + [3]], capacity) is None   # other prompts
+    assert b.kept_prefill(rows, capacity + 1) is None         # another cache
     again = force()
     for f, a in zip(fresh, again):
         assert f.exit_layers == a.exit_layers

@@ -204,12 +204,11 @@ class KeepsPrefill(Protocol):
 
     def kept_prefill(self, prompts: Sequence[Sequence[int]], capacity: int,
                      prefill_exit: int | None = None) -> Prefill | None:
-        """If the cache's last prefill was of `prompts` under `prefill_exit` with room for at
-        least `capacity` positions and nothing has prefilled since: that prefill's result, the
-        cache's positions after the prompts dropped (`trim`). Steps from there compute
-        bitwise what they would after `prefill(prompts, capacity, prefill_exit)`: each writes
-        its slot before any step reads it, and no kernel may take its shape from the
-        capacity. Else None."""
+        """If the cache's last prefill was `prefill(prompts, capacity, prefill_exit)` and no
+        step since rewrote the prompts' slots: that prefill's result, the cache's positions
+        after the prompts dropped (`trim`). Steps from there compute bitwise what they would
+        after a fresh prefill, since each writes its slot before any step reads it. Else
+        None."""
 
 
 # -- 2. what the walk reads ----------------------------------------------------------------------

@@ -450,14 +450,16 @@ class Forced:
 
 def teacher_force(backend: Backend, prompts: Sequence[Sequence[int]],
                   continuations: Sequence[Sequence[int]], run: Run,
-                  prefill_exit: int | None = None) -> list[Forced]:
+                  prefill_exit: int | None = None, capacity: int | None = None) -> list[Forced]:
     """Prefill each prompt (or take the prefill of them the engine's cache still holds:
     `KeepsPrefill`), then feed its continuation a token a step, every row exiting on its own
     as the policy says (several sequences at once: fewer, larger engine calls). A row
     whose continuation is used up keeps repeating its last token, and what it then writes or
-    returns is dropped."""
+    returns is dropped. `capacity` (default: room for the prompts and continuations) names
+    the cache's size, so that forcing after a generation of as many positions runs over its
+    prefill."""
     longest = max(len(c) for c in continuations)
-    capacity = max(len(p) for p in prompts) + longest
+    capacity = capacity or max(len(p) for p in prompts) + longest
     kept = backend.kept_prefill(prompts, capacity, prefill_exit) \
         if backend.capabilities.keeps_prefill else None
     pre = kept or backend.prefill(prompts, capacity, prefill_exit)

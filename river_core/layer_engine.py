@@ -178,7 +178,7 @@ class LayerEngine(StandInDefaults, abc.ABC):
         if kept is None or kept[0] is not self.cache:
             return None
         cache, prompts_kept, exit_kept, result = kept
-        if exit_kept != prefill_exit or capacity > cache.layout.capacity or \
+        if exit_kept != prefill_exit or capacity != cache.layout.capacity or \
                 prompts_kept != [list(map(int, p)) for p in prompts]:
             return None
         cache.trim(cache.layout.width)

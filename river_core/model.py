@@ -222,12 +222,13 @@ class RiverModel:
 
     def teacher_force(self, prompts: Sequence[Sequence[int]],
                       continuations: Sequence[Sequence[int]], exit_config: ExitConfig | Plan,
-                      exits: Sequence[int | None] | None = None) -> list[Forced]:
+                      exits: Sequence[int | None] | None = None,
+                      capacity: int | None = None) -> list[Forced]:
         """Feed each continuation after its prompt a token a step, all sequences at once
         (fewer, larger engine calls), every row exiting on its own under `exit_config`'s
         policy and strategy, or, with `exits`, step s of every row after layer exits[s]
         (None or past the last layer: full depth): logits at every position (for NLL) and
-        where each token left."""
+        where each token left. `capacity`: the cache's size (`decode.teacher_force`)."""
         plan = self.plan(exit_config)
         if plan.config.lossless:
             raise ConfigError("speculative mode scores exactly as full depth: teacher-force "
@@ -237,7 +238,7 @@ class RiverModel:
             run = attrs.evolve(run, policy=ScriptedExits(exits))
         with self.lock:
             return teacher_force(self.backend, prompts, continuations, run,
-                                 plan.config.prefill_exit)
+                                 plan.config.prefill_exit, capacity)
 
 
 def _holding(lock: threading.Lock, stream: Stream) -> Stream:

@@ -54,10 +54,8 @@ def stand_in(i: int) -> bool:
     return True
 
 
-def key_bucket(end: int) -> int:
-    """The keys a step ending at slot `end` attends: whole buckets, so a graph's shape (and
-    its kernels' summation order) follows the position alone, never the cache's capacity."""
-    return -(-end // KEY_BUCKET) * KEY_BUCKET
+def key_bucket(end: int, capacity: int) -> int:
+    return min(capacity, -(-end // KEY_BUCKET) * KEY_BUCKET)
 
 
 @attrs.frozen(eq=False)
@@ -161,8 +159,6 @@ class GgmlBackend(NumpyArrays, LayerEngine):
         step of many tokens) multiplies a hidden slot's value by a zero weight, so NaN there
         would poison the row."""
         layers, batch, heads, capacity, dim = shape
-        capacity = key_bucket(capacity)   # room for a last step's whole bucket
-        shape = (layers, batch, heads, capacity, dim)
         if shape != self._shape:   # a new shape: new arrays, and graphs over them
             self._graphs.clear()
             self._shape = shape
@@ -189,7 +185,7 @@ class GgmlBackend(NumpyArrays, LayerEngine):
             long = rotary.is_long(positions)   # per row
             factors[key] = np.stack([self._factors[key, bool(b)] for b in long])
             together &= bool(long.all() or not long.any())
-        keys = key_bucket(step.end)
+        keys = key_bucket(step.end, self.cache.layout.capacity)
         self._evict(step.tokens, keys)
 
         def bias(attend: np.ndarray) -> np.ndarray:
