@@ -237,22 +237,21 @@ def chosen(profile: Profile, config: ExitConfig, lossless: ExitConfig) -> ExitCo
     return profile.exit_config(config)
 
 
-def _tuned(profile: Profile) -> str:
+def _tuned(profile: Profile) -> tuple[str, float, float]:
+    """The profile's policy's tuned option: its name, strict and permissive ends."""
     from river_core.plugins import default_registry
 
-    return tuned(default_registry().policy(profile.policy).options)[0]
+    return tuned(default_registry().policy(profile.policy).options)
 
 
 def _cannot_pay(profile: Profile) -> str:
-    from river_core.plugins import default_registry
-
-    name, _, permissive = tuned(default_registry().policy(profile.policy).options)
+    name, _, permissive = _tuned(profile)
     return (f"its fastest setting ({name}={permissive:g}, the fewest layers a token) decodes at "
             f"{profile.point.ceiling:.2f}x full depth's speed, below {FASTER:g}x")
 
 
 def _short(profile: Profile, num_layers: int) -> str:
-    point, name = profile.point, _tuned(profile)
+    point, name = profile.point, _tuned(profile)[0]
     if point.fitted is None:
         return (f"river: lossless mode (full depth's own output): exit mode cannot pay on this "
                 f"model here: {_cannot_pay(profile)} (measured once; --verbose for more)")
@@ -287,7 +286,7 @@ def describe(profile: Profile, num_layers: int, verbose: bool = False) -> str:
         return f"calibrated: {profile.describe()}"
     if not verbose:
         return _short(profile, num_layers)
-    name = _tuned(profile)
+    name = _tuned(profile)[0]
     if point.fitted is None:
         return (f"operating point: exit mode cannot pay on this model on this machine: "
                 f"{_cannot_pay(profile)}, measured once, in {point.seconds:.0f} s, on "
