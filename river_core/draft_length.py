@@ -6,7 +6,7 @@ consults between rounds."""
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Collection, Mapping
 
 import attrs
 import numpy as np
@@ -86,11 +86,13 @@ class DraftLength:
     MARGIN = 0.05   # of a plain step's time per token
     CLIP = 2.0      # a round's seconds count at most this many median rounds'
 
-    def __init__(self, most: int | Mapping[str, int], adaptive: bool = False) -> None:
+    def __init__(self, most: int | Mapping[str, int], adaptive: bool = False,
+                 sized: Collection[str] = ()) -> None:
         """`most`: the most tokens each source drafts a round, by name, in the order they are
-        asked before they are measured; a number: the river's alone."""
+        asked before they are measured; a number: the river's alone. `sized`: the sources
+        that size their own drafts (`DraftSource.sizes_drafts`), always asked for `most`."""
         most = {RIVER: most} if isinstance(most, int) else dict(most)
-        self.adaptive = adaptive
+        self.adaptive, self.sized = adaptive, frozenset(sized)
         self._ways = {name: _Way(n, n, wait=self.PROBE) for name, n in most.items()}
         self._plain = _Way(wait=self.PROBE)
         self._kept = self._drafted = 0
@@ -186,7 +188,8 @@ class DraftLength:
             self._kept += r.accepted
             self._drafted += r.drafted
             way = self._ways[r.source]
-            if self.adaptive:   # a short proposal kept whole does not shorten the next
+            # a short proposal kept whole does not shorten the next
+            if self.adaptive and r.source not in self.sized:
                 way.next = min(way.most, max(way.next, r.drafted + 1)) \
                     if r.accepted == r.drafted else max(1, r.drafted - 1)
 

@@ -54,7 +54,9 @@ class Plan:
     def draft_length(self) -> DraftLength:
         """Speculative mode's draft length rule, fresh for a generation."""
         return DraftLength({name: s.most or self.config.draft_tokens
-                            for name, s in self.draft_sources.items()}, self.config.adaptive)
+                            for name, s in self.draft_sources.items()}, self.config.adaptive,
+                           {name for name, s in self.draft_sources.items()
+                            if getattr(s, "sizes_drafts", False)})
 
 
 def resolve(config: ExitConfig, registry: Registry, capabilities: Capabilities,

@@ -40,7 +40,7 @@ from .errors import ConfigError
 from .finite import checked
 from .draft_length import PLAIN, RIVER, DraftLength, Round
 from .sampling import draw, probabilities, verify_draft
-from .verify_costs import measure
+from .verify_costs import VerifyCosts, measure
 
 
 @attrs.frozen
@@ -91,13 +91,15 @@ class Drafts:
 class Generation:
     """What a draft source may read of the generation it drafts for: `similarity`, each
     layer's input-output similarity over the prompt (what a river drafter's predictor
-    starts from)."""
+    starts from); `costs`, what verifying k tokens costs on this machine (None: not known,
+    as in vLLM's drafter), by which a source that sizes its own drafts sizes them."""
 
     backend: Backend
     prompt: Sequence[int]
     run: Run
     similarity: Sequence[Sequence[float]]
     choice: Choice
+    costs: VerifyCosts | None = None
 
 
 class Drafter(Protocol):
@@ -116,7 +118,10 @@ class DraftSource(Protocol):
 
     @property
     def most(self) -> int | None:
-        """The most tokens it drafts a round; None: the config's `draft_tokens`."""
+        """The most tokens it drafts a round; None: the config's `draft_tokens`. A source
+        may also say `sizes_drafts = True`: each round it is asked for up to `most` and
+        drafts as many as it judges worth it (ngram.py), where DraftLength would otherwise
+        shorten a source's length after a rejection."""
 
     def start(self, generation: Generation) -> Drafter:
         """Its drafter for one generation, after prefill."""
@@ -226,7 +231,7 @@ def rounds(backend: Backend, prompt: Sequence[int], gen: GenerationConfig, run: 
     if length.adaptive and length.costs is None and not done:   # once per machine and model:
         length.use(measure(backend, tokens[-1], len(prompt),    # the caller keeps them
                            min(length.widest, gen.max_new_tokens)))
-    generation = Generation(backend, prompt, run, pre.similarity, choice)
+    generation = Generation(backend, prompt, run, pre.similarity, choice, length.costs)
     drafters = {name: s.start(generation)   # a source that cannot pay is never started
                 for name, s in (sources or {RIVER: RiverSource()}).items()
                 if name in length.sources}

@@ -4,7 +4,10 @@
 import pytest
 
 from river_core import ConfigError
-from river_core.ngram import NgramIndex, NgramOptions
+import attrs
+
+from river_core.ngram import NgramDrafter, NgramIndex, NgramOptions, bucket
+from river_core.verify_costs import VerifyCosts
 from river_core.draft_length import PLAIN, DraftLength, Round
 
 
@@ -55,6 +58,85 @@ def test_the_index_grows_with_the_tokens_that_stand_as_if_built_at_once():
         grown.extend(tokens[k:k + 3])
         assert grown.propose(3) == _index(tokens[:k + 3], 2, 4).propose(3)
     assert grown.propose(3) == [6, 9, 4]
+
+
+def test_of_several_occurrences_the_one_whose_context_agrees_furthest_back_is_copied():
+    """(3 4) occurred three times; before the first, the context's own (1 2) as well: that
+    occurrence is a longer match (4 tokens) than the later ones (2), so its copy is proposed,
+    and `match` says how long the agreement runs."""
+    tokens = [1, 2, 3, 4, 9, 9, 5, 3, 4, 7, 6, 3, 4, 8, 1, 2, 3, 4]
+    index = _index(tokens, 2, 2)
+    assert index.match() == (4, 4)
+    assert index.propose(2) == [9, 9]
+
+
+def test_a_match_is_measured_back_to_where_the_contexts_part():
+    """A copy under way: the last 20 tokens repeat the first 20, so the match is 20 tokens
+    long though the index holds n-grams of at most 8."""
+    copy = list(range(100, 120))
+    index = _index(copy + [5, 6] + copy)
+    assert index.match() == (20, 20)
+
+
+def _drafter(tokens, costs=None) -> NgramDrafter:
+    return NgramDrafter(_index(tokens), costs)
+
+
+# a step 10 ms; verifying k tokens 10 + 5 (k - 1) ms: each drafted token costs half a step
+HALF_A_STEP = VerifyCosts((1, 2, 4, 8, 16, 32), (0.010, 0.015, 0.025, 0.045, 0.085, 0.165), 4)
+
+
+def test_without_costs_a_draft_is_no_longer_than_its_match():
+    """SuffixDecoding's rule where nothing is measured (vLLM's drafter): a two-token match
+    drafts two tokens, a copy twenty tokens long up to the most asked."""
+    short = [1, 2, 7, 8, 9, 10, 11, 1, 2]
+    assert _drafter(short).propose(0, 0, 8).tokens == [7, 8]
+    copy = list(range(100, 140))
+    assert len(_drafter(copy + [5] + copy[:20]).propose(0, 0, 8).tokens) == 8
+
+
+def test_a_draft_is_as_long_as_the_acceptance_of_its_match_length_pays_for():
+    """With verification costs: a long copy drafts long, as much as the expected kept tokens
+    pay for; a match length whose drafts the backbone kept rejecting drafts nothing at all (a
+    plain step is cheaper than a verification the backbone will cut at once)."""
+    copy = list(range(100, 140))
+    long = _drafter(copy + [5] + copy[:30], HALF_A_STEP)
+    drafted = long.propose(0, 0, 16).tokens
+    assert 4 <= len(drafted) <= 16 and drafted == copy[30:30 + len(drafted)]
+    phrase = [1, 2, 3, 4, 5]   # a five-token match, its prior 4:1
+    short = _drafter(phrase + [7, 8, 9, 10, 11] + phrase, HALF_A_STEP)
+    for filler in (20, 21):       # tried, and cut at once, twice
+        assert short.propose(0, 0, 8).tokens
+        short.stood([filler])             # the backbone's token, not the draft's
+        short.index.extend(phrase)
+    assert short.propose(0, 0, 8).tokens == []
+    two = _drafter([1, 2, 7, 8, 9, 10, 11, 1, 2], HALF_A_STEP)
+    assert two.propose(0, 0, 8).tokens == []   # even odds on one token never pay half a step
+
+
+def test_what_the_backbone_kept_of_a_draft_counts_towards_its_match_lengths_rate():
+    """A draft of 4 of which 2 stood: 2 kept and one cut in its bucket; a round another
+    source drafted (nothing proposed here) counts nothing."""
+    copy = list(range(100, 110))
+    drafter = _drafter(copy + [5] + copy[:6])
+    drafts = drafter.propose(0, 0, 4).tokens
+    b = bucket(6)
+    before = attrs.evolve(drafter.acceptance[b])
+    drafter.stood(drafts[:2] + [7])
+    assert drafter.acceptance[b].kept == before.kept + 2
+    assert drafter.acceptance[b].cut == before.cut + 1
+    drafter.stood([8])
+    assert drafter.acceptance[b].kept == before.kept + 2
+
+
+def test_a_source_that_sizes_its_drafts_is_always_asked_for_its_most():
+    """DraftLength shortens a source's length after a rejection, but not one that sizes its
+    own drafts (the n-grams: a rejected two-token guess says nothing of the next long copy)."""
+    length = DraftLength({"ngram": 16, "river": 4}, adaptive=True, sized={"ngram"})
+    length.update(Round([0], 8, 0, [], 0.0, 0.01, "ngram"))
+    length.update(Round([0], 4, 0, [], 0.0, 0.01, "river"))
+    assert dict(length.order()) == {"ngram": 16, "river": 3} or not length.order()
+    assert length._ways["ngram"].next == 16 and length._ways["river"].next == 3
 
 
 def test_the_suffix_lengths_must_be_ordered():
@@ -173,8 +255,23 @@ def test_cli_drafts_option(tiny_folder, capsys):
     assert "draft source:" in listed and "ngram_tokens" in listed
 
 
+class _Costs:
+    """A draft store that knows verification costs already: each drafted token half a step
+    (the embedded model's on an AVX2 EPYC at a long context, docs/backends.md), so what the
+    rounds draft follows from the prompt, whatever a loaded machine would measure."""
+
+    def __init__(self, layers: int) -> None:
+        self.costs = attrs.evolve(HALF_A_STEP, layers=layers)
+
+    def read(self, key):
+        return self.costs
+
+    def write(self, key, costs):
+        pass
+
+
 @pytest.mark.slow
-def test_on_a_copying_prompt_the_round_drafts_from_ngrams():
+def test_on_a_copying_prompt_the_round_drafts_from_ngrams(monkeypatch):
     """The embedded model summarising a given passage copies whole phrases of it: with both
     sources the n-grams draft most rounds, each keeping several tokens, and the text is full
     depth's (ggml, the default engine on the CPU)."""
@@ -188,6 +285,7 @@ def test_on_a_copying_prompt_the_round_drafts_from_ngrams():
     except ModelError as e:
         pytest.skip(str(e))
     model = RiverModel.from_pretrained(backend="ggml")
+    monkeypatch.setattr(model, "_drafts", lambda: _Costs(model.backend.num_layers))
     prompt = COPYING["summary"][0]
     full = model.generate(prompt, max_new_tokens=48, kv="full")
     both = model.generate(prompt, max_new_tokens=48, mode="speculative", drafts="river,ngram")
