@@ -95,8 +95,11 @@ def llama_call(llama: LlamaCpp, config: str, text: str, tokens: int, gguf) -> di
     if done.returncode:
         raise SystemExit(f"{config} failed:\n{(done.stdout + done.stderr)[-3000:]}")
     # llama-speculative-simple prints the prompt before the answer; llama-completion is told not
-    return {**parse_llamacpp(done.stdout + done.stderr),
-            "text": done.stdout.split(text, 1)[-1].strip()}
+    r = {**parse_llamacpp(done.stdout + done.stderr),
+         "text": done.stdout.split(text, 1)[-1].strip()}
+    if r["decoded"] <= 1:   # it stopped at once (llama-speculative-simple did, on one prompt):
+        r["ms_per_token"] = None   # one token's time is no decode speed
+    return r
 
 
 def main(argv: list[str] | None = None) -> None:
