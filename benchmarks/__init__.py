@@ -1,5 +1,7 @@
 """River's benchmarks: one thin script a benchmark (each module here, its `main(argv)`), the
-library they share in `library/`. Run as `river bench NAME [ARGS]` (installed as package
+library they share in `library/`; each `main` starts from the one harness,
+`library.output.Harness` (its arguments parsed, where its results go, the machine and the load
+average around the run, the command that reruns it), and its page from `heading`. Run as `river bench NAME [ARGS]` (installed as package
 `river_bench`) or `python -m benchmarks NAME [ARGS]` in a source checkout. Results go to
 `--out` (default ./river-results); `--docs` updates a checkout's docs/results."""
 

@@ -25,15 +25,13 @@ from river_core.options import tuned
 
 from . import tasks
 from .library import gsm8k
-from .library.output import Output, parser, passed_on, plot_file
-from .library.output import command as run_command
+from .library.output import Harness, parser, passed_on, plot_file
 from .library.prompts import GSM8K_TRAIN
 from .library.runs import MAIN_OPTION
-from .library.timing import machine
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = parser("calibration", __doc__)
+    ap = parser("calibration", __doc__, results="calibration")
     ap.add_argument("--backend", default="onnx")
     ap.add_argument("--policy", default="settled", choices=sorted(MAIN_OPTION))
     ap.add_argument("--prompts", type=int, default=64, help="GSM8K train calibration prompts")
@@ -45,10 +43,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-tokens", type=int, default=192, help="of each test_dev answer")
     ap.add_argument("--layer-prompts", type=int, default=4,
                     help="prompts of the per-layer table")
-    ap.add_argument("--name", default="calibration")
-    args = ap.parse_args(argv)
-    out = Output(args)
-    info = machine()
+    out, args = Harness.parse(ap, argv)
+    info = out.machine
     model = RiverModel.from_pretrained(args.model, backend=args.backend, progress=True)
     tok = model.backend.tokenizer
     shots = gsm8k.load(str(GSM8K_TRAIN), limit=gsm8k.SHOTS)
@@ -79,7 +75,7 @@ def main(argv: list[str] | None = None) -> None:
                 tasks_name, *passed_on(args)])
     rows = out.read(tasks_name, "tasks")["results"]
     report(out, args, info, profiles, seconds, option, default, configs, rows,
-           run_command("calibration", argv))
+           out.command)
 
 
 def report(out, args, info, profiles, seconds, option, default, configs, rows,

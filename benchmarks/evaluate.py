@@ -25,10 +25,8 @@ from pathlib import Path
 
 from river_models import locate
 
-from .library.output import Output, parser
-from .library.output import command as run_command
+from .library.output import Output, Harness, parser
 from .library.prompts import GSM8K_TEST
-from .library.timing import machine
 
 TASK = """task: river_gsm8k
 dataset_path: json
@@ -150,14 +148,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--concurrent", type=int, default=8, help="requests at a time")
     ap.add_argument("--context", type=int, default=2048, help="the servers' max model length")
     ap.add_argument("--port", type=int, default=8871)
-    args = ap.parse_args(argv)
-    out = Output(args)
+    out, args = Harness.parse(ap, argv)
     try:
         import lm_eval  # noqa: F401
         import vllm  # noqa: F401
     except ImportError:
         sys.exit("the evaluate benchmark needs the vllm and eval extras: see the README")
-    info = machine()
+    info = out.machine
     folder = str(locate(args.model, progress=True))
     tasks = task_folder(out, args.data, args.max_tokens)
     rows = {}
@@ -166,7 +163,7 @@ def main(argv: list[str] | None = None) -> None:
         with serving(server_command(name, folder, args.port, args.context), args.port,
                      out.runs / f"evaluate-{name}.log"):
             rows[name] = evaluate(args.port, tasks, args.limit, args.concurrent)
-    command = run_command("evaluate", argv)
+    command = out.command
     payload = {"command": command, "machine": info, "data": str(args.data),
                "limit": args.limit, "max_tokens": args.max_tokens,
                "concurrent": args.concurrent, "results": rows}

@@ -32,10 +32,8 @@ from pathlib import Path
 
 from .first_contact import llamacpp_arguments, llamacpp_folder
 from .ggml_cost import files, generate_args, llamacpp, measured
-from .library.output import Output, parser
-from .library.output import command as run_command
+from .library.output import Harness, heading, parser
 from .library.prompts import GSM8K_TEST, gsm8k_questions
-from .library.timing import machine
 
 TYPES = ("F16", "Q8_0", "Q4_K_M")
 SHAPES = {"qwen2.5-1.5b": ("qwen2", ("Q4_K_M", "Q8_0"))}   # random weights: real_gguf's
@@ -97,17 +95,14 @@ def held(cache: Path) -> dict[str, int]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = parser("first_call", __doc__, model=False)
+    ap = parser("first_call", __doc__, model=False, results="first-call")
     ap.add_argument("--types", nargs="*", default=list(TYPES), choices=TYPES,
                     help="llama.cpp's types of the embedded model, beside its own GGUF")
     ap.add_argument("--shapes", nargs="*", default=list(SHAPES), choices=list(SHAPES),
                     help="random-weight files of a real model's shape")
     ap.add_argument("--tokens", type=int, default=64, help="the answer's tokens")
     llamacpp_arguments(ap, "River alone")
-    ap.add_argument("--name", default="first-call", help="results file name")
-    args = ap.parse_args(argv)
-    out = Output(args)
-    info, load = machine(), {"start": os.getloadavg()[0]}
+    out, args = Harness.parse(ap, argv)
     from river_ggml.plugin import backbone_gguf
     from river_models import default_gguf
 
@@ -138,17 +133,14 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{kind}: llama.cpp", file=sys.stderr, flush=True)
             row["llama.cpp"] = llamacpp(folder, gguf, text, args.tokens, args.threads)
         rows.append(row)
-    load["end"] = os.getloadavg()[0]
-    payload = {"command": run_command("first_call", argv), "machine": info,
-               "load_average": load, "tokens": args.tokens, "rows": rows}
+    payload = {**out.head(), "tokens": args.tokens, "rows": rows}
     out.write(args.name, payload, markdown(payload))
 
 
 def markdown(payload: dict) -> str:
-    m = payload["machine"]
-    lines = ["# A GGUF's first call, its fit and a later call, beside llama.cpp", "",
-             f"`{payload['command']}`", "",
-             f"{m['cpu']} ({m['cores']} cores; {', '.join(m['extensions'])}); one GSM8K test "
+    lines = [*heading("A GGUF's first call, its fit and a later call, beside llama.cpp",
+                      payload),
+             "One GSM8K test "
              f"question as raw text, {payload['tokens']} tokens; every call a fresh process. "
              f"Targets (issue 59): a first call <= {FIRST_S} s on the embedded GGUF and <= "
              f"{FIRST_1_5B_S} s on a 1.5B one, its peak memory <= {MEMORY_OVER_LLAMACPP}x "

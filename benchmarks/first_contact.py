@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import statistics
 import subprocess
@@ -37,10 +36,8 @@ import sys
 import time
 from pathlib import Path
 
-from .library.output import Output, parser, plot_file
-from .library.output import command as run_command
+from .library.output import Output, Harness, heading, parser, plot_file
 from .library.prompts import GSM8K_TEST, gsm8k_questions
-from .library.timing import machine
 
 RIVER_MODES = {"full depth": ["--kv", "full"], "lossless": ["--mode", "speculative"],
                "exit mode": []}
@@ -170,7 +167,7 @@ def chat_text(model: str | None, question: str) -> tuple[str, int]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = parser("first_contact", __doc__)
+    ap = parser("first_contact", __doc__, results="first-contact")
     ap.add_argument("--engines", nargs="+", default=["hf", "onnx"])
     ap.add_argument("--short", type=int, default=2, help="questions with a short answer")
     ap.add_argument("--long", type=int, default=1, help="questions with a long answer")
@@ -182,11 +179,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--repeats", type=int, default=1,
                     help="calls per question and configuration (each a fresh process, "
                     "interleaved); each question's figures are their medians")
-    ap.add_argument("--name", default="first-contact", help="results file name")
-    args = ap.parse_args(argv)
-    out = Output(args)
-    info = machine()
-    load = {"start": os.getloadavg()[0]}   # other work on the machine slows every figure
+    out, args = Harness.parse(ap, argv)
     questions = gsm8k_questions(args.data, args.short + args.long, args.offset)
     budgets = [args.short_tokens] * args.short + [args.long_tokens] * args.long
     llama = llamacpp_tools(args.llamacpp, args.model, args.threads)
@@ -207,9 +200,7 @@ def main(argv: list[str] | None = None) -> None:
             else:
                 r = river_call(question, engine, mode, tokens, args.model)
                 calls[f"{engine}, {mode}"].append({"question": q, "budget": tokens, **r})
-    load["end"] = os.getloadavg()[0]
-    payload = {"command": run_command("first_contact", argv), "machine": info,
-               "load_average": load,
+    payload = {**out.head(),
                "questions": len(questions), "offset": args.offset, "budgets": budgets,
                "repeats": args.repeats,
                "engines": args.engines, "threads": args.threads,
@@ -267,14 +258,11 @@ def _over(a: float | None, b: float | None) -> float | None:
 
 
 def report(p: dict) -> str:
-    info, s = p["machine"], p["summary"]
+    s = p["summary"]
     budgets = sorted({str(b) for b in p["budgets"]}, key=int)
-    lines = ["# First contact: `river generate` as a user runs it, beside llama.cpp", "",
-             f"Command: `{p['command']}`", "",
-             f"Machine: {info['cpu']}, {info['cores']} cores, copy bandwidth "
-             f"{info['memory_bandwidth_gb_s']} GB/s, load average (1 minute) "
-             f"{p['load_average']['start']:.1f} at the start, {p['load_average']['end']:.1f} at "
-             f"the end. {p['questions']} GSM8K test questions "
+    lines = [*heading("First contact: `river generate` as a user runs it, beside llama.cpp",
+                      p),
+             f"{p['questions']} GSM8K test questions "
              f"(from the {p['offset']}th), greedy, answers of at most "
              f"{' and '.join(budgets)} tokens; one fresh process per call, configurations "
              f"interleaved, {p.get('repeats', 1)} call(s) per question and configuration "

@@ -39,10 +39,8 @@ from river_core import ExitConfig, GenerationConfig, RiverModel
 from river_core.config import mode_policy
 
 from .first_contact import llamacpp_arguments, llamacpp_folder
-from .library.output import Output, parser, plot_file
-from .library.output import command as run_command
+from .library.output import Output, Harness, heading, parser, plot_file
 from .library.prompts import GSM8K_TEST, gsm8k_questions
-from .library.timing import machine
 
 LLAMACPP_TYPES = ("F16", "Q8_0", "Q4_K_M", "Q4_0")
 PAPER_TAU = 0.97
@@ -172,7 +170,7 @@ def f16_gguf(model: str | None) -> Path | None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = parser("frontier", __doc__)
+    ap = parser("frontier", __doc__, results="frontier")
     ap.add_argument("--questions", type=int, default=8, help="GSM8K test questions")
     ap.add_argument("--offset", type=int, default=0, help="the first question")
     ap.add_argument("--tokens", type=int, default=64,
@@ -180,11 +178,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--data", type=Path, default=GSM8K_TEST, help="GSM8K test JSONL")
     llamacpp_arguments(ap)
     ap.add_argument("--no-chat", action="store_true", help="no chat template")
-    ap.add_argument("--name", default="frontier", help="results file name")
-    args = ap.parse_args(argv)
-    out = Output(args)
-    info = machine()
-    load = {"start": os.getloadavg()[0]}
+    out, args = Harness.parse(ap, argv)
     from river_cli.calibrate import full_depth_references
 
     f16 = f16_gguf(args.model)
@@ -208,8 +202,7 @@ def main(argv: list[str] | None = None) -> None:
         f"llama.cpp runs a GGUF; the model {args.model} is not one"
     if isinstance(tools, Quantizer):
         rows |= llamacpp_rows(tools, f16, model, refs, questions, args)
-    load["end"] = os.getloadavg()[0]
-    payload = {"command": run_command("frontier", argv), "machine": info, "load_average": load,
+    payload = {**out.head(),
                "model": args.model or "embedded SmolLM2-135M-Instruct", "f16_gguf": str(f16),
                "backend": backend, "questions": len(questions), "offset": args.offset,
                "tokens": args.tokens, "threads": args.threads, "operating_point": point,
@@ -244,14 +237,10 @@ def llamacpp_rows(tools: Quantizer, f16: Path, model: RiverModel, refs, question
 
 
 def report(p: dict) -> str:
-    info, rows = p["machine"], p["rows"]
+    rows = p["rows"]
     full = rows["River full depth"]["ms_per_token"]
-    lines = ["# The user's plane: ms/token against quality", "",
-             f"Command: `{p['command']}`", "",
-             f"Machine: {info['cpu']}, {info['cores']} cores, copy bandwidth "
-             f"{info['memory_bandwidth_gb_s']} GB/s, load average (1 minute) "
-             f"{p['load_average']['start']:.1f} at the start, {p['load_average']['end']:.1f} at "
-             f"the end. Model: {p['model']} (River runs {p['backend']}"
+    lines = [*heading("The user's plane: ms/token against quality", p),
+             f"Model: {p['model']} (River runs {p['backend']}"
              f"{' over ' + Path(p['f16_gguf']).name if p['backend'] == 'ggml' else ''}). "
              f"{p['questions']} GSM8K test questions from the {p['offset']}th, {p['tokens']} "
              f"tokens each: quality teacher-forced over River's F16 full depth's greedy "

@@ -31,10 +31,8 @@ from pathlib import Path
 from typing import Sequence
 
 from .first_contact import llamacpp_arguments, llamacpp_folder, parse_llamacpp
-from .library.output import Output, parser, plot_file
-from .library.output import command as run_command
+from .library.output import Output, Harness, heading, parser, plot_file
 from .library.prompts import GSM8K_TEST, gsm8k_questions
-from .library.timing import machine
 
 TYPES = ("F16", "Q8_0", "Q4_K_M", "Q4_0")
 CONTEXTS = (64, 512, 2048, 3000)
@@ -137,7 +135,7 @@ def prompt_text(tokens: int, tokenizer) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = parser("ggml_cost", __doc__)
+    ap = parser("ggml_cost", __doc__, results="ggml-cost")
     ap.add_argument("--types", nargs="+", default=list(TYPES), choices=TYPES)
     ap.add_argument("--contexts", nargs="+", type=int, default=list(CONTEXTS),
                     help="prompt tokens before the decoded ones")
@@ -146,11 +144,7 @@ def main(argv: list[str] | None = None) -> None:
                     help="River's modes (each beside llama.cpp)")
     ap.add_argument("--repeats", type=int, default=2, help="calls per configuration (medians)")
     llamacpp_arguments(ap, "River alone, on the F16 copy")
-    ap.add_argument("--name", default="ggml-cost", help="results file name")
-    args = ap.parse_args(argv)
-    out = Output(args)
-    info = machine()
-    load = {"start": os.getloadavg()[0]}
+    out, args = Harness.parse(ap, argv)
     from river_ggml.plugin import backbone_gguf, spec_and_tokenizer
 
     f16 = backbone_gguf(args.model)
@@ -179,10 +173,8 @@ def main(argv: list[str] | None = None) -> None:
                 r = river(ggufs[kind], texts[n], mode, args.decode) if engine == "River" \
                     else llamacpp(folder, ggufs[kind], texts[n], args.decode, args.threads)
                 rows.setdefault((kind, n, engine, mode), []).append(r)
-    load["end"] = os.getloadavg()[0]
     table = [summary(key, calls) for key, calls in rows.items()]
-    payload = {"command": run_command("ggml_cost", argv), "machine": info,
-               "load_average": load, "threads": args.threads, "decode": args.decode,
+    payload = {**out.head(), "threads": args.threads, "decode": args.decode,
                "repeats": args.repeats, "contexts": args.contexts, "types": args.types,
                "rows": table, "ratios": ratios(table)}
     out.write(args.name, payload, markdown(payload))
@@ -219,10 +211,8 @@ def ratios(table: list[dict]) -> list[dict]:
 
 
 def markdown(payload: dict) -> str:
-    m = payload["machine"]
-    lines = ["# The ggml engine's cost beside llama.cpp", "",
-             f"`{payload['command']}`", "",
-             f"{m['cpu']} ({m['cores']} cores; {', '.join(m['extensions'])}), llama.cpp on "
+    lines = [*heading("The ggml engine's cost beside llama.cpp", payload),
+             "llama.cpp on "
              f"{payload['threads']} threads; each figure the median of {payload['repeats']} "
              f"cold calls, {payload['decode']} tokens decoded after a prompt of the context's "
              f"tokens.", "",

@@ -10,13 +10,10 @@ from __future__ import annotations
 import ctypes
 import statistics
 import time
-from pathlib import Path
 
 import numpy as np
 
-from .library.output import Output, parser
-from .library.output import command as run_command
-from .library.timing import machine
+from .library.output import Harness, parser
 
 KINDS = ("F16", "Q8_0", "Q4_1", "Q4_0", "Q4_0 repacked")
 
@@ -76,7 +73,7 @@ def report(p: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = parser("ggml_kernels", __doc__, model=False)
+    ap = parser("ggml_kernels", __doc__, model=False, results="ggml-kernels")
     ap.add_argument("--rows", type=int, default=1536)
     ap.add_argument("--columns", type=int, default=576)
     ap.add_argument("--count", type=int, default=90, help="matrices in the graph (the "
@@ -85,13 +82,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--kinds", nargs="+", default=list(KINDS), choices=KINDS)
     ap.add_argument("--threads", type=int, default=None, help="default: the engine's")
     ap.add_argument("--repeats", type=int, default=15)
-    ap.add_argument("--name", default="ggml-kernels", help="results file name")
-    args = ap.parse_args(argv)
+    out, args = Harness.parse(ap, argv)
     from river_ggml.lib import cpu, default_threads
 
     threads = args.threads or default_threads()
     cpu().set_threads(threads)
-    out = Output(args)
     rows = {}
     for kind in args.kinds:
         rows[kind] = {str(t): measure(kind, args.rows, args.columns, args.count, t, args.repeats)
@@ -99,10 +94,9 @@ def main(argv: list[str] | None = None) -> None:
         one = args.tokens[0]
         rows[kind]["gb_s"] = weights(kind, args.rows, args.columns).nbytes * args.count / \
             (rows[kind][str(one)] * 1e-3) / 1e9
-    payload = {"command": run_command("ggml_kernels", argv), "machine": machine("cpu"),
-               "threads": threads, "rows": rows, "tokens": args.tokens, "count": args.count,
-               "matrix": [args.rows, args.columns],
-               "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}}
+    payload = {**out.head(), "threads": threads, "rows": rows, "tokens": args.tokens,
+               "count": args.count, "matrix": [args.rows, args.columns],
+               "args": out.arguments()}
     out.write(args.name, payload, report(payload))
 
 

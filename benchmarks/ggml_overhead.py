@@ -28,9 +28,7 @@ import tempfile
 from pathlib import Path
 
 from .ggml_cost import MODES, generate_args, prompt_text
-from .library.output import Output, parser
-from .library.output import command as run_command
-from .library.timing import machine
+from .library.output import Harness, heading, parser
 
 # run in the child: the timer around ggml's compute, then the CLI; the totals as a last line
 CHILD = """
@@ -91,7 +89,7 @@ def per_token(short: dict, long: dict) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = parser("ggml_overhead", __doc__, model=False)
+    ap = parser("ggml_overhead", __doc__, model=False, results="ggml-overhead")
     ap.add_argument("--files", nargs="+", type=Path, help="GGUF files (default: the embedded "
                     "model's F16 copy)")
     ap.add_argument("--modes", nargs="+", default=["full depth", "exit mode"],
@@ -104,11 +102,7 @@ def main(argv: list[str] | None = None) -> None:
                     "run beside this one")
     ap.add_argument("--before-cache", metavar="DIR", help="RIVER_CACHE for --before (its "
                     "cache entries may differ from this checkout's)")
-    ap.add_argument("--name", default="ggml-overhead", help="results file name")
-    args = ap.parse_args(argv)
-    out = Output(args)
-    info = machine()
-    load = {"start": os.getloadavg()[0]}
+    out, args = Harness.parse(ap, argv)
     from river_ggml.plugin import backbone_gguf, spec_and_tokenizer
 
     args.files = args.files or [backbone_gguf(None)]
@@ -133,12 +127,10 @@ def main(argv: list[str] | None = None) -> None:
                   file=sys.stderr, flush=True)
             short, long = (call(*trees[tree], f, text, mode, n) for n in (args.short, args.long))
             runs.setdefault((tree, f.name, mode), []).append(per_token(short, long))
-    load["end"] = os.getloadavg()[0]
     rows = [{"tree": tree, "file": name, "mode": mode, "runs": r,
              **{k: statistics.median(x[k] for x in r) for k in r[0]}}
             for (tree, name, mode), r in runs.items()]
-    payload = {"command": run_command("ggml_overhead", argv), "machine": info,
-               "load_average": load, "context": args.context, "short": args.short,
+    payload = {**out.head(), "context": args.context, "short": args.short,
                "long": args.long, "repeats": args.repeats,
                "before": None if args.before is None else git_head(args.before), "rows": rows}
     out.write(args.name, payload, markdown(payload))
@@ -150,10 +142,8 @@ def git_head(tree: Path) -> str:
 
 
 def markdown(payload: dict) -> str:
-    m = payload["machine"]
-    lines = ["# Microseconds a decoded token spends outside ggml's compute", "",
-             f"`{payload['command']}`", "",
-             f"{m['cpu']} ({m['cores']} cores; {', '.join(m['extensions'])}); a prompt of "
+    lines = [*heading("Microseconds a decoded token spends outside ggml's compute", payload),
+             "A prompt of "
              f"{payload['context']} tokens, answers of {payload['short']} and "
              f"{payload['long']} tokens, per extra token; medians of {payload['repeats']}"
              + (f"; `before` is commit {payload['before']}" if payload["before"] else "") + ".",

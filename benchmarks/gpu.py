@@ -616,7 +616,7 @@ def expected_mb(shape: str, args, element: int) -> str:
     return f"{weights / 2 ** 20:,.0f} MB weights + {cache / 2 ** 20:,.0f} MB cache"
 
 
-INSTALL_S = 30   # the offline install (`pip install --no-index --no-deps ... -e .`)
+INSTALL_S = 30   # the offline install (`pip install --no-index --no-deps ... -e . -e ./benchmarks`)
 
 
 def dry_run(args) -> str:

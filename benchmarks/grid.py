@@ -42,7 +42,6 @@ from __future__ import annotations
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import attrs
 import numpy as np
@@ -53,8 +52,7 @@ from river_core.arguments import add_quant_arguments
 
 from .library import anchors, shapes
 from .library.measures import first_divergence
-from .library.output import Output, parser
-from .library.output import command as run_command
+from .library.output import Harness, parser
 from .library.prompts import prompt_of
 from .library.runs import HEAD_SUFFIX
 from .library.timing import machine, median_us
@@ -340,13 +338,10 @@ def verdicts(agreement: dict | None) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = parser("grid", __doc__)
+    ap = parser("grid", __doc__, results="grid")
     arguments(ap)
-    ap.add_argument("--name", default="grid", help="results file name")
-    args = ap.parse_args(argv)
-    out = Output(args)
-    payload = {"command": run_command("grid", argv), **measure(args),
-               "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}}
+    out, args = Harness.parse(ap, argv)
+    payload = {"command": out.command, **measure(args), "args": out.arguments()}
     out.write(args.name, payload, report(payload))
 
 

@@ -14,19 +14,20 @@ tiny vocabulary, as the kit draws them.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 from tqdm import tqdm
 
-from river_conformance.kit import Subject, tail_both_ways
-from river_conformance.scripted import forced_logits
 from river_core.backend import Step
 from river_core.kv import Full
 from river_core.predictor import relative_error
 from river_models import tiny
 
-from .library.output import Output, parser
-from .library.output import command as run_command
-from .library.timing import machine
+from .library.output import Harness, parser
+
+if TYPE_CHECKING:
+    from river_conformance.kit import Subject
 
 MEASURES = {"reference": "rtol", "own order": "own_rtol", "fused tail": "fused_rtol",
             "cosines": "cosine_atol"}
@@ -44,6 +45,8 @@ def _kv_error(got: list, want: list, positions: int) -> float:
 def reference_error(b, ref, prompt, cont) -> tuple[float, float]:
     """Full depth against the reference: the largest logits error over the positions, and the
     cache's error after them."""
+    from river_conformance.scripted import forced_logits
+
     got, want = forced_logits(b, prompt, cont, Full()), forced_logits(ref, prompt, cont, Full())
     n = len(prompt) + len(cont)
     return (max(relative_error(g, w) for g, w in zip(got, want)),
@@ -52,6 +55,8 @@ def reference_error(b, ref, prompt, cont) -> tuple[float, float]:
 
 def own_order_error(b, prompt, cont) -> tuple[float, float]:
     """A multi-token extend of `cont` against feeding it a token at a time."""
+    from river_conformance.scripted import forced_logits
+
     stepped = forced_logits(b, prompt, cont, Full())   # after the prompt, then each token
     stepped_kv = _kv(b)
     b.prefill([prompt], len(prompt) + len(cont) + 1)
@@ -63,6 +68,8 @@ def own_order_error(b, prompt, cont) -> tuple[float, float]:
 
 def fused_tail_error(b, prompt) -> tuple[float, float]:
     """The stand-ins' tail as one call against its layers one by one, from every start."""
+    from river_conformance.kit import tail_both_ways
+
     worst = [0.0, 0.0]
     for start in range(b.num_layers):
         (fl, fkv), (l, kv) = tail_both_ways(b, prompt, start)
@@ -89,7 +96,7 @@ def cosine_error(b, ref, prompt, cont) -> float:
 def measure(subject: Subject, family: str, prompts: int, seed: int) -> dict:
     rng = np.random.default_rng(seed)
     # against the kit's reference engine, hf
-    b, ref = subject.backend(family), Subject.registered("hf").backend(family)
+    b, ref = subject.backend(family), type(subject).registered("hf").backend(family)
     caps = b.capabilities
     worst = {f"{m} {part}": 0.0 for m in ("reference", "own order", "fused tail")
              for part in ("logits", "K/V")} | {"cosines": 0.0}
@@ -119,8 +126,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--prompts", type=int, default=40, help="per family")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--name", default=None, help="default: kit-margins-SUBJECT")
-    args = ap.parse_args(argv)
-    out = Output(args)
+    out, args = Harness.parse(ap, argv)
+    # the kit needs the test extra's pytest and hypothesis, which --help does not
+    from river_conformance.kit import Subject
+
     subject = Subject.registered(args.subject)
     precision = subject.precision
     rows = {family: measure(subject, family, args.prompts, args.seed)
@@ -131,8 +140,8 @@ def main(argv: list[str] | None = None) -> None:
     def bound(measure: str) -> float:   # "reference logits" -> the reference's bound
         return getattr(precision, MEASURES[measure.removesuffix(" logits").removesuffix(" K/V")])
 
-    info = machine()
-    command = run_command("kit_margins", argv)
+    info = out.machine
+    command = out.command
     lines = [f"# The conformance kit's bounds and the `{args.subject}` subject's errors", "",
              f"Command: `{command}`. Machine: {info['cpu']}, {info['cores']} cores. Precision "
              f"{precision.name}; {args.prompts} random prompts and continuations per family; "

@@ -33,10 +33,9 @@ from river_core import QuantSpec
 from river_models import FUSED, PROJECTIONS, open_model, stand_ins
 
 from .library import gsm8k
-from .library.output import Output, parser
-from .library.output import command as run_command
+from .library.output import Harness, parser
 from .library.prompts import GSM8K_TRAIN
-from .library.timing import machine, median_us
+from .library.timing import median_us
 
 
 def fused_projections(checkpoint, quantized) -> dict:
@@ -297,14 +296,13 @@ def main(argv: list[str] | None = None) -> None:
     ap = parser("levers", __doc__)
     ap.add_argument("--only", nargs="+", choices=list(LEVERS),
                     help="measure these levers again and keep the other results")
-    args = ap.parse_args(argv)
-    out = Output(args)
+    out, args = Harness.parse(ap, argv)
     checkpoint = open_model(args.model, progress=True)
     quantized = stand_ins(checkpoint, QuantSpec(), progress=True)
     previous = out.folder / "levers.json"
     kept = json.loads(previous.read_text()) if args.only and previous.is_file() else {}
     result = kept.get("result", {})
-    info = machine()
+    info = out.machine
     # which machine measured each lever: --only keeps results measured elsewhere
     ran_on = kept.get("ran_on") or {name: kept["machine"]["cpu"] for name in result}
     for name in args.only or LEVERS:
@@ -313,7 +311,7 @@ def main(argv: list[str] | None = None) -> None:
     machines = "; ".join(f"{cpu}: {', '.join(n for n in ran_on if ran_on[n] == cpu)}"
                          for cpu in dict.fromkeys(ran_on.values()))
     lines = [f"# Speed levers, {args.model or 'embedded SmolLM2-135M-Instruct'}", "",
-             f"Command: `{run_command('levers', argv)}` (`--only NAME` measures one again). "
+             f"Command: `{out.command}` (`--only NAME` measures one again). "
              f"Machines, {info['cores']} cores, by lever: {machines}.", "",
              "| lever | without | with |", "|---|---|---|"]
     if f := result.get("fused_projections"):

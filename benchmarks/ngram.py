@@ -40,10 +40,8 @@ from collections import Counter
 from .first_contact import (LlamaCpp, chat_text, llamacpp_arguments, llamacpp_tools,
                             parse_llamacpp)
 from .library.copying import COPYING
-from .library.output import Output, parser, plot_file
-from .library.output import command as run_command
+from .library.output import Output, Harness, heading, parser, plot_file
 from .library.prompts import GSM8K_TEST, gsm8k_questions
-from .library.timing import machine
 
 FULL, DEFAULT = "full depth", "default"
 RIVER = {FULL: ["--kv", "full"], DEFAULT: [],
@@ -97,12 +95,15 @@ def llama_call(llama: LlamaCpp, config: str, text: str, tokens: int, gguf) -> di
     if done.returncode:
         raise SystemExit(f"{config} failed:\n{(done.stdout + done.stderr)[-3000:]}")
     # llama-speculative-simple prints the prompt before the answer; llama-completion is told not
-    return {**parse_llamacpp(done.stdout + done.stderr),
-            "text": done.stdout.split(text, 1)[-1].strip()}
+    r = {**parse_llamacpp(done.stdout + done.stderr),
+         "text": done.stdout.split(text, 1)[-1].strip()}
+    if r["decoded"] <= 1:   # it stopped at once (llama-speculative-simple did, on one prompt):
+        r["ms_per_token"] = None   # one token's time is no decode speed
+    return r
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = parser("ngram", __doc__)
+    ap = parser("ngram", __doc__, results="ngram")
     ap.add_argument("--engines", nargs="+", default=["ggml"], choices=["ggml", "onnx", "hf"])
     ap.add_argument("--kinds", nargs="+", default=KINDS, choices=KINDS,
                     help="the kinds of prompt")
@@ -116,10 +117,7 @@ def main(argv: list[str] | None = None) -> None:
     llamacpp_arguments(ap)
     ap.add_argument("--raw", action="store_true", help="the prompts' raw text, no chat "
                     "template (a continuation, as issue 51's first figures)")
-    ap.add_argument("--name", default="ngram", help="results file name")
-    args = ap.parse_args(argv)
-    out = Output(args)
-    info, load = machine(), {"start": os.getloadavg()[0]}
+    out, args = Harness.parse(ap, argv)
     chosen = prompts(args.kinds, args.prompts, args.offset)
     llama = llamacpp_tools(args.llamacpp, args.model, args.threads)
     # llama.cpp runs the file given; the embedded model's F16 copy, as River's ggml engine does
@@ -143,8 +141,7 @@ def main(argv: list[str] | None = None) -> None:
                 r = river_call(prompt, engine, config, args.tokens, args.model, args.raw)
             r["wall_s"] = time.perf_counter() - start
             calls[_label(engine, config)].append({"prompt": p, "kind": kind, **r})
-    load["end"] = os.getloadavg()[0]
-    payload = {"command": run_command("ngram", argv), "machine": info, "load_average": load,
+    payload = {**out.head(),
                "prompts": [{"kind": k, "text": t} for k, t in chosen], "tokens": args.tokens,
                "repeats": args.repeats, "engines": args.engines, "threads": args.threads,
                "raw": args.raw,
@@ -238,16 +235,12 @@ def _median(values: list) -> float | None:
 
 
 def report(p: dict) -> str:
-    info, s = p["machine"], p["summary"]
+    s = p["summary"]
     kinds = list(dict.fromkeys(x["kind"] for x in p["prompts"]))
     num = lambda x, f: "-" if x is None else format(x, f)
-    lines = ["# River's default and lossless mode by kind of prompt, beside full depth and "
-             "llama.cpp", "",
-             f"Command: `{p['command']}`", "",
-             f"Machine: {info['cpu']}, {info['cores']} cores, copy bandwidth "
-             f"{info['memory_bandwidth_gb_s']} GB/s, load average (1 minute) "
-             f"{p['load_average']['start']:.1f} at the start, {p['load_average']['end']:.1f} "
-             f"at the end. {len(p['prompts'])} prompts "
+    lines = [*heading("River's default and lossless mode by kind of prompt, beside full "
+                      "depth and llama.cpp", p),
+             f"{len(p['prompts'])} prompts "
              f"{'as raw text (no chat template)' if p.get('raw') else 'under the chat template'}"
              ", greedy, at most "
              f"{p['tokens']} tokens; a fresh process per call, configurations interleaved, "

@@ -29,11 +29,9 @@ from river_core.predictor import TransitionPredictor
 from river_policies import FixedDepth
 
 from .library import gsm8k
-from .library.output import Output, parser, plot_file
-from .library.output import command as run_command
+from .library.output import Harness, parser, plot_file
 from .library.prompts import GSM8K_TRAIN
 from .library.runs import MAIN_OPTION
-from .library.timing import machine
 
 
 def oracle_exits(backend, prompt: list[int], continuation: list[int]) -> list[int]:
@@ -86,9 +84,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--gsm8k-limit", type=int, default=20)
     ap.add_argument("--policies", nargs="*", default=["settled:0.97", "similarity:1.5",
                                                        "cascade:0.3"])
-    args = ap.parse_args(argv)
-    out = Output(args)
-    info = machine()
+    out, args = Harness.parse(ap, argv)
+    info = out.machine
     model = RiverModel.from_pretrained(args.model, backend=args.backend, progress=True)
     b, n = model.backend, model.backend.num_layers
     tok = b.tokenizer
@@ -120,7 +117,7 @@ def main(argv: list[str] | None = None) -> None:
         rows[p] = {"mean_layers_run": float(ks.mean() + 1), "ms_per_token": price(ks),
                    "speedup": full_ms / price(ks), "nll_delta": float(np.mean(nll[p])),
                    "histogram": np.bincount(ks + 1, minlength=n + 1).tolist()}
-    command = run_command("oracle", argv)
+    command = out.command
     lines = ["# The oracle's headroom", "", f"Command: `{command}`", "",
              f"Machine: {info['cpu']}, {info['cores']} cores; engine {args.backend}. "
              f"{len(found)} tokens of {len(problems)} GSM8K test_dev reference solutions.", "",

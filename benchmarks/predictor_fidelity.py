@@ -15,23 +15,24 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 from tqdm import tqdm
 
 from river_core import QuantSpec, RiverModel, Step
 from river_core.predictor import TransitionPredictor
 from river_core.predictor import relative_error
 
-from .library.output import Output, parser, plot_file
-from .library.output import command as run_command
+from .library.output import Harness, parser, plot_file
 from .library.measures import pearson, spearman
 from .library.prompts import GSM8K_TRAIN, gsm8k_questions
-from .library.timing import machine
+
+if TYPE_CHECKING:
+    import torch
 
 
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+def rel(a: "torch.Tensor", b: "torch.Tensor") -> float:
     return relative_error(a.float().cpu().numpy(), b.float().cpu().numpy())
 
 
@@ -48,8 +49,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--tokens", type=int, default=24)
     ap.add_argument("--bits", type=int, default=4)
-    args = ap.parse_args(argv)
-    out = Output(args)
+    out, args = Harness.parse(ap, argv)
+    import torch   # the hf extra's, which --help does not need
+
     model = RiverModel.from_pretrained(args.model, quant=QuantSpec(bits=args.bits),
                                        progress=True)
     b = model.backend
@@ -93,7 +95,7 @@ def main(argv: list[str] | None = None) -> None:
                 cosines.append([1 - m for m in moved])
                 measured += real
                 token_corr.append(spearman(pred[:-1], real))
-    info = machine()
+    info = out.machine
     result = {"pearson": pearson(predicted, measured), "spearman": spearman(predicted, measured),
               "mean_within_token_spearman": float(np.mean(token_corr)),
               "mean_across_token_spearman_at_fixed_k": across_tokens(predicted, measured, n - 1),
@@ -124,7 +126,7 @@ def main(argv: list[str] | None = None) -> None:
         plot = "\n(install the `bench` extra for the plot)\n"
     md = (f"# Exit scores against the real K/V error, int{args.bits} stand-ins, "
           f"{args.model or 'the embedded SmolLM2-135M-Instruct'}\n\n"
-          f"Command: `{run_command('predictor_fidelity', argv)}`. Machine: {info['cpu']}, "
+          f"Command: `{out.command}`. Machine: {info['cpu']}, "
           f"{info['cores']} cores.\n\n| measure | value |\n|---|---|\n"
           f"| Pearson, all (token, k) | {result['pearson']:.3f} |\n"
           f"| Spearman, all (token, k) | {result['spearman']:.3f} |\n"

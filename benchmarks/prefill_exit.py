@@ -18,10 +18,8 @@ from tqdm import tqdm
 from river_core import ExitConfig, RiverModel
 
 from .library import gsm8k
-from .library.output import Output, parser
-from .library.output import command as run_command
+from .library.output import Harness, parser
 from .library.prompts import GSM8K_TRAIN
-from .library.timing import machine
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -30,8 +28,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--problems", type=int, default=8)
     ap.add_argument("--offset", type=int, default=100)
     ap.add_argument("--exits", type=int, nargs="+", default=[3, 7, 15])
-    args = ap.parse_args(argv)
-    out = Output(args)
+    out, args = Harness.parse(ap, argv)
     model = RiverModel.from_pretrained(args.model, backend=args.backend, progress=True)
     b, tok = model.backend, model.backend.tokenizer
     shots = gsm8k.load(str(GSM8K_TRAIN), limit=gsm8k.SHOTS)
@@ -50,13 +47,13 @@ def main(argv: list[str] | None = None) -> None:
             seconds[k].append(time.perf_counter() - start)
             [forced] = model.teacher_force([prompt], [reference], ExitConfig(prefill_exit=k))
             nll[k].append(forced.nll(reference))
-    info = machine()
+    info = out.machine
     base_s, base_nll = np.median(seconds[None]), np.mean(nll[None])
     rows = {("full" if k is None else f"exit after layer {k}"): {
         "prefill_ms": float(np.median(seconds[k]) * 1e3),
         "prefill_speedup": float(base_s / np.median(seconds[k])),
         "nll_delta": float(np.mean(nll[k]) - base_nll)} for k in settings}
-    command = run_command("prefill_exit", argv)
+    command = out.command
     lines = [f"# Prefill exit, {args.backend} backend, "
              f"{args.model or 'embedded SmolLM2-135M-Instruct'}", "",
              f"Command: `{command}`. Machine: {info['cpu']}, {info['cores']} cores. Prompts: "

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import statistics
 import time
-from pathlib import Path
 
 import numpy as np
 
@@ -24,9 +23,7 @@ from river_core.arguments import add_quant_arguments
 
 from .grid import prompts_for
 from .library import shapes
-from .library.output import Output, parser
-from .library.output import command as run_command
-from .library.timing import machine
+from .library.output import Harness, parser
 
 KS = (1, 2, 3, 4, 6, 8)
 
@@ -98,7 +95,7 @@ def report(p: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = parser("projection", __doc__)
+    ap = parser("projection", __doc__, results="projection")
     ap.add_argument("--engine", default="ggml")
     ap.add_argument("--shape", default="llama-1b", choices=list(shapes.SHAPES))
     ap.add_argument("--exit", type=int, default=4, help="backbone layers a draft runs")
@@ -106,16 +103,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--prompts", type=int, default=3, help="embedded-model prompts")
     ap.add_argument("--tokens", type=int, default=48)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--name", default="projection", help="results file name")
     add_quant_arguments(ap)
-    args = ap.parse_args(argv)
-    out = Output(args)
+    out, args = Harness.parse(ap, argv)
     kept = acceptance(args.engine, args)
     cost = costs(args.engine, args.shape, args)
-    payload = {"command": run_command("projection", argv), "machine": machine("cpu"),
-               "engine": args.engine, "shape": args.shape, "positions": args.positions,
-               "exit": args.exit, "kept": kept, "costs": cost, "projected": project(kept, cost),
-               "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}}
+    payload = {**out.head(), "engine": args.engine, "shape": args.shape,
+               "positions": args.positions, "exit": args.exit, "kept": kept, "costs": cost,
+               "projected": project(kept, cost), "args": out.arguments()}
     out.write(args.name, payload, report(payload))
 
 

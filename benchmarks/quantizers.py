@@ -21,13 +21,10 @@ import numpy as np
 from tqdm import tqdm
 
 from river_core import ExitConfig, QuantSpec, RiverModel
-from river_hf.backend import HFBackend
 from river_models import open_model, stand_ins, tiny
 
-from .library.output import Output, parser
-from .library.output import command as run_command
+from .library.output import Harness, parser
 from .library.prompts import GSM8K_TRAIN
-from .library.timing import machine
 
 SETTINGS = [  # (bits, group, method, how it relates to Q4_1 blocks of 32)
     (4, 32, "rtn", "the Q4_1 grid itself: reproduces the weights"),
@@ -41,12 +38,12 @@ SETTINGS = [  # (bits, group, method, how it relates to Q4_1 blocks of 32)
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = parser("quantizers", __doc__)
+    ap = parser("quantizers", __doc__, results="quantizers")
     ap.add_argument("--solutions", type=int, default=8)
     ap.add_argument("--offset", type=int, default=100)
-    ap.add_argument("--name", default="quantizers")
-    args = ap.parse_args(argv)
-    out = Output(args)
+    out, args = Harness.parse(ap, argv)
+    from river_hf.backend import HFBackend   # the hf extra's, which --help does not need
+
     default, random = open_model(args.model, progress=True), tiny.checkpoint("llama", seed=1)
     problems = [json.loads(line) for line in open(GSM8K_TRAIN)][args.offset:args.offset
                                                                   + args.solutions]
@@ -74,9 +71,9 @@ def main(argv: list[str] | None = None) -> None:
                      "default_model_eps_max": float(np.max(made.errors)),
                      "random_model_eps_mean": float(np.mean(rand.errors)),
                      "whole_model_nll_delta": nll(model, quantized) - full})
-    info = machine()
+    info = out.machine
     lines = ["# Stand-in quantizers: weight error and whole-model NLL", "",
-             f"Command: `{run_command('quantizers', argv)}`. Machine: {info['cpu']}, "
+             f"Command: `{out.command}`. Machine: {info['cpu']}, "
              f"{info['cores']} cores.", "",
              f"NLL: teacher forcing on GSM8K train solutions {args.offset}.."
              f"{args.offset + args.solutions - 1}, every token on stand-ins only, minus full "
@@ -88,7 +85,7 @@ def main(argv: list[str] | None = None) -> None:
         lines.append(f"| int{r['bits']} | {r['group']} | {r['method']} | {r['note']} | "
                      f"{r['default_model_eps_mean']:.4f} / {r['default_model_eps_max']:.4f} | "
                      f"{r['random_model_eps_mean']:.4f} | {r['whole_model_nll_delta']:+.4f} |")
-    out.write(args.name, {"machine": info, "command": run_command("quantizers", argv),
+    out.write(args.name, {"machine": info, "command": out.command,
                           "full_depth_nll": full, "results": rows}, "\n".join(lines) + "\n")
 
 

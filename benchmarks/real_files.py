@@ -24,16 +24,13 @@ real-files).
 from __future__ import annotations
 
 import gc
-import os
 import sys
 import time
 
 import attrs
 import numpy as np
 
-from .library.output import Output, parser
-from .library.output import command as run_command
-from .library.timing import machine
+from .library.output import Harness, heading, parser
 
 TYPES = ("Q4_K_M",)
 # the types beside Q4_K_M on the family whose embedding is its head (Qwen2.5-1.5B)
@@ -136,7 +133,7 @@ def row(family: str, size: str, file_type: str, tokens: int, reference_gb: float
 def main(argv: list[str] | None = None) -> None:
     from river_models import real_gguf
 
-    ap = parser("real_files", __doc__, model=False)
+    ap = parser("real_files", __doc__, model=False, results="real-files")
     ap.add_argument("--families", nargs="*", default=list(real_gguf.FAMILIES),
                     choices=real_gguf.FAMILIES)
     ap.add_argument("--size", default="real", choices=real_gguf.SIZES)
@@ -147,15 +144,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tokens", type=int, default=64, help="greedy tokens a file")
     ap.add_argument("--reference-gb", type=float, default=8.0,
                     help="the largest float32 reference to build (GB of weights)")
-    ap.add_argument("--name", default="real-files", help="results file name")
-    args = ap.parse_args(argv)
+    out, args = Harness.parse(ap, argv)
     try:
         import llama_cpp  # noqa: F401
     except ImportError:
         raise SystemExit("river bench real_files compares with llama.cpp: pip install "
                          "'river-llm[llamacpp]'") from None
-    out = Output(args)
-    info, load = machine(), {"start": os.getloadavg()[0]}
     cells = [(f, t) for f in args.families for t in args.types]
     if not args.no_more_types and MORE_ON in args.families:
         cells += [(MORE_ON, t) for t in MORE_TYPES if t not in args.types]
@@ -166,19 +160,14 @@ def main(argv: list[str] | None = None) -> None:
         if all(f != family for f, _ in cells[n + 1:]):   # its F16 source: 14 GB at 7B
             made(family, args.size, file_type).with_name(
                 f"{family}-{args.size}-converted.gguf").unlink(missing_ok=True)
-        load["end"] = os.getloadavg()[0]   # written after each file: hours at 7B shapes
-        payload = {"command": run_command("real_files", argv), "machine": info,
-                   "load_average": load, "tokens": args.tokens, "rows": rows}
+        # written after each file: hours at 7B shapes
+        payload = {**out.head(), "tokens": args.tokens, "rows": rows}
         out.write(args.name, payload, markdown(payload))
 
 
 def markdown(payload: dict) -> str:
-    m = payload["machine"]
-    lines = ["# River's ggml engine on GGUFs as llama.cpp writes them", "",
-             f"`{payload['command']}`", "",
-             f"{m['cpu']} ({m['cores']} cores; {', '.join(m['extensions'])}); load average "
-             f"{payload['load_average']['start']:.1f} to {payload['load_average']['end']:.1f}. "
-             f"Random weights at each family's published shape; {payload['tokens']} greedy "
+    lines = [*heading("River's ggml engine on GGUFs as llama.cpp writes them", payload),
+             "Random weights at each family's published shape; {payload['tokens']} greedy "
              f"tokens from one random token; {PROMPT} random ids and llama.cpp's text "
              f"teacher-forced a token a step through each engine. Top-1: positions whose token is the other's "
              f"(near ties: disagreements inside the position's noise band; beyond: outside "

@@ -18,17 +18,14 @@ from river_conformance.scripted import forced_logits
 from river_hf.plugin import tiny_backend
 from river_models import tiny
 
-from .library.output import Output, parser
-from .library.output import command as run_command
-from .library.timing import machine
+from .library.output import Harness, parser
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = parser("river_kv_error", __doc__, model=False)
     ap.add_argument("--trials", type=int, default=6)
     ap.add_argument("--seeds", type=int, default=2)
-    args = ap.parse_args(argv)
-    out = Output(args)
+    out, args = Harness.parse(ap, argv)
     rng = np.random.default_rng(0)
     rows = []
     for family in tiny.FAMILIES:
@@ -55,9 +52,9 @@ def main(argv: list[str] | None = None) -> None:
             rows.append({"family": family, "bits": bits, "eps": float(np.mean(b.stand_in_error)),
                          "max_error": max(errors), "max_ratio": max(ratios),
                          "p99_ratio": float(np.quantile(ratios, 0.99)), "samples": len(ratios)})
-    info = machine()
+    info = out.machine
     lines = ["# River K/V error against full depth (tiny random models)", "",
-             f"Command: `{run_command('river_kv_error', argv)}`. Machine: {info['cpu']}, "
+             f"Command: `{out.command}`. Machine: {info['cpu']}, "
              f"{info['cores']} cores.", "",
              "| family | river | eps (weights) | max rel. K/V error | max err/(eps d) | p99 |",
              "|---|---|---|---|---|---|"]
@@ -65,7 +62,7 @@ def main(argv: list[str] | None = None) -> None:
         lines.append(f"| {r['family']} | int{r['bits']} | {r['eps']:.4f} | {r['max_error']:.4f} "
                      f"| {r['max_ratio']:.2f} | {r['p99_ratio']:.2f} |")
     lines.append(f"\nLargest ratio: {max(r['max_ratio'] for r in rows):.2f}.")
-    out.write("river-kv-error", {"machine": info, "command": run_command("river_kv_error", argv),
+    out.write("river-kv-error", {"machine": info, "command": out.command,
                                  "rows": rows}, "\n".join(lines) + "\n")
 
 

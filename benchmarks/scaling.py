@@ -23,10 +23,8 @@ import sys
 import attrs
 import numpy as np
 
-from .library.output import Output, parser
-from .library.output import command as run_command
+from .library.output import Output, Harness, parser
 from .library.prompts import GSM8K_TRAIN, gsm8k_questions
-from .library.timing import machine
 
 
 BF16, RIVER_BITS = 2, 4.5
@@ -163,11 +161,10 @@ def main(argv: list[str] | None = None) -> None:
                     help="also time batched decode steps of the model on this CPU")
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4, 8])
     ap.add_argument("--backend", default="hf", help="the engine --measure times (default hf)")
-    args = ap.parse_args(argv)
-    out = Output(args)
-    info = machine()
+    out, args = Harness.parse(ap, argv)
+    info = out.machine
     found, tokens_per_round = profiles(out)
-    command = run_command("scaling", argv)
+    command = out.command
     lines = ["# Serving at scale: bytes per token by exit profile and batch (on paper)", "",
              f"Command: `{command}`. Weights bf16, river 4-bit HQQ ({RIVER_BITS} bits a "
              "weight), K/V bf16. Exit profiles measured on SmolLM2-135M (oracle.json), mapped "

@@ -44,8 +44,7 @@ from river_core.plugins import default_registry
 
 from .library import gsm8k, humaneval
 from .library.measures import first_divergence
-from .library.output import Output, engine_heading, parser, plot_file
-from .library.output import command as run_command
+from .library.output import Output, Harness, engine_heading, parser, plot_file
 from .library.prompts import GSM8K_TEST, GSM8K_TRAIN
 from .library.runs import Config, Run, paper_summary
 
@@ -346,8 +345,7 @@ def main(argv: list[str] | None = None) -> None:
                     help="the run (its records and results), or with --report the page")
     ap.add_argument("--report", nargs="+", metavar="RUN",
                     help="write NAME.{md,json,png} from these runs' results instead of running")
-    args = ap.parse_args(argv)
-    out = Output(args)
+    out, args = Harness.parse(ap, argv)
     if args.report:
         return report(out, args.report, args.name)
     try:
@@ -367,7 +365,7 @@ def main(argv: list[str] | None = None) -> None:
     num_layers = next(iter(models.values())).backend.num_layers
     rows = summarize(configs, run, num_layers, info["memory_bandwidth_gb_s"] * 1e9)
     images = frontier(out, args.name, rows, num_layers)
-    command = run_command("tasks", argv)
+    command = out.command
     lines = [f"# Exit and speculative modes on GSM8K and HumanEval ({args.backend} backend)",
              "", f"Machine: {info['cpu']}, {info['cores']} cores, copy bandwidth "
              f"{info['memory_bandwidth_gb_s']} GB/s, peak RSS {info['peak_rss_mb']:.0f} MB.",

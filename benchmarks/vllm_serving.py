@@ -39,10 +39,9 @@ from river_cli.prompts import read_prompts
 from river_core import ExitConfig, GenerationConfig, RiverModel
 from river_models import locate
 
-from .library.output import Output, parser, plot_file
-from .library.output import command as run_command
+from .library.output import Output, Harness, parser, plot_file
 from .library.prompts import GSM8K_TEST
-from .library.timing import machine, now
+from .library.timing import now
 
 CONCURRENCY = (1, 4, 16)
 SAMPLED = {"temperature": 1.0}   # the sampled check's settings
@@ -308,8 +307,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--concurrency", type=int, nargs="+", default=list(CONCURRENCY),
                     help="concurrent requests to measure at (default: %(default)s)")
     ap.add_argument("--engine", help=argparse.SUPPRESS)   # internal: one run, in a fresh process
-    args = ap.parse_args(argv)
-    out = Output(args)
+    out, args = Harness.parse(ap, argv)
     # engines in this process (one per process, each its own), and not most of the RAM
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
@@ -319,7 +317,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit("the vllm benchmark needs the vllm extra: see the README, River inside vLLM")
     if args.engine:
         return engine_job(args.engine)
-    info = machine()
+    info = out.machine
     folder = str(locate(args.model, progress=True))
     river = RiverModel.from_pretrained(args.model)
     questions = read_prompts(GSM8K_TEST, args.prompts)
@@ -417,7 +415,7 @@ def main(argv: list[str] | None = None) -> None:
            if LOSSLESS in sampled else {})}
     for r in results.values():
         r.pop("outputs", None)
-    command = run_command("vllm", argv)
+    command = out.command
     payload = {"command": command, "machine": info, "prompts": len(prompts),
                "max_tokens": args.max_tokens, "concurrency": args.concurrency,
                "rounds": args.rounds, "exit_mode": args.exit_mode,

@@ -26,6 +26,7 @@ accept, trim.
 from __future__ import annotations
 
 import time
+import warnings
 from typing import Callable, Collection, Iterator, Mapping, Protocol, Sequence
 
 import attrs
@@ -232,11 +233,9 @@ def rounds(backend: Backend, prompt: Sequence[int], gen: GenerationConfig, run: 
         length.use(measure(backend, tokens[-1], len(prompt),    # the caller keeps them
                            min(length.widest, gen.max_new_tokens)))
     generation = Generation(backend, prompt, run, pre.similarity, choice, length.costs)
-    drafters = {name: s.start(generation)   # a source that cannot pay is never started
-                for name, s in (sources or {RIVER: RiverSource()}).items()
-                if name in length.sources}
-    for drafter in drafters.values():
-        drafter.stood(tokens)
+    drafters = _started(sources or {RIVER: RiverSource()}, length.sources, generation)
+    for name in list(drafters):
+        _told(drafters, name, tokens)
     yield Round(tokens, 0, 0, [], time.perf_counter() - start, 0.0)
     x, p = tokens[-1], len(prompt)   # x goes to slot p
     while not done:
@@ -245,8 +244,9 @@ def rounds(backend: Backend, prompt: Sequence[int], gen: GenerationConfig, run: 
         start = time.perf_counter()
         source, drafts = PLAIN, Drafts([], [], [])
         for name, gamma in length.order():
-            if min(gamma, left) > 0:
-                drafts = drafters[name].propose(x, p, min(gamma, left)).until(eos)
+            if name in drafters and min(gamma, left) > 0:
+                drafts = _proposal(drafters, name, x, p, min(gamma, left), len(first))
+                drafts = drafts.until(eos)
                 if drafts.tokens:
                     source = name
                     break
@@ -258,14 +258,65 @@ def rounds(backend: Backend, prompt: Sequence[int], gen: GenerationConfig, run: 
         p += accepted + 1   # accept: the kept drafts and the backbone's token
         backend.trim(p)     # trim: the cache ends after them
         tokens, done = stand(drafts.tokens[:accepted] + [correction])
-        for drafter in drafters.values():
-            drafter.stood(tokens)
+        for name in list(drafters):
+            _told(drafters, name, tokens)
         end = time.perf_counter()
         r = Round(tokens, len(drafts.tokens), accepted, drafts.exit_layers, middle - start,
                   end - middle, source)
         length.update(r)
         yield r
         x = tokens[-1]
+
+
+def _started(sources: Mapping[str, DraftSource], names: Collection[str],
+             generation: Generation) -> dict[str, Drafter]:
+    """The drafters of the sources `names` keeps (a source that cannot pay is never
+    started); one whose start raises is left out, said once."""
+    drafters: dict[str, Drafter] = {}
+    for name, source in sources.items():
+        if name in names:
+            try:
+                drafters[name] = source.start(generation)
+            except Exception as e:
+                _failed(name, e)
+    return drafters
+
+
+def _proposal(drafters: dict[str, Drafter], name: str, token: int, position: int, gamma: int,
+              vocab: int) -> Drafts:
+    """What source `name` drafts this round, checked: at most `gamma` tokens, each in the
+    vocabulary. A source that raises or breaks that is dropped (`_dropped`): the round asks
+    the next source, or takes a plain step."""
+    try:
+        drafts = drafters[name].propose(token, position, gamma)
+        outside = [t for t in drafts.tokens if not 0 <= t < vocab]
+        if outside:
+            raise ValueError(f"drafted token {outside[0]}, outside the vocabulary of {vocab}")
+        if len(drafts.tokens) > gamma:
+            raise ValueError(f"drafted {len(drafts.tokens)} tokens where {gamma} were asked")
+    except Exception as e:   # a plugin's fault costs its drafts, never a wrong token
+        _dropped(drafters, name, e)
+        return Drafts([], [], [])
+    return drafts
+
+
+def _told(drafters: dict[str, Drafter], name: str, tokens: list[int]) -> None:
+    """Source `name` told the tokens that stood; one that raises is dropped."""
+    try:
+        drafters[name].stood(tokens)
+    except Exception as e:
+        _dropped(drafters, name, e)
+
+
+def _dropped(drafters: dict[str, Drafter], name: str, error: Exception) -> None:
+    """Source `name` drafts no more this generation, said once."""
+    del drafters[name]
+    _failed(name, error)
+
+
+def _failed(name: str, error: Exception) -> None:
+    warnings.warn(f"draft source {name!r} failed ({type(error).__name__}: {error}); this "
+                  "generation drafts without it", RuntimeWarning, stacklevel=4)
 
 
 def speculative_ids(backend: Backend, prompts: Sequence[Sequence[int]], gen: GenerationConfig,

@@ -83,3 +83,38 @@ def test_where_no_draft_can_pay_lossless_mode_takes_full_depths_steps_and_nothin
                          drafts="river,ngram").stats
     assert got.tokens == full and set(got.draft_sources) == {"plain"}
     assert set(widths) == {1}
+
+
+@pytest.mark.parametrize("fault", ["raises", "outside the vocabulary", "too many", "start"])
+def test_a_draft_source_at_fault_costs_its_drafts_never_a_wrong_token(fault, tiny_folder,
+                                                                      monkeypatch):
+    """A draft source plugin that raises, drafts a token outside the vocabulary or more than
+    it was asked: the generation drops it, says so once, and its text is full depth's."""
+    from river_core.ngram import NgramDrafter, NgramSource
+    from river_core.speculative import Drafts
+
+    model = RiverModel.from_pretrained(tiny_folder("llama"))
+    full = model.generate(PROMPT, chat=False, max_new_tokens=16, kv="full").stats.tokens
+    faulty = {"raises": lambda self, token, position, gamma: 1 / 0,
+              "outside the vocabulary": lambda self, token, position, gamma:
+                  Drafts([10 ** 9], [None], []),
+              "too many": lambda self, token, position, gamma:
+                  Drafts([1] * (gamma + 1), [None] * (gamma + 1), [])}
+    if fault == "start":
+        monkeypatch.setattr(NgramSource, "start", lambda self, generation: 1 / 0)
+    else:
+        monkeypatch.setattr(NgramDrafter, "propose", faulty[fault])
+    with pytest.warns(RuntimeWarning, match="draft source 'ngram' failed") as said:
+        got = model.generate(PROMPT, **(LOSSLESS | {"max_new_tokens": 16,
+                                                    "drafts": "ngram"})).stats
+    assert got.tokens == full
+    assert len([w for w in said if "draft source" in str(w.message)]) == 1
+
+
+def test_a_huge_draft_length_is_full_depths_text(tiny_folder):
+    """`--draft-tokens 100000`: a round drafts at most what the answer has left."""
+    model = RiverModel.from_pretrained(tiny_folder("llama"))
+    full = model.generate(PROMPT, chat=False, max_new_tokens=12, kv="full").stats.tokens
+    got = model.generate(PROMPT, **(LOSSLESS | {"max_new_tokens": 12,
+                                                "draft_tokens": 100_000})).stats
+    assert got.tokens == full and max(got.drafted) <= 11

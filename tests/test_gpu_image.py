@@ -179,7 +179,7 @@ def test_river_installs_and_runs_on_the_lent_gpus_image(tmp_path):
     assert leaked.strip() == "[]"
     run(python, "-c", "import scipy, accelerate, xdist")   # the image's, unlike issue 53's list
     run(python, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-build-isolation",
-        "-e", ".")
+        "-e", ".", "-e", "./benchmarks")
     dry = run(python.parent / "river", "bench", "gpu", "--dry-run")
     assert "part 5 onnx: skipped here" in dry and "part 6 vllm: skipped here" in dry
     share = int(re.search(r"estimated: \d+ s of units, (\d+)% of the budget", dry).group(1))

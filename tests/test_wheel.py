@@ -1,6 +1,7 @@
-"""The wheel is the product: built from this checkout and installed without `-e` in a fresh
-environment, River's commands work from a folder outside the checkout. An editable install
-(the README's, CI's) reads the source tree and hides a package the wheel lacks: the wheel once
+"""The wheels are the product: river-llm (the library) and river-bench (benchmarks/, its own
+distribution in this checkout), built from it and installed without `-e` in a fresh
+environment; River's commands work from a folder outside the checkout. An editable install
+(the README's, CI's) reads the source tree and hides a package a wheel lacks: the wheel once
 lacked `river_bench.library`, which most benchmarks import, so `river bench first_contact
 --help` failed as installed (issue 54)."""
 
@@ -16,32 +17,41 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SETUPTOOLS = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+# each distribution of the checkout: its folder, and its pyproject's setuptools table
+DISTRIBUTIONS = {name: (folder, tomllib.loads((folder / "pyproject.toml").read_text())
+                        ["tool"]["setuptools"])
+                 for name, folder in [("river_llm", ROOT), ("river_bench", ROOT / "benchmarks")]}
 
 
-def package_folders() -> dict[str, Path]:
-    """Every package the source tree holds, by its installed name: each folder with an
-    `__init__.py` at the checkout's top or in a plain folder there (adapters/, plugins/),
-    named as pyproject's package-dir renames it (benchmarks/ as river_bench), and each such
-    folder below one."""
-    renamed = {ROOT / folder: name for name, folder in SETUPTOOLS["package-dir"].items()}
-    tops = [init.parent for init in [*ROOT.glob("*/__init__.py"), *ROOT.glob("*/*/__init__.py")]
-            if not (init.parent.parent / "__init__.py").is_file()]
+def package_folders(project: Path, setuptools: dict) -> dict[str, Path]:
+    """Every package a distribution's folder holds, by its installed name: each folder with an
+    `__init__.py` at its top or in a plain folder there (adapters/, plugins/), named as its
+    pyproject's package-dir renames it (benchmarks/ itself as river_bench), and each such folder
+    below one; none in a folder that is a distribution of its own (benchmarks/ in River's)."""
+    renamed = {(project / folder).resolve(): name
+               for name, folder in setuptools.get("package-dir", {}).items()}
+    own = [folder for _, (folder, _) in DISTRIBUTIONS.items() if folder != project]
+    tops = [project] if project.resolve() in renamed else \
+        [init.parent for init in [*project.glob("*/__init__.py"), *project.glob("*/*/__init__.py")]
+         if not (init.parent.parent / "__init__.py").is_file()
+         and not any(init.is_relative_to(folder) for folder in own)]
     found = {}
     for top in tops:
         for init in top.rglob("__init__.py"):
             parts = init.parent.relative_to(top).parts
-            found[".".join((renamed.get(top, top.name), *parts))] = init.parent
+            found[".".join((renamed.get(top.resolve(), top.name), *parts))] = init.parent
     return found
 
 
-def test_the_wheel_lists_every_package_of_the_source_tree():
-    """setuptools takes the packages as listed (a renamed folder, benchmarks/ as river_bench,
-    rules out its discovery), so the list must name every package folder; a data folder
-    without code is listed for its package data."""
-    listed = set(SETUPTOOLS["packages"])
-    assert set(package_folders()) <= listed
-    assert listed - set(package_folders()) <= set(SETUPTOOLS.get("package-data", {}))
+@pytest.mark.parametrize("distribution", DISTRIBUTIONS)
+def test_each_wheel_lists_every_package_of_its_folder(distribution):
+    """setuptools takes the packages as listed (a renamed folder rules out its discovery), so
+    the list must name every package folder; a data folder without code is listed for its
+    package data."""
+    folder, setuptools = DISTRIBUTIONS[distribution]
+    listed, found = set(setuptools["packages"]), set(package_folders(folder, setuptools))
+    assert found <= listed
+    assert listed - found <= set(setuptools.get("package-data", {}))
 
 
 def source_files() -> list[Path]:
@@ -55,32 +65,38 @@ def source_files() -> list[Path]:
 
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory) -> Path:
-    """River's wheel, built from a copy of the checkout's source files."""
+def wheels(tmp_path_factory) -> dict[str, Path]:
+    """Each distribution's wheel, by name, built from a copy of the checkout's source files."""
     tmp = tmp_path_factory.mktemp("wheel")
     source, dist = tmp / "source", tmp / "dist"
     for name in source_files():
         (source / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(ROOT / name, source / name)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
-                    "--no-build-isolation", "-w", str(dist), str(source)], check=True)
-    return next(dist.glob("*.whl"))
+                    "--no-build-isolation", "-w", str(dist),
+                    *[str(source / folder.relative_to(ROOT))
+                      for folder, _ in DISTRIBUTIONS.values()]], check=True)
+    return {name: next(dist.glob(f"{name}-*.whl")) for name in DISTRIBUTIONS}
 
 
 @pytest.mark.slow
-def test_the_wheel_holds_every_file_of_every_package(wheel):
-    """Code and data: a data folder (river_cli/data/...) is in the wheel only as listed
-    package data."""
-    tops = {folder: name for name, folder in package_folders().items() if "." not in name}
-    expected = {"/".join((tops[top], *path.relative_to(top.relative_to(ROOT)).parts))
-                for path in source_files() for top in tops
-                if path.is_relative_to(top.relative_to(ROOT))}
-    assert sorted(expected - set(zipfile.ZipFile(wheel).namelist())) == []
+@pytest.mark.parametrize("distribution", DISTRIBUTIONS)
+def test_each_wheel_holds_every_file_of_its_packages_and_no_other(wheels, distribution):
+    """Code and data: a data folder (river_cli/data/...) is in a wheel only as listed package
+    data; river-llm's holds no benchmark."""
+    folder, setuptools = DISTRIBUTIONS[distribution]
+    tops = {path: name for name, path in package_folders(folder, setuptools).items()
+            if "." not in name}
+    expected = {"/".join((name, *(ROOT / path).relative_to(top).parts))
+                for path in source_files() for top, name in tops.items()
+                if (ROOT / path).is_relative_to(top) and path.name != "pyproject.toml"}
+    held = {n for n in zipfile.ZipFile(wheels[distribution]).namelist() if ".dist-info/" not in n}
+    assert sorted(expected - held) == [] and sorted(held - expected) == []
 
 
 @pytest.fixture(scope="module")
-def installed(wheel, tmp_path_factory) -> Path:
-    """A fresh virtual environment with River's wheel installed and the dependencies of the
+def installed(wheels, tmp_path_factory) -> Path:
+    """A fresh virtual environment with River's wheels installed and the dependencies of the
     test environment, seen through a folder of links to its site-packages less River's own
     entries: neither the editable install's finder nor its metadata (whose entry points would
     stand in for a wheel that lacked them)."""
@@ -89,16 +105,22 @@ def installed(wheel, tmp_path_factory) -> Path:
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True)
     python = env / "bin" / "python"
     subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q",
-                    "--no-deps", "--no-index", str(wheel)], check=True)
+                    "--no-deps", "--no-index", *map(str, wheels.values())], check=True)
     deps.mkdir()
     for entry in Path(sysconfig.get_paths()["purelib"]).iterdir():
-        if not entry.name.startswith(("river_llm", "__editable__")) \
+        if not entry.name.startswith(("river_llm", "river_bench", "__editable__")) \
                 and entry.suffix != ".pth":
             (deps / entry.name).symlink_to(entry)
     site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()"
                            "['purelib'])"], capture_output=True, text=True, check=True)
     (Path(site.stdout.strip()) / "test-dependencies.pth").write_text(f"{deps}\n")
     return env
+
+
+# the modules of River's extras (hf, onnx, ggml, llamacpp, vllm, eval, test)
+EXTRA_MODULES = {"torch", "transformers", "accelerate", "safetensors", "gguf", "onnx",
+                 "onnxruntime", "ggml", "llama_cpp", "vllm", "lm_eval", "pytest", "hypothesis",
+                 "scipy"}
 
 
 def run(env: Path, *command: str) -> str:
@@ -118,8 +140,16 @@ def test_river_runs_from_its_wheel(installed):
     assert "generate" in run(installed, "river", "--help")
     assert "ggml" in run(installed, "river", "plugins")
     assert "first_contact" in run(installed, "river", "bench", "--help")
-    # every benchmark's --help, in one process (each is `river bench NAME --help`)
-    run(installed, "python", "-c", "import contextlib, io, river_bench\n"
+    # every benchmark's --help, in one process (each is `river bench NAME --help`), with no
+    # extra's module importable: a wheel installed without extras explains every benchmark
+    run(installed, "python", "-c", "import contextlib, io, sys\n"
+        f"extras = {sorted(EXTRA_MODULES)!r}\n"
+        "class Absent:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in extras:\n"
+        "            raise ImportError(name + ' is an extra')\n"
+        "sys.meta_path.insert(0, Absent())\n"
+        "import river_bench\n"
         "from river_cli.main import main\n"
         "for name in river_bench.names():\n"
         "    with contextlib.redirect_stdout(io.StringIO()) as out:\n"

@@ -10,7 +10,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 
 from river_models.cache import cache_root
 from river_models.gguf_write import write_gguf  # noqa: F401 (first_contact's import)

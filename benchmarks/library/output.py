@@ -9,6 +9,7 @@ installed package. Resumable records go to `runs/` under the same folder.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -21,12 +22,16 @@ DOCS = CHECKOUT / "docs/results"
 IN_CHECKOUT = DOCS.is_dir() and (CHECKOUT / "pyproject.toml").is_file()
 
 
-def parser(name: str, doc: str, model: bool = True) -> argparse.ArgumentParser:
+def parser(name: str, doc: str, model: bool = True,
+           results: str | None = None) -> argparse.ArgumentParser:
     """A benchmark's argument parser: `river bench NAME`, its docstring's first paragraph as
-    the description, and the arguments every benchmark takes."""
+    the description, the arguments every benchmark takes and, given `results`, `--name` for
+    its results files (that by default)."""
     ap = argparse.ArgumentParser(prog=f"river bench {name}",
                                  description=" ".join(doc.strip().split("\n\n")[0].split()))
     arguments(ap, model)
+    if results is not None:
+        ap.add_argument("--name", default=results, help="results file name")
     return ap
 
 
@@ -120,6 +125,55 @@ class Output:
         return {r["args"]["backend"]: r for r in runs.values()}
 
 
+class Harness(Output):
+    """One run of a benchmark, the harness every benchmark's `main` starts with: its arguments
+    (parsed here), where its results go (an `Output`), the machine it runs on, the load average
+    around the work, and the command that reruns it."""
+
+    def __init__(self, parser: argparse.ArgumentParser, argv: list[str] | None) -> None:
+        self.args = parser.parse_args(argv)
+        super().__init__(self.args)
+        self.command = command(parser.prog.split()[-1], argv)
+        self.load = {"start": os.getloadavg()[0]}
+
+    @functools.cached_property
+    def machine(self) -> dict:
+        """The CPU, its cores and copy bandwidth (`timing.machine`), measured where first read:
+        a second of copying that a benchmark which records no machine never spends."""
+        from .timing import machine
+
+        return machine()
+
+    @classmethod
+    def parse(cls, parser: argparse.ArgumentParser, argv: list[str] | None
+              ) -> tuple["Harness", argparse.Namespace]:
+        """A run of the benchmark `parser` describes, and its arguments."""
+        run = cls(parser, argv)
+        return run, run.args
+
+    def head(self) -> dict:
+        """What every result records first: the command, the machine, and the load average
+        from the start to now (1 minute's: other work on the machine slows every figure)."""
+        self.load["end"] = os.getloadavg()[0]
+        return {"command": self.command, "machine": self.machine, "load_average": self.load}
+
+    def arguments(self) -> dict:
+        """The run's arguments as a result records them (paths as text)."""
+        return {k: str(v) if isinstance(v, Path) else v for k, v in vars(self.args).items()}
+
+
+def heading(title: str, payload: dict) -> list[str]:
+    """A result page's first lines: its title, the command that made it, and the machine it
+    ran on with the load average around the run (as `Harness.head` recorded them)."""
+    m, load = payload["machine"], payload.get("load_average")
+    where = f"Machine: {m['cpu']} ({m['cores']} cores; {', '.join(m['extensions'])}), copy " \
+            f"bandwidth {m['memory_bandwidth_gb_s']} GB/s"
+    if load:
+        where += f", load average (1 minute) {load['start']:.1f} at the start, " \
+                 f"{load['end']:.1f} at the end"
+    return [f"# {title}", "", f"Command: `{payload['command']}`", "", f"{where}.", ""]
+
+
 def engine_heading(engine: str, run: dict) -> list[str]:
     """A result page's section for one engine's run: its command and machine."""
     info = run["machine"]
@@ -135,7 +189,7 @@ def plot_file(output: Output, name: str):
         import matplotlib
     except ImportError:
         raise SystemExit("river bench draws its plots with matplotlib: "
-                         "pip install 'river-llm[bench]'") from None
+                         "pip install river-bench (-e ./benchmarks in River's checkout)") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -86,7 +86,7 @@ def kv_errors(prompts: int) -> list[dict]:
                     worst += [max(relative_error(got[j][w][:, :, pos].astype(np.float32),
                                                  full[j][w][:, :, pos].astype(np.float32))
                                   for w in (0, 1)) for j in range(k + 1, b.num_layers)]
-            rows.append({"backbone": base, "stand_ins": kind, "eps": float(np.mean(eps)),
+            rows.append({"backbone": base, "stand_ins": kind, "eps": float(np.mean(b.stand_in_error)),
                          "max_kv_error": max(worst), "mean_kv_error": float(np.mean(worst))})
     return rows
 
