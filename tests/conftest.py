@@ -123,6 +123,13 @@ LONG = {
     # the embedded model's ONNX export and answer (35-70 s); the onnx engine runs the kit on
     # every tiny family's export by default, and the export's interrupted builds run here too
     "tests/test_embedded_model.py::test_onnx_backend_generates_on_the_default_model",
+    # the kit's power checks (a rule that keeps drafts without the ratio test is caught) at
+    # a second setting and with n-gram drafts (20-45 s); at temperature 1.0 with the river's
+    # drafts it stays, and the n-gram drafts' sampled comparison itself runs on ggml
+    "tests/test_speculative.py::test_the_kits_sampled_test_catches_drafts_kept_without_the_"
+    "ratio_test[temperature 0.7, top-p 0.9]",
+    "tests/test_ngram.py::test_the_kits_sampled_test_catches_ngram_drafts_kept_without_the_"
+    "ratio_test",
     # benchmarks' tiny runs of 3-16 s whose subjects the tests run (ggml's cost and overhead,
     # the first call, the levers, the walk, the quantizers, first contact, n-gram drafts, the
     # real files' matrix, the river's K/V error, prefill exit, the kit's margins, vLLM plain
