@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from tqdm import tqdm
 
+from river_conformance.scripted import forced_logits
 from river_core.backend import Step
 from river_core.kv import Full
 from river_core.predictor import relative_error
@@ -45,8 +46,6 @@ def _kv_error(got: list, want: list, positions: int) -> float:
 def reference_error(b, ref, prompt, cont) -> tuple[float, float]:
     """Full depth against the reference: the largest logits error over the positions, and the
     cache's error after them."""
-    from river_conformance.scripted import forced_logits
-
     got, want = forced_logits(b, prompt, cont, Full()), forced_logits(ref, prompt, cont, Full())
     n = len(prompt) + len(cont)
     return (max(relative_error(g, w) for g, w in zip(got, want)),
@@ -55,8 +54,6 @@ def reference_error(b, ref, prompt, cont) -> tuple[float, float]:
 
 def own_order_error(b, prompt, cont) -> tuple[float, float]:
     """A multi-token extend of `cont` against feeding it a token at a time."""
-    from river_conformance.scripted import forced_logits
-
     stepped = forced_logits(b, prompt, cont, Full())   # after the prompt, then each token
     stepped_kv = _kv(b)
     b.prefill([prompt], len(prompt) + len(cont) + 1)

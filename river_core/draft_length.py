@@ -137,7 +137,7 @@ class DraftLength:
     def pays(self, source: str) -> bool:
         """Whether drafting with `source` beats plain steps (or either is not measured yet)."""
         drafted, plain = self._ways[source].rounds, self._plain.rounds
-        return not drafted or not plain or self._pays(self._per_token(drafted),
+        return not drafted or not plain or self.beats(self._per_token(drafted),
                                                       self._per_token(plain))
 
     @property
@@ -145,9 +145,12 @@ class DraftLength:
         """Whether some source's drafts beat plain steps."""
         return any(self.pays(name) for name in self._ways)
 
-    def _pays(self, drafted: float, plain: float) -> bool:
-        """Whether drafting at `drafted` seconds a token beats plain steps at `plain`."""
-        return drafted <= (1 - self.MARGIN) * plain
+    @classmethod
+    def beats(cls, drafted: float, plain: float) -> bool:
+        """Whether drafting at `drafted` seconds a token beats plain steps at `plain` (by
+        MARGIN): the rule for a source's rounds here, and for a round's draft length where a
+        source sizes its own (ngram.py)."""
+        return drafted <= (1 - cls.MARGIN) * plain
 
     def _decided(self, way: _Way) -> bool:
         return bool(self._plain.rounds) and len(way.rounds) >= self.TRIAL
@@ -208,9 +211,9 @@ class DraftLength:
         if name == PLAIN:   # a try of plain steps against the cheapest source that paid
             best = min(self._per_token(w.rounds) for n, w in self._ways.items()
                        if self._decided(w) and self.pays(n))
-            wins = not self._pays(best, tried)
+            wins = not self.beats(best, tried)
         else:
-            wins = self._pays(tried, self._per_token(self._plain.rounds))
+            wins = self.beats(tried, self._per_token(self._plain.rounds))
         if wins:   # it replaces its record, and the ways it beat are tried from now
             way.rounds, way.wait = [seconds_tokens], self.PROBE
             others = self._ways.values() if name == PLAIN else [self._plain]

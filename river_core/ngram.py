@@ -89,11 +89,6 @@ class NgramIndex:
             length += 1
         return length
 
-    def propose(self, most: int) -> list[int]:
-        """Up to `most` tokens that followed the best match (`match`); none without one."""
-        found = self.match()
-        return self.copy(found[0], most) if found else []
-
     def copy(self, start: int, most: int) -> list[int]:
         """`most` tokens continuing the copy that starts at `start`: the context's tokens from
         there, and where they run into the end of the context, the copy's own tokens again
@@ -142,10 +137,10 @@ class Acceptance:
 
 def best_length(acceptance: Acceptance, costs: VerifyCosts, most: int) -> int:
     """The draft length of at most `most` whose round buys the most expected tokens a second;
-    0 where even that is not DraftLength.MARGIN cheaper a token than plain steps."""
-    value = lambda k: acceptance.expected_tokens(k) / costs.verification(k + 1)
-    k = max(range(1, most + 1), key=value, default=0)
-    return k if k and value(k) * (1 - DraftLength.MARGIN) * costs.step >= 1 else 0
+    0 where even that does not beat plain steps (`DraftLength.beats`)."""
+    per_token = lambda k: costs.verification(k + 1) / acceptance.expected_tokens(k)
+    k = min(range(1, most + 1), key=per_token)
+    return k if DraftLength.beats(per_token(k), costs.step) else 0
 
 
 @attrs.frozen

@@ -234,8 +234,7 @@ def rounds(backend: Backend, prompt: Sequence[int], gen: GenerationConfig, run: 
                            min(length.widest, gen.max_new_tokens)))
     generation = Generation(backend, prompt, run, pre.similarity, choice, length.costs)
     drafters = _started(sources or {RIVER: RiverSource()}, length.sources, generation)
-    for name in list(drafters):
-        _told(drafters, name, tokens)
+    _told(drafters, tokens)
     yield Round(tokens, 0, 0, [], time.perf_counter() - start, 0.0)
     x, p = tokens[-1], len(prompt)   # x goes to slot p
     while not done:
@@ -258,8 +257,7 @@ def rounds(backend: Backend, prompt: Sequence[int], gen: GenerationConfig, run: 
         p += accepted + 1   # accept: the kept drafts and the backbone's token
         backend.trim(p)     # trim: the cache ends after them
         tokens, done = stand(drafts.tokens[:accepted] + [correction])
-        for name in list(drafters):
-            _told(drafters, name, tokens)
+        _told(drafters, tokens)
         end = time.perf_counter()
         r = Round(tokens, len(drafts.tokens), accepted, drafts.exit_layers, middle - start,
                   end - middle, source)
@@ -300,12 +298,13 @@ def _proposal(drafters: dict[str, Drafter], name: str, token: int, position: int
     return drafts
 
 
-def _told(drafters: dict[str, Drafter], name: str, tokens: list[int]) -> None:
-    """Source `name` told the tokens that stood; one that raises is dropped."""
-    try:
-        drafters[name].stood(tokens)
-    except Exception as e:
-        _dropped(drafters, name, e)
+def _told(drafters: dict[str, Drafter], tokens: list[int]) -> None:
+    """Every source told the tokens that stood; one that raises is dropped."""
+    for name in list(drafters):
+        try:
+            drafters[name].stood(tokens)
+        except Exception as e:
+            _dropped(drafters, name, e)
 
 
 def _dropped(drafters: dict[str, Drafter], name: str, error: Exception) -> None:

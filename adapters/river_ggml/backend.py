@@ -55,6 +55,8 @@ def stand_in(i: int) -> bool:
 
 
 def key_bucket(end: int, capacity: int) -> int:
+    """The keys a step ending at slot `end` attends: whole buckets (one graph serves every
+    step in a bucket), never past the cache's capacity."""
     return min(capacity, -(-end // KEY_BUCKET) * KEY_BUCKET)
 
 
