@@ -33,6 +33,7 @@ from pathlib import Path
 from .first_contact import llamacpp_arguments, llamacpp_folder
 from .ggml_cost import files, generate_args, llamacpp, measured
 from .library.output import Harness, heading, parser
+from .library.shapes import made_once
 from .library.prompts import GSM8K_TEST, gsm8k_questions
 
 TYPES = ("F16", "Q8_0", "Q4_K_M")
@@ -73,18 +74,13 @@ def shape_files(names: list[str]) -> dict[str, Path]:
     made = {}
     for name in names:
         family, types = SHAPES[name]
-        source = folder / f"{name}-F16.gguf"
-        if not source.is_file():
-            print(f"writing {real_gguf.describe(family, 'real')}", file=sys.stderr, flush=True)
-            real_gguf.write(family, "real", source.with_suffix(".partial"), text=True)
-            source.with_suffix(".partial").rename(source)
+        source = made_once(folder / f"{name}-F16.gguf",
+                           f"writing {real_gguf.describe(family, 'real')}",
+                           lambda p: real_gguf.write(family, "real", p, text=True))
         for kind in types:
-            path = folder / f"{name}-{kind}.gguf"
-            if not path.is_file():
-                print(f"quantizing {name} to {kind}", file=sys.stderr, flush=True)
-                gguf_quantize.quantize(source, path.with_suffix(".partial"), kind)
-                path.with_suffix(".partial").rename(path)
-            made[f"{name} {kind}"] = path
+            made[f"{name} {kind}"] = made_once(
+                folder / f"{name}-{kind}.gguf", f"quantizing {name} to {kind}",
+                lambda p: gguf_quantize.quantize(source, p, kind))
     return made
 
 

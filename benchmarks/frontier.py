@@ -122,14 +122,18 @@ class Quantizer:
         lib = os.pathsep.join([str(self.folder), os.environ.get("LD_LIBRARY_PATH", "")])
         return {**os.environ, "LD_LIBRARY_PATH": lib}
 
+    def run(self, tool: str, args: list[str], what: str) -> str:
+        """The tool's output (stdout and stderr); its failure ends the run with its last
+        lines."""
+        done = subprocess.run([str(self.folder / tool), *args], capture_output=True, text=True,
+                              stdin=subprocess.DEVNULL, env=self.env())
+        if done.returncode:
+            raise SystemExit(f"{tool} failed on {what}:\n{(done.stdout + done.stderr)[-2000:]}")
+        return done.stdout + done.stderr
+
     def quantize(self, f16: Path, kind: str, folder: Path) -> Path:
         target = folder / f"{f16.stem}.{kind}.gguf"
-        done = subprocess.run([str(self.folder / "llama-quantize"), str(f16), str(target), kind,
-                               str(self.threads)], capture_output=True, text=True,
-                              env=self.env())
-        if done.returncode:
-            raise SystemExit(f"llama-quantize {kind} failed:\n"
-                             f"{(done.stdout + done.stderr)[-2000:]}")
+        self.run("llama-quantize", [str(f16), str(target), kind, str(self.threads)], kind)
         return target
 
     def ms_per_token(self, gguf: Path, texts: list[str], tokens: int) -> dict:
@@ -137,15 +141,10 @@ class Quantizer:
 
         ms, decoded, prompt_tokens = 0.0, 0, []
         for text in texts:
-            done = subprocess.run(
-                [str(self.folder / "llama-completion"), "-m", str(gguf), "-p", text, "-n",
-                 str(tokens), "--temp", "0", "-t", str(self.threads), "-tb", str(self.threads),
-                 "-no-cnv"], capture_output=True, text=True, stdin=subprocess.DEVNULL,
-                env=self.env())
-            if done.returncode:
-                raise SystemExit(f"llama-completion failed on {gguf.name}:\n"
-                                 f"{(done.stdout + done.stderr)[-2000:]}")
-            r = parse_llamacpp(done.stdout + done.stderr)
+            r = parse_llamacpp(self.run(
+                "llama-completion", ["-m", str(gguf), "-p", text, "-n", str(tokens), "--temp",
+                                     "0", "-t", str(self.threads), "-tb", str(self.threads),
+                                     "-no-cnv"], gguf.name))
             ms += r["ms_per_token"] * r["decoded"]
             decoded += r["decoded"]
             prompt_tokens.append(r["prompt_tokens"])

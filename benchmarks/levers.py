@@ -62,46 +62,25 @@ def fused_projections(checkpoint, quantized) -> dict:
     return out
 
 
-def compiled_block(checkpoint, quantized) -> dict:
+def compiled_block(model: str | None) -> dict:
+    """Layer 5 of the hf engine as it runs a decoding token at 100 positions (the skeleton's
+    block over the engine's primitives, its cache write included), eager and under
+    `torch.compile` with static shapes (under no_grad: inductor does not write the cache's
+    inference tensors)."""
     import torch
-    import torch.nn.functional as F
 
-    from river_models.torch_blocks import Block
+    from river_models.skeleton import decoder_layer
+    from river_models.torch_blocks import TorchLayer
 
-    spec, cpu = checkpoint.spec, torch.device("cpu")
-    capacity, hd = 256, spec.head_dim
-    cache_k = torch.zeros(1, spec.kv_heads, capacity, hd)
-    cache_v = torch.zeros(1, spec.kv_heads, capacity, hd)
-    pos = torch.tensor([100])
-    cos, sin = torch.randn(1, 1, 1, hd), torch.randn(1, 1, 1, hd)
-    mask = torch.zeros(1, 1, 1, capacity)
-    mask[..., 101:] = float("-inf")
-    x = torch.randn(1, 1, spec.hidden)
-
-    def step(b, x):
-        """One decode block over a static-capacity cache (static shapes, for the compiler)."""
-        xn = b.input_norm(x)
-        q, k, v = (t.reshape(1, 1, -1, hd).transpose(1, 2)
-                   for t in b.proj["qkv"](xn).split(b.splits, -1))
-        half = hd // 2
-        rot = lambda t: t * cos + torch.cat((-t[..., half:], t[..., :half]), -1) * sin
-        q, k = rot(q), rot(k)
-        cache_k.index_copy_(2, pos, k)
-        cache_v.index_copy_(2, pos, v)
-        a = F.scaled_dot_product_attention(q, cache_k, cache_v, attn_mask=mask,
-                                           scale=spec.attn_scale, enable_gqa=True)
-        x = x + b.proj["o"](a.transpose(1, 2).reshape(1, 1, -1))
-        gate, up = b.proj["gate_up"](b.pre_mlp_norm(x)).chunk(2, -1)
-        return x + b.proj["down"](F.silu(gate) * up)
-
+    backend, p, x = decoding(model, "hf", 100)
+    x = x.clone()   # not an inference tensor
     out = {}
-    layer = checkpoint.weights.layers[5]
-    for kind, q in (("backbone", None), ("stand-in", quantized.layers[5])):
-        block = Block.build(5, layer, spec, torch.float32, cpu, q)
-        with torch.inference_mode():
-            eager = median_us(lambda: step(block, x), repeats=200)
+    for kind, blocks in (("backbone", backend.blocks), ("stand-in", backend.stand_ins)):
+        step = lambda x: decoder_layer(x, TorchLayer(blocks[5], p, 5, backend.cache, None))[0]
+        with torch.no_grad():
+            eager = median_us(lambda: step(x), repeats=200)
             start = time.perf_counter()
-            compiled = torch.compile(lambda x: step(block, x), dynamic=False)
+            compiled = torch.compile(step, dynamic=False)
             compiled(x)
             seconds = time.perf_counter() - start
             out[kind] = {"eager_us": eager, "compiled_us": median_us(lambda: compiled(x),
@@ -110,13 +89,19 @@ def compiled_block(checkpoint, quantized) -> dict:
     return out
 
 
-def onnx_tail(model: str | None) -> dict:
+def decoding(model: str | None, engine: str, positions: int, **load):
+    """`engine`'s backend over `model`, a prompt of `positions` tokens prefilled: (backend, the
+    pass of one decoding token after it, that token's embedding)."""
     from river_core import RiverModel, Step
 
-    backend = RiverModel.from_pretrained(model, backend="onnx", progress=True).backend
-    backend.prefill([[1] * 128], 200)
-    p = backend.begin([5], Step(128))
-    h = backend.embed(p)
+    backend = RiverModel.from_pretrained(model, backend=engine, progress=True, **load).backend
+    backend.prefill([[1] * positions], positions + 72)
+    p = backend.begin([5], Step(positions))
+    return backend, p, backend.embed(p)
+
+
+def onnx_tail(model: str | None) -> dict:
+    backend, p, h = decoding(model, "onnx", 128)
     start = 4   # a token that exits after layer 3
 
     def per_layer():
@@ -132,21 +117,11 @@ def stand_in_zero_points(model: str | None) -> dict:
     """onnx, one decode token at 64 positions: a stand-in layer (cycling through the layers)
     and the whole 4-bit model's exit river (tail_0), with HQQ's float zero points (corrected
     by three extra nodes per projection) and with them rounded to integers (hqq-int)."""
-    import numpy as np
-
-    from river_core import RiverModel, Step
-
-    def backend(method: str):
-        b = RiverModel.from_pretrained(model, backend="onnx", quant=QuantSpec(method=method),
-                                       progress=True).backend
-        b.prefill([[1] * 64], 80)
-        return b
-    runs = {method: backend(method) for method in ("hqq", "hqq-int")}
+    runs = {method: decoding(model, "onnx", 64, quant=QuantSpec(method=method))
+            for method in ("hqq", "hqq-int")}
     out = {method: {} for method in runs}
     for _ in range(3):   # interleaved rounds
-        for method, b in runs.items():
-            p = b.begin([5], Step(64))
-            h = b.embed(p)
+        for method, (b, p, h) in runs.items():
             layers = median_us(lambda: [b.stand_in_layer(p, i, h, None)
                                         for i in range(b.num_layers)], repeats=10)
             out[method].setdefault("stand_in_us", []).append(layers / b.num_layers)
@@ -155,17 +130,23 @@ def stand_in_zero_points(model: str | None) -> dict:
     return {m: {k: float(np.median(v)) for k, v in r.items()} for m, r in out.items()}
 
 
+def onnx_scratch(width: int):
+    """(a scratch folder for graphs, ONNX Runtime's CPU sessions, a random state [1, 1,
+    width])."""
+    from river_onnx.backend import sessions_for
+
+    return (Path(tempfile.mkdtemp(prefix="river-levers-")), sessions_for("cpu"),
+            np.random.default_rng(0).standard_normal((1, 1, width)).astype(np.float32))
+
+
 def matmul_nbits(quantized) -> dict:
     import onnx
 
     from river_onnx import graphs
-    from river_onnx.backend import sessions_for
     from river_onnx.quant import nbits
 
     q = quantized.layers[5]["gate"]   # 1536 x 576, 4-bit
-    folder = Path(tempfile.mkdtemp(prefix="river-levers-"))
-    make = sessions_for("cpu")
-    x = np.random.default_rng(0).standard_normal((1, 1, q.shape[1])).astype(np.float32)
+    folder, make, x = onnx_scratch(q.shape[1])
     out = {}
     for label, level, float_zero in (("level 4, integer zero + correction", 4, False),
                                      ("level 0, integer zero + correction", 0, False),
@@ -198,16 +179,13 @@ def draft_head(checkpoint, model_path: str | None) -> dict:
     from river_core import ExitConfig, RiverModel
     from river_models.quant import quantize
     from river_onnx import graphs
-    from river_onnx.backend import sessions_for
     from river_onnx.quant import nbits
 
     weight = checkpoint.weights.head
     copies = {"int8": quantize(weight, QuantSpec(bits=8)),
               "int4 (HQQ, groups of 64)": quantize(weight, QuantSpec())}
     norm = graphs.Norm.of(checkpoint.weights.final_norm, checkpoint.spec)
-    folder = Path(tempfile.mkdtemp(prefix="river-levers-"))
-    make = sessions_for("cpu")
-    x = np.random.default_rng(0).standard_normal((1, 1, weight.shape[1])).astype(np.float32)
+    folder, make, x = onnx_scratch(weight.shape[1])
     times = {}
     for label, w in [("float32", weight), *((k, nbits(q)) for k, q in copies.items())]:
         path = folder / f"head{len(times)}.onnx"
@@ -283,7 +261,7 @@ def confidence_cost(model: str | None, repeats: int = 30) -> dict:
 
 
 LEVERS = {"fused_projections": lambda c, q, model: fused_projections(c, q),
-          "torch_compile": lambda c, q, model: compiled_block(c, q),
+          "torch_compile": lambda c, q, model: compiled_block(model),
           "onnx_tail": lambda c, q, model: onnx_tail(model),
           "matmul_nbits_us": lambda c, q, model: matmul_nbits(q),
           "draft_head": lambda c, q, model: draft_head(c, model),

@@ -23,7 +23,7 @@ from tqdm import tqdm
 from river_core import ExitConfig, QuantSpec, RiverModel
 from river_models import open_model, stand_ins, tiny
 
-from .library.output import Harness, parser
+from .library.output import Harness, heading, parser
 from .library.prompts import GSM8K_TRAIN
 
 SETTINGS = [  # (bits, group, method, how it relates to Q4_1 blocks of 32)
@@ -71,10 +71,8 @@ def main(argv: list[str] | None = None) -> None:
                      "default_model_eps_max": float(np.max(made.errors)),
                      "random_model_eps_mean": float(np.mean(rand.errors)),
                      "whole_model_nll_delta": nll(model, quantized) - full})
-    info = out.machine
-    lines = ["# Stand-in quantizers: weight error and whole-model NLL", "",
-             f"Command: `{out.command}`. Machine: {info['cpu']}, "
-             f"{info['cores']} cores.", "",
+    payload = {**out.head(), "full_depth_nll": full, "results": rows}
+    lines = heading("Stand-in quantizers: weight error and whole-model NLL", payload) + [
              f"NLL: teacher forcing on GSM8K train solutions {args.offset}.."
              f"{args.offset + args.solutions - 1}, every token on stand-ins only, minus full "
              f"depth ({full:.4f} nats/token). Random model: the tests' tiny Llama (group capped "
@@ -85,8 +83,7 @@ def main(argv: list[str] | None = None) -> None:
         lines.append(f"| int{r['bits']} | {r['group']} | {r['method']} | {r['note']} | "
                      f"{r['default_model_eps_mean']:.4f} / {r['default_model_eps_max']:.4f} | "
                      f"{r['random_model_eps_mean']:.4f} | {r['whole_model_nll_delta']:+.4f} |")
-    out.write(args.name, {"machine": info, "command": out.command,
-                          "full_depth_nll": full, "results": rows}, "\n".join(lines) + "\n")
+    out.write(args.name, payload, "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ import attrs
 import numpy as np
 
 from .library.output import Harness, heading, parser
+from .library.shapes import made_once
 
 TYPES = ("Q4_K_M",)
 # the types beside Q4_K_M on the family whose embedding is its head (Qwen2.5-1.5B)
@@ -46,17 +47,14 @@ def made(family: str, size: str, file_type: str):
 
     folder = cache_root() / "bench" / "real-files"
     folder.mkdir(parents=True, exist_ok=True)
-    source = folder / f"{family}-{size}-converted.gguf"
     target = folder / f"{family}-{size}-{file_type}.gguf"
-    if not target.is_file() and not source.is_file():
-        print(f"writing {real_gguf.describe(family, size)}", file=sys.stderr, flush=True)
-        real_gguf.write(family, size, source.with_suffix(".partial"))
-        source.with_suffix(".partial").rename(source)
-    if not target.is_file():
-        print(f"quantizing {family} {size} to {file_type}", file=sys.stderr, flush=True)
-        gguf_quantize.quantize(source, target.with_suffix(".partial"), file_type)
-        target.with_suffix(".partial").rename(target)
-    return target
+    if target.is_file():
+        return target
+    source = made_once(folder / f"{family}-{size}-converted.gguf",
+                       f"writing {real_gguf.describe(family, size)}",
+                       lambda p: real_gguf.write(family, size, p))
+    return made_once(target, f"quantizing {family} {size} to {file_type}",
+                     lambda p: gguf_quantize.quantize(source, p, file_type))
 
 
 def float32_gb(path) -> float:
@@ -167,7 +165,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def markdown(payload: dict) -> str:
     lines = [*heading("River's ggml engine on GGUFs as llama.cpp writes them", payload),
-             "Random weights at each family's published shape; {payload['tokens']} greedy "
+             f"Random weights at each family's published shape; {payload['tokens']} greedy "
              f"tokens from one random token; {PROMPT} random ids and llama.cpp's text "
              f"teacher-forced a token a step through each engine. Top-1: positions whose token is the other's "
              f"(near ties: disagreements inside the position's noise band; beyond: outside "

@@ -18,7 +18,7 @@ from river_conformance.scripted import forced_logits
 from river_hf.plugin import tiny_backend
 from river_models import tiny
 
-from .library.output import Harness, parser
+from .library.output import Harness, heading, parser
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -52,18 +52,15 @@ def main(argv: list[str] | None = None) -> None:
             rows.append({"family": family, "bits": bits, "eps": float(np.mean(b.stand_in_error)),
                          "max_error": max(errors), "max_ratio": max(ratios),
                          "p99_ratio": float(np.quantile(ratios, 0.99)), "samples": len(ratios)})
-    info = out.machine
-    lines = ["# River K/V error against full depth (tiny random models)", "",
-             f"Command: `{out.command}`. Machine: {info['cpu']}, "
-             f"{info['cores']} cores.", "",
+    payload = {**out.head(), "rows": rows}
+    lines = heading("River K/V error against full depth (tiny random models)", payload) + [
              "| family | river | eps (weights) | max rel. K/V error | max err/(eps d) | p99 |",
              "|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['family']} | int{r['bits']} | {r['eps']:.4f} | {r['max_error']:.4f} "
                      f"| {r['max_ratio']:.2f} | {r['p99_ratio']:.2f} |")
     lines.append(f"\nLargest ratio: {max(r['max_ratio'] for r in rows):.2f}.")
-    out.write("river-kv-error", {"machine": info, "command": out.command,
-                                 "rows": rows}, "\n".join(lines) + "\n")
+    out.write("river-kv-error", payload, "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -224,19 +224,24 @@ def mean_nll(model: RiverModel, prompts: list[list[int]],
     return out
 
 
+def river_engines(model_path: str | None, backends: list[str], configs: dict):
+    """("River <configuration> (<backend>)", model, its ExitConfig) for each of River's
+    engines and `configs` (label -> ExitConfig), each engine loaded once."""
+    for backend in backends:
+        model = RiverModel.from_pretrained(model_path, backend=backend)
+        for label, config in configs.items():
+            yield f"River {label} ({backend})", model, config
+
+
 def river_own_samples(model_path: str | None, backends: list[str], prompts: list[list[int]],
                       n: int, tokens: int, lossless: dict) -> dict:
     """River's own engines' continuations at SAMPLED: full depth and lossless mode."""
-    out = {}
-    for backend in backends:
-        model = RiverModel.from_pretrained(model_path, backend=backend)
-        for label, config in (("full depth", ExitConfig(kv="full")),
-                              ("lossless mode", ExitConfig(**lossless, mode="speculative"))):
-            out[f"River {label} ({backend})"] = [
-                [model.generate_ids([p], config, GenerationConfig(
-                    max_new_tokens=tokens, seed=1000 * i + s, **SAMPLED)).tokens[0]
-                 for s in range(n)] for i, p in enumerate(prompts)]
-    return out
+    configs = {"full depth": ExitConfig(kv="full"),
+               "lossless mode": ExitConfig(**lossless, mode="speculative")}
+    return {label: [[model.generate_ids([p], config, GenerationConfig(
+        max_new_tokens=tokens, seed=1000 * i + s, **SAMPLED)).tokens[0] for s in range(n)]
+                     for i, p in enumerate(prompts)]
+            for label, model, config in river_engines(model_path, backends, configs)}
 
 
 def sampled_gaps(nll: dict[str, list[float]]) -> dict:
@@ -262,20 +267,18 @@ def sampled_gaps(nll: dict[str, list[float]]) -> dict:
 def river_own(model_path: str | None, backends: list[str], prompts: list[list[int]],
               max_tokens: int, exit_mode: dict, lossless: dict) -> dict:
     """River's own engines at batch 1 with the same settings: output tokens/s."""
+    configs = {"full depth": ExitConfig(kv="full"), "exit mode": ExitConfig(**exit_mode),
+               "lossless mode": ExitConfig(**lossless, mode="speculative")}
+    gen = GenerationConfig(max_new_tokens=max_tokens)
     out = {}
-    for backend in backends:
-        model = RiverModel.from_pretrained(model_path, backend=backend)
-        gen = GenerationConfig(max_new_tokens=max_tokens)
-        for label, config in (("full depth", ExitConfig(kv="full")),
-                              ("exit mode", ExitConfig(**exit_mode)),
-                              ("lossless mode", ExitConfig(**lossless, mode="speculative"))):
-            model.generate_ids([prompts[0]], config, gen)   # warm-up
-            tokens = seconds = 0
-            for p in prompts:
-                stats = model.generate_ids([p], config, gen)
-                tokens += sum(len(t) for t in stats.tokens)
-                seconds += stats.prefill_seconds + sum(stats.step_seconds)
-            out[f"River {label} ({backend})"] = {"tokens_per_second": tokens / seconds}
+    for label, model, config in river_engines(model_path, backends, configs):
+        model.generate_ids([prompts[0]], config, gen)   # warm-up
+        tokens = seconds = 0
+        for p in prompts:
+            stats = model.generate_ids([p], config, gen)
+            tokens += sum(len(t) for t in stats.tokens)
+            seconds += stats.prefill_seconds + sum(stats.step_seconds)
+        out[label] = {"tokens_per_second": tokens / seconds}
     return out
 
 

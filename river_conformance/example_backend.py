@@ -2,12 +2,13 @@
 and the template a new engine starts from (docs/architecture.md walks through it).
 
 Everything a backend computes is here, for the plain block (no per-head norms, no sandwich
-norms, SiLU, the whole head rotated, no query scale: Llama's, Mistral's, Qwen2's): the core's
+norms, SiLU, the whole head rotated, no query scale): the core's
 `LayerEngine` keeps the cache's bookkeeping (positions, prefill, verification, row selection,
 absent entries) and `NumpyArrays` the array glue, so
 this file holds only numerics: `allocate`, `make_pass` (the step's rotary tables beside the
 core's slots and masks), `embed_ids`, `run_block` over the step's `Pass`, `head`, and
-`project_kv` for the `propagate` strategy. It reads the model from the model package
+`project_kv` for the `propagate` strategy; the layer itself is the model package's
+`skeleton.decoder_layer` over this engine's primitives (`NumpyLayer`). It reads the model from the model package
 (`river_models`) and takes padding, positions, slots and masks from the core's
 `Layout.view`. Its stand-ins run the model package's quantized weights, dequantized: correct,
 not fast. The conformance kit runs it like any other backend (tests/test_example_backend.py).
@@ -30,7 +31,8 @@ from river_core.layer_engine import LayerEngine, NumpyArrays
 from river_core.layout import View
 from river_core.hookspecs import hookimpl
 from river_models import Checkpoint, StandInWeights, tiny
-from river_models.skeleton import decoder_layer, norms_of
+from river_models.skeleton import BoundLayer, Primitives, decoder_layer, keys_values
+from river_models.spec import FUSED
 
 
 def rms_norm(x, w, eps):
@@ -84,10 +86,7 @@ class NumpyBackend(NumpyArrays, LayerEngine):
         """Layer i (its stand-in's projections with `stand_in`) on the states `x` of rows
         `idx`."""
         proj = self.stand_in_weights[i] if stand_in else self.w.layers[i].projections
-        mlp = lambda xn: self._linear(i, "down", silu(self._linear(i, "gate", xn, proj)) *
-                                      self._linear(i, "up", xn, proj), proj)
-        norms = norms_of(self.w.layers[i], lambda h, w: rms_norm(h, w, self.spec.norm_eps))
-        out, mid = decoder_layer(x, norms, lambda xn: self._attention(p, i, xn, idx, proj), mlp)
+        out, mid = decoder_layer(x, NumpyLayer(self, p, i, idx, proj))
         if mids is not None:
             mids.append(mid)
         return out
@@ -96,55 +95,12 @@ class NumpyBackend(NumpyArrays, LayerEngine):
         weight = self.stand_in_head if stand_in else self.w.head
         return rms_norm(x, self.w.final_norm, self.spec.norm_eps) @ weight.T
 
-    # -- the layer --------------------------------------------------------------------------
-
-    def _rope(self, p: Pass, i, x, idx):
-        cos, sin = p.rope[i]
-        if idx is not None:
-            cos, sin = cos[idx], sin[idx]
-        half = x.shape[-1] // 2
-        rotated = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
-        return x * cos[:, None] + rotated * sin[:, None]
-
-    def _heads(self, y, count):
-        """[b, t, count * hd] -> [b, count, t, hd]"""
-        b, t, _ = y.shape
-        return y.reshape(b, t, count, self.spec.head_dim).transpose(0, 2, 1, 3)
-
-    def _linear(self, i, name, x, proj):
-        y = x @ proj[name].T
-        bias = self.w.layers[i].biases.get(name)
-        return y if bias is None else y + bias
-
-    def _write_kv(self, p: Pass, i, xn, idx, proj):
-        """This layer's K/V of the normalised inputs `xn` of rows `idx`, into the step's
-        slots."""
-        k = self._rope(p, i, self._heads(self._linear(i, "k", xn, proj), self.spec.kv_heads), idx)
-        v = self._heads(self._linear(i, "v", xn, proj), self.spec.kv_heads)
-        self.cache.write(i, idx, k, v, p.step.start, p.step.end)
-
-    def _attention(self, p: Pass, i, xn, idx, proj):
-        """Layer i's attention sub-block (weights `proj`) on the normalised states `xn` of
-        rows `idx`."""
-        spec, rows = self.spec, slice(None) if idx is None else idx
-        q = self._rope(p, i, self._heads(self._linear(i, "q", xn, proj), spec.heads), idx)
-        self._write_kv(p, i, xn, idx, proj)
-        slots = p.slots[i]
-        keys = np.repeat(self.cache.k[i][rows][:, :, slots], spec.group, axis=1)
-        values = np.repeat(self.cache.v[i][rows][:, :, slots], spec.group, axis=1)
-        scores = q @ keys.transpose(0, 1, 3, 2) * spec.attn_scale
-        scores = np.where(p.masks[i][rows][:, None], scores, -np.inf)
-        e = np.exp(scores - scores.max(-1, keepdims=True))
-        a = (e / e.sum(-1, keepdims=True)) @ values
-        return self._linear(i, "o", a.transpose(0, 2, 1, 3).reshape(*xn.shape[:2], -1), proj)
-
     # -- the contract beyond the base -------------------------------------------------------
 
     def project_kv(self, p: Pass, i: int, h, rows) -> None:
         idx = None if rows is None else p.index(rows, self.make_index)
-        x = h if idx is None else h[idx]
-        xn = rms_norm(x, self.w.layers[i].input_norm, self.spec.norm_eps)
-        self._write_kv(p, i, xn, idx, self.w.layers[i].projections)
+        keys_values(h if idx is None else h[idx],
+                    NumpyLayer(self, p, i, idx, self.w.layers[i].projections))
 
     def footprint(self) -> Footprint:
         layers = self.w.layers
@@ -152,6 +108,61 @@ class NumpyBackend(NumpyArrays, LayerEngine):
                          tuple(sum(w.nbytes for w in s.values()) for s in self.stand_in_weights),
                          tuple(l.projection_bytes(("k", "v")) for l in layers), self.w.head.nbytes,
                          2 * self.spec.kv_heads * self.spec.head_dim * 4, self.stand_in_head.nbytes)
+
+
+class NumpyLayer(Primitives):
+    """The skeleton's primitives in numpy: layer i of pass `p` with projections `proj` (the
+    layer's or its stand-in's) on rows `idx` of the batch (None: all). States are [batch,
+    tokens, hidden]; queries, keys and values [batch, heads, tokens, head_dim]."""
+
+    def __init__(self, engine: NumpyBackend, p: Pass, i: int, idx, proj) -> None:
+        layer = engine.w.layers[i]
+        self.layer = BoundLayer.bind(lambda n: getattr(layer, n), lambda f: f)
+        self.engine, self.spec, self.p, self.i, self.idx = engine, engine.spec, p, i, idx
+        self.proj, self.biases = proj, layer.biases
+
+    def norm(self, h, weight):
+        return rms_norm(h, weight, self.spec.norm_eps)
+
+    def project(self, h, name: str, parts=None) -> tuple:
+        out = []
+        for part in parts or FUSED[name]:
+            y = h @ self.proj[part].T
+            y = y if part not in self.biases else y + self.biases[part]
+            if name == "qkv":   # [b, t, count * hd] -> [b, count, t, hd]
+                y = y.reshape(*h.shape[:2], -1, self.spec.head_dim).transpose(0, 2, 1, 3)
+            out.append(y)
+        return tuple(out)
+
+    def rotate(self, q, k) -> tuple:
+        cos, sin = self.p.rope[self.i]
+        if self.idx is not None:
+            cos, sin = cos[self.idx], sin[self.idx]
+
+        def turn(x):
+            half = x.shape[-1] // 2
+            rotated = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+            return x * cos[:, None] + rotated * sin[:, None]
+        return (None if q is None else turn(q)), turn(k)
+
+    def activation(self, gate):
+        return silu(gate)
+
+    def write(self, k, v) -> None:
+        self.engine.cache.write(self.i, self.idx, k, v, self.p.step.start, self.p.step.end)
+
+    def attend(self, q, k, v):
+        spec, i, cache = self.spec, self.i, self.engine.cache
+        rows = slice(None) if self.idx is None else self.idx
+        self.write(k, v)
+        slots = self.p.slots[i]
+        keys = np.repeat(cache.k[i][rows][:, :, slots], spec.group, axis=1)
+        values = np.repeat(cache.v[i][rows][:, :, slots], spec.group, axis=1)
+        scores = q @ keys.transpose(0, 1, 3, 2) * spec.attn_scale
+        scores = np.where(self.p.masks[i][rows][:, None], scores, -np.inf)
+        e = np.exp(scores - scores.max(-1, keepdims=True))
+        a = (e / e.sum(-1, keepdims=True)) @ values
+        return a.transpose(0, 2, 1, 3).reshape(*q.shape[:1], q.shape[2], -1)
 
 
 def make(family: str, seed: int, bits: int) -> NumpyBackend:

@@ -1,4 +1,4 @@
-"""LongRoPE's switch (Phi-3): past a sequence length the model's rotary changes for positions
+"""LongRoPE's switch: past a sequence length the model's rotary changes for positions
 already cached, so a step that takes a row across it recomputes the cache first. The rotary
 tables themselves are the engine's; this object only decides when a step crosses and keeps the
 ids a recompute reads. A layer engine of such a model composes one per generation
@@ -36,7 +36,7 @@ class RotarySwitch:
         """Records `step`'s ids; where the step takes a row's sequence across the switch (up,
         or back down after a rejected verification), the step of every slot up to its end,
         which the engine then recomputes at full depth first, in one pass: the model's own
-        result for the whole sequence, which transformers' Phi-3 means by dropping its cache
+        result for the whole sequence, which transformers means by dropping its cache
         there. Rows that do not cross keep their table (it is chosen per row). A draft's step
         never crosses: verification rewrites what drafts wrote."""
         self.ids[:, step.start:step.end] = ids

@@ -5,7 +5,7 @@ no importance matrix):
 - the file type's default type for every 2-D weight; norms, biases and rotary tensors kept;
 - the LM head (or a tied embedding) Q6_K, or Q8_0 in a Q8_0 file or where its rows do not
   fill 256-weight blocks;
-- Q4_K_M and Q5_K_M: Q6_K for `attn_v` (and Phi-3's fused `attn_qkv`, which llama.cpp counts
+- Q4_K_M and Q5_K_M: Q6_K for `attn_v` (and a fused `attn_qkv`, which llama.cpp counts
   as one) and `ffn_down` on the layers `use_more_bits` picks (the first and last eighth, and
   every third between); IQ4_NL/IQ4_XS: `ffn_down` of the first eighth Q5_K, `attn_v` Q5_K
   where four query heads or more share a K/V head;

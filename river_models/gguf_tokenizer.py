@@ -7,9 +7,9 @@ the pipeline transformers' GGUF tokenizer builds from them (transformers 5.23,
 `integrations/gguf/gguf_tokenizer_mapping.py` and the classes it hands them to), so the two give
 the same ids token for token (tests/test_gguf_tokenizer.py checks them on every family's tiny
 GGUF and on the embedded model):
-- `gpt2` (byte-level BPE: SmolLM2, Qwen, Llama 3): GPT-2's byte alphabet and the file's merges,
+- `gpt2` (byte-level BPE): GPT-2's byte alphabet and the file's merges,
   the text split by the regex its `pre` names;
-- `llama` (SentencePiece BPE with byte fallback: Llama 2, Mistral, Gemma, Phi-3): "▁" for a
+- `llama` (SentencePiece BPE with byte fallback): "▁" for a
   space, merges from the file or, as transformers recovers them, from the vocabulary and its
   scores; spaces spelled as the kind its family's record names (`Gguf.tokenizer`, SPM_KINDS).
 The tokens the file marks as control are special (matched whole, dropped by decode), those it
@@ -55,9 +55,8 @@ SPLITS = {**dict.fromkeys(("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon
           **dict.fromkeys(("gpt-4o", "llama4", "kanana2", "talkie", "minimax-m2"), _GPT4O)}
 MODELS = ("gpt2", "llama")   # the `tokenizer.ggml.model`s River builds
 # how transformers builds a SentencePiece vocabulary, by the kind the file's family names:
-# "▁" for a space from a Metaspace pre-tokenizer (Llama's), or from a normalizer that also
-# prepends one (Phi-3's), or spaces stored as spaces, merges in the file's order and the named
-# tokens of its own class (Gemma's)
+# "▁" for a space from a Metaspace pre-tokenizer, or from a normalizer that also prepends one,
+# or spaces stored as spaces, merges in the file's order and the named tokens of its own class
 SPM_KINDS = ("metaspace", "prepend", "spaces")
 # the special tokens transformers' tokenizer registers by name, and the ids it takes them from
 NAMED = {"bos_token": "bos_token_id", "eos_token": "eos_token_id",

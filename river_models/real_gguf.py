@@ -5,7 +5,7 @@ understand, without a download.
 
 Two sizes a family:
 - `real`: the published model's own shape, from its config.json on the hub (transcribed;
-  nothing is downloaded): Qwen2.5-1.5B, Gemma-3-270M, Llama-3.2-1B... (the benchmark's);
+  nothing is downloaded; the record's `real_shape`);
 - `small`: the family's quirks (its GQA ratio, head width, biases, norms, tying, rotary,
   windows) at widths that are multiples of 256, so K-quants apply to every row, in 2 layers
   (or the family's own count) and 512 tokens (the suite's).

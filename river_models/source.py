@@ -100,7 +100,7 @@ def _convert(gguf: Path, folder: Path) -> None:
 
 
 # bump when the conversion changes (2: the rotary fields of gguf_rope.py; 3: head_dim and the
-# sliding layers; 4: Gemma 3's query scale and Phi-3's window as llama.cpp's): old ones are
+# sliding layers; 4: a wide head's query scale and the window as llama.cpp's): old ones are
 # ignored
 CONVERSION = 4
 

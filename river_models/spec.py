@@ -19,14 +19,19 @@ PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")
 # Projections of the same input run as one matmul (outputs concatenated): fewer, larger calls,
 # which is what decides speed at small widths.
 FUSED = {"qkv": ("q", "k", "v"), "o": ("o",), "gate_up": ("gate", "up"), "down": ("down",)}
+# a layer's norms (`LayerWeights`' fields) and their tensors' names in a GGUF (blk.N.<name>.weight)
+GGUF_NORMS = {"input_norm": "attn_norm", "pre_mlp_norm": "ffn_norm",
+              "post_attn_norm": "post_attention_norm", "post_mlp_norm": "post_ffw_norm",
+              "q_norm": "attn_q_norm", "k_norm": "attn_k_norm"}
+NORMS = tuple(GGUF_NORMS)
 ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 
 
 @attrs.frozen
 class Rotary:
     """One rotary table: cos/sin(position * inv_freq) * scaling, halves concatenated. It
-    covers the first 2 * len(inv_freq) dimensions of a head (Phi-3's partial rotary: the rest
-    pass through). LongRoPE (Phi-3) has a second table, `long_inv_freq`, for a sequence longer
+    covers the first 2 * len(inv_freq) dimensions of a head (a partial rotary: the rest pass
+    through). LongRoPE has a second table, `long_inv_freq`, for a sequence longer
     than `switch` (its original context): a row's table is chosen by the last position it
     reaches in the step, as transformers chooses it by the forward pass's last position."""
 
@@ -53,7 +58,7 @@ class Rotary:
 
 @attrs.frozen
 class QueryScale:
-    """Ministral 3's position-dependent query scaling (transformers: llama_4_scaling_beta):
+    """A position-dependent query scaling (transformers: llama_4_scaling_beta):
     q *= 1 + beta * log(1 + floor(position / period)), after the rotary."""
 
     beta: float
@@ -83,13 +88,13 @@ class ModelSpec:
                                                eq=False)
     activation: str = "silu"
     norm_eps: float = 1e-6
-    norm_offset: bool = False          # Gemma: x * (1 + w), computed in float32
-    sandwich: bool = False             # Gemma: norms after attention and after the MLP too
-    qk_norm: bool = False              # Qwen3, Gemma 3: per-head norm of q and k
+    norm_offset: bool = False          # x * (1 + w), computed in float32
+    sandwich: bool = False             # norms after attention and after the MLP too
+    qk_norm: bool = False              # a per-head norm of q and k
     attn_scale: float = 0.0            # softmax scale of q.k
-    embed_scale: float = 1.0           # Gemma multiplies embeddings by sqrt(hidden)
+    embed_scale: float = 1.0           # embeddings times this (sqrt(hidden) in some families)
     final_softcap: float | None = None
-    query_scale: QueryScale | None = None   # Ministral 3
+    query_scale: QueryScale | None = None
 
     @property
     def group(self) -> int:
@@ -98,13 +103,13 @@ class ModelSpec:
 
     @property
     def switch_at(self) -> int | None:
-        """LongRoPE's switch (Phi-3): a sequence longer than this rotates every position on
+        """LongRoPE's switch: a sequence longer than this rotates every position on
         the long table, those already in its cache too (`LayerEngine.switch_at`)."""
         switches = [r.switch for r in self.rotary.values() if r.long_inv_freq]
         return min(switches) if switches else None
 
     def norm_scale(self, w: np.ndarray) -> np.ndarray:
-        """A norm's weight as the norm multiplies by it, float32: Gemma's 1 + w (the one
+        """A norm's weight as the norm multiplies by it, float32: 1 + w with `norm_offset` (the one
         place `norm_offset` changes a weight; GGUF files store it so)."""
         w = np.asarray(w, np.float32)
         return w + np.float32(1) if self.norm_offset else w
@@ -135,7 +140,7 @@ class LayerWeights:
     input_norm: np.ndarray
     pre_mlp_norm: np.ndarray
     projections: Mapping[str, np.ndarray]          # PROJECTIONS
-    biases: Mapping[str, np.ndarray] = {}          # Qwen2: q, k, v
+    biases: Mapping[str, np.ndarray] = {}          # q, k, v where the family has them
     post_attn_norm: np.ndarray | None = None       # sandwich
     post_mlp_norm: np.ndarray | None = None
     q_norm: np.ndarray | None = None               # qk_norm

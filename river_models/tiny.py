@@ -89,7 +89,7 @@ def save(folder, family: str = "llama", serving: bool = True, positions: int | N
 
 def save_wrapped(folder, family: str) -> str:
     """The tiny `family` as a text-and-vision checkpoint of its first wrapper type holds it (as
-    Ministral-3-8B's hub checkpoint holds its text model): its language model `model(family)`,
+    a vision-language hub checkpoint holds its text model): its language model `model(family)`,
     its vision tower the record's (`Family.tiny_wrapper`)."""
     import copy
 

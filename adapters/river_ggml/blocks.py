@@ -34,8 +34,8 @@ import numpy as np
 
 from river_core.errors import ModelError
 from river_models.families import BY_ARCH
-from river_models.skeleton import decoder_layer, norms_of
-from river_models.spec import ModelSpec
+from river_models.skeleton import BoundLayer, Primitives, decoder_layer, keys_values
+from river_models.spec import GGUF_NORMS, ModelSpec
 
 from .lib import Graph, MappedGGUF, g
 
@@ -88,7 +88,9 @@ def frequency_factors(inv_freq) -> np.ndarray:
 
 
 class Layer:
-    """One layer's tensors (the backbone's or its stand-in's) and its fixed settings."""
+    """One layer's tensors (the backbone's or its stand-in's, `weights`; norms and biases from
+    `norms`) and its fixed settings. Its projections are the GGUF's tensors as they are: q, k
+    and v one tensor or three, gate and up one (gate None in `proj`) or two."""
 
     def __init__(self, weights: MappedGGUF, norms: MappedGGUF, i: int, spec: ModelSpec,
                  mode: int) -> None:
@@ -98,20 +100,20 @@ class Layer:
                 raise ModelError(f"{source.path.name} lacks blk.{i}.{name}")
             return t
 
+        def projections(fused: str) -> tuple:
+            if fused == "qkv":
+                one = w(weights, "attn_qkv.weight", False)
+                return (one,) if one is not None else \
+                    tuple(w(weights, f"attn_{n}.weight") for n in "qkv")
+            if fused == "gate_up":   # a fused ffn_up holds the gate too
+                return w(weights, "ffn_gate.weight", False), w(weights, "ffn_up.weight")
+            return (w(weights, "attn_output.weight" if fused == "o" else "ffn_down.weight"),)
+
         self.spec, self.i, self.mode = spec, i, mode
-        self.fused_qkv = w(weights, "attn_qkv.weight", False)
-        if self.fused_qkv is None:
-            self.q, self.k, self.v = (w(weights, f"attn_{n}.weight") for n in "qkv")
+        self.weights = BoundLayer.bind(
+            lambda n: w(norms, f"{GGUF_NORMS[n]}.weight", n in ("input_norm", "pre_mlp_norm")),
+            projections)
         self.qkv_bias = [w(norms, f"attn_{n}.bias", False) for n in "qkv"]
-        self.o = w(weights, "attn_output.weight")
-        self.gate = w(weights, "ffn_gate.weight", False)   # None: fused into ffn_up
-        self.up, self.down = w(weights, "ffn_up.weight"), w(weights, "ffn_down.weight")
-        self.input_norm, self.pre_mlp_norm = w(norms, "attn_norm.weight"), \
-            w(norms, "ffn_norm.weight")
-        self.q_norm, self.k_norm = w(norms, "attn_q_norm.weight", False), \
-            w(norms, "attn_k_norm.weight", False)
-        self.post_attn_norm = w(norms, "post_attention_norm.weight", False)
-        self.post_mlp_norm = w(norms, "post_ffw_norm.weight", False)
 
     def _inputs(self, tokens: int, keys: int | None, rows: int) -> dict:
         """A graph's inputs; with `keys` (attention over that many slots) the mask and the
@@ -136,81 +138,101 @@ class Layer:
 
     def kv_graph(self, tokens: int, cache) -> Graph:
         """The step's K/V of this layer written from x without running it (`propagate`)."""
-        return Graph(self._inputs(tokens, None, rows_of(cache)), lambda ctx, t: dict(zip(
-            "kv", self._kv(ctx, t, self._norm(ctx, t["x"], self.input_norm), tokens, False,
-                           cache)[1:])))
-
-    def _norm(self, ctx, a, weight):
-        return g.ggml_mul(ctx, g.ggml_rms_norm(ctx, a, self.spec.norm_eps), weight)
-
-    def _kv(self, ctx, t, h, tokens: int, queries: bool, cache, columns: bool = False):
-        """(q [head_dim, tokens, heads, rows] or None, K and V as written into the cache):
-        the projections of the normed input h, rotated, the step's K/V stored in its slots."""
-        s, hd, rows = self.spec, self.spec.head_dim, rows_of(cache)
-        n = tokens * rows
-        if self.fused_qkv is not None:
-            qkv = product(ctx, self.fused_qkv, h, columns)
-            sizes = [s.heads * hd, s.kv_heads * hd, s.kv_heads * hd]
-            offsets = np.cumsum([0] + sizes[:-1])
-            q, k, v = (g.ggml_cont(ctx, g.ggml_view_2d(ctx, qkv, m, n, qkv.contents.nb[1],
-                                                        int(o) * 4))
-                       for m, o in zip(sizes, offsets))
-        else:
-            q = product(ctx, self.q, h, columns) if queries else None
-            k, v = (product(ctx, m, h, columns) for m in (self.k, self.v))
-        q, k, v = (a if a is None or b is None else g.ggml_add(ctx, a, b)
-                   for a, b in zip((q, k, v), self.qkv_bias))
-        k = g.ggml_reshape_3d(ctx, k, hd, s.kv_heads, n)
-        v = g.ggml_reshape_3d(ctx, v, hd, s.kv_heads, n)
-        if self.k_norm is not None:
-            k = self._norm(ctx, k, self.k_norm)
-        k = self._rope(ctx, t, k)
-        if queries:
-            q = g.ggml_reshape_3d(ctx, q, hd, s.heads, n)
-            if self.q_norm is not None:
-                q = self._norm(ctx, q, self.q_norm)
-            q = self._rope(ctx, t, q)
-            if "qscale" in t:
-                q = g.ggml_mul(ctx, q, t["qscale"])
-            q = by_row(ctx, q, tokens, rows)
-        # the step's K/V into its slots of the cache [hd, capacity, kv_heads, rows]
-        kw, vw = (g.ggml_set_rows(ctx, c, by_row(ctx, a, tokens, rows), t["slots"])
-                  for c, a in zip(cache, (k, v)))
-        return (q if queries else None), kw, vw
-
-    def _rope(self, ctx, t, a):
-        rotary = self.spec.rotary[self.spec.rope_keys[self.i]]
-        return g.ggml_rope_ext(ctx, a, t["pos"], t["factors"], 2 * self._rotary_pairs(),
-                               self.mode, 0, BASE, 1.0, 0.0, rotary.scaling, 32.0, 1.0)
+        def build(ctx, t):
+            ops = GgmlLayer(self, ctx, t, tokens, None, cache, False)
+            keys_values(t["x"], ops)
+            return dict(zip("kv", ops.written))
+        return Graph(self._inputs(tokens, None, rows_of(cache)), build)
 
     def block(self, ctx, t: dict, tokens: int, keys: int, cache, columns: bool) -> dict:
         """The block's ops in a graph being built (`graph`, `span_graph`), from inputs `t`."""
-        s, hd, rows = self.spec, self.spec.head_dim, rows_of(cache)
-        n = tokens * rows
-
-        def attention(h):
-            q, kw, vw = self._kv(ctx, t, h, tokens, True, cache, columns)
-            c = cache[0].contents
-            kv = [g.ggml_view_4d(ctx, a, hd, keys, s.kv_heads, rows, c.nb[1], c.nb[2], c.nb[3],
-                                 0) for a in (kw, vw)]
-            # [hd, heads, tokens, rows] out: each row's tokens in turn, as x holds them
-            attn = g.ggml_flash_attn_ext(ctx, q, kv[0], kv[1], t["mask"], s.attn_scale, 0.0, 0.0)
-            g.ggml_flash_attn_ext_set_prec(attn, g.GGML_PREC_F32)
-            return product(ctx, self.o, g.ggml_reshape_2d(ctx, attn, hd * s.heads, n), columns)
-
-        def mlp(h):
-            if self.gate is None:
-                gate_up, m = product(ctx, self.up, h, columns), s.intermediate
-                gate, up = (g.ggml_cont(ctx, g.ggml_view_2d(ctx, gate_up, m, n,
-                                                            gate_up.contents.nb[1], o * m * 4))
-                            for o in (0, 1))
-            else:
-                gate, up = product(ctx, self.gate, h, columns), product(ctx, self.up, h, columns)
-            act = g.ggml_silu(ctx, gate) if s.activation == "silu" else g.ggml_gelu(ctx, gate)
-            return product(ctx, self.down, g.ggml_mul(ctx, act, up), columns)
-        out, mid = decoder_layer(t["x"], norms_of(self, lambda a, w: self._norm(ctx, a, w)),
-                                 attention, mlp, lambda a, b: g.ggml_add(ctx, a, b))
+        out, mid = decoder_layer(t["x"], GgmlLayer(self, ctx, t, tokens, keys, cache, columns))
         return {"out": out, "mid": mid}
+
+
+class GgmlLayer(Primitives):
+    """The skeleton's primitives as ggml ops of a graph being built: `layer` over the graph's
+    inputs `t` for `tokens` tokens of each row of `cache`, attending its first `keys` slots;
+    with `columns`, each product column by column (module docstring). States are
+    [hidden, rows * tokens]; queries, keys and values [head_dim, heads, rows * tokens]."""
+
+    def __init__(self, layer: Layer, ctx, t: dict, tokens: int, keys: int | None, cache,
+                 columns: bool) -> None:
+        self.own, self.layer, self.spec = layer, layer.weights, layer.spec
+        self.ctx, self.t, self.tokens, self.keys, self.cache = ctx, t, tokens, keys, cache
+        self.columns, self.rows = columns, rows_of(cache)
+        self.query_scale = t.get("qscale")
+        self.written = None
+
+    def norm(self, h, weight):
+        return g.ggml_mul(self.ctx, g.ggml_rms_norm(self.ctx, h, self.spec.norm_eps), weight)
+
+    def project(self, h, name: str, parts=None) -> tuple:
+        ctx, s, hd = self.ctx, self.spec, self.spec.head_dim
+        weights, n = self.layer.proj[name], self.tokens * self.rows
+        if name == "qkv":
+            parts = parts or ("q", "k", "v")
+            sizes = {"q": s.heads * hd, "k": s.kv_heads * hd, "v": s.kv_heads * hd}
+            if len(weights) == 1:
+                out = self._split(self._product(weights[0], h), sizes.values(), n)
+            else:   # the queries' product only where they are asked for
+                out = [self._product(m, h) if p in parts else None
+                       for m, p in zip(weights, "qkv")]
+            out = [a if b is None or a is None else g.ggml_add(ctx, a, b)
+                   for a, b in zip(out, self.own.qkv_bias)]
+            return tuple(g.ggml_reshape_3d(ctx, out["qkv".index(p)], hd, sizes[p] // hd, n)
+                         for p in parts)
+        if name == "gate_up":
+            gate, up = weights
+            if gate is None:
+                return tuple(self._split(self._product(up, h), [s.intermediate] * 2, n))
+            return self._product(gate, h), self._product(up, h)
+        return (self._product(weights[0], h),)
+
+    def _product(self, w, x):
+        return product(self.ctx, w, x, self.columns)
+
+    def _split(self, a, sizes, n) -> list:
+        """Consecutive row blocks of `sizes` of a [sum(sizes), n] product, each its own
+        tensor."""
+        offsets = np.cumsum([0, *sizes])
+        return [g.ggml_cont(self.ctx, g.ggml_view_2d(self.ctx, a, int(m), n, a.contents.nb[1],
+                                                    int(o) * 4))
+                for m, o in zip(sizes, offsets)]
+
+    def rotate(self, q, k) -> tuple:
+        rotary = self.spec.rotary[self.spec.rope_keys[self.own.i]]
+        rope = lambda a: g.ggml_rope_ext(self.ctx, a, self.t["pos"], self.t["factors"],
+                                         2 * self.own._rotary_pairs(), self.own.mode, 0, BASE,
+                                         1.0, 0.0, rotary.scaling, 32.0, 1.0)
+        return (None if q is None else rope(q)), rope(k)
+
+    def mul(self, a, b):
+        return g.ggml_mul(self.ctx, a, b)
+
+    def add(self, a, b):
+        return g.ggml_add(self.ctx, a, b)
+
+    def activation(self, gate):
+        return (g.ggml_silu if self.spec.activation == "silu" else g.ggml_gelu)(self.ctx, gate)
+
+    def write(self, k, v) -> None:
+        # the step's K/V into its slots of the cache [hd, capacity, kv_heads, rows]
+        self.written = tuple(g.ggml_set_rows(self.ctx, c, by_row(self.ctx, a, self.tokens,
+                                                                  self.rows), self.t["slots"])
+                             for c, a in zip(self.cache, (k, v)))
+
+    def attend(self, q, k, v):
+        ctx, s, hd = self.ctx, self.spec, self.spec.head_dim
+        self.write(k, v)
+        c = self.cache[0].contents
+        kv = [g.ggml_view_4d(ctx, a, hd, self.keys, s.kv_heads, self.rows, c.nb[1], c.nb[2],
+                             c.nb[3], 0) for a in self.written]
+        # [hd, heads, tokens, rows] out: each row's tokens in turn, as x holds them
+        attn = g.ggml_flash_attn_ext(ctx, by_row(ctx, q, self.tokens, self.rows), kv[0], kv[1],
+                                     self.t["mask"], s.attn_scale, 0.0, 0.0)
+        g.ggml_flash_attn_ext_set_prec(attn, g.GGML_PREC_F32)
+        return g.ggml_reshape_2d(ctx, attn, hd * s.heads, self.tokens * self.rows)
 
 
 def rows_of(cache) -> int:

@@ -8,8 +8,6 @@ logits a token is chosen from.
 
 from __future__ import annotations
 
-from functools import partial
-
 import numpy as np
 import torch
 
@@ -18,9 +16,9 @@ from river_core.footprint import Footprint
 from river_core.layer_engine import LayerEngine
 from river_core.layout import View
 from river_models import Checkpoint, StandInWeights
-from river_models.skeleton import decoder_layer
-from river_models.torch_blocks import (Block, Dense, Norm, Rotaries, TorchArrays, attention,
-                                       mlp, packed, project_kv, torch_pass, upload)
+from river_models.skeleton import decoder_layer, keys_values
+from river_models.torch_blocks import (Block, Dense, Norm, Rotaries, TorchArrays, TorchLayer,
+                                       packed, torch_pass, upload)
 from . import CAPABILITIES
 
 
@@ -43,9 +41,9 @@ class HFBackend(TorchArrays, LayerEngine):
         self.model_name = checkpoint.name
         self.device = dev = torch.device(device)
         self.dtype = dtype = default_dtype(device) if dtype is None else dtype
-        self.blocks = [Block.build(i, layer, spec, dtype, dev) for i, layer in enumerate(w.layers)]
-        self.stand_ins = [Block.build(i, layer, spec, dtype, dev, q)
-                          for i, (layer, q) in enumerate(zip(w.layers, stand_ins.layers))]
+        self.blocks = [Block.build(layer, spec, dtype, dev) for layer in w.layers]
+        self.stand_ins = [Block.build(layer, spec, dtype, dev, q)
+                          for layer, q in zip(w.layers, stand_ins.layers)]
         self.stand_in_error = list(stand_ins.errors)
         self._embed = upload(w.embed, dtype, dev)
         self._embed_scale = None if spec.embed_scale == 1.0 else \
@@ -79,9 +77,7 @@ class HFBackend(TorchArrays, LayerEngine):
     @torch.inference_mode()
     def run_block(self, p: Pass, i: int, x, idx, stand_in: bool, mids):
         b = (self.stand_ins if stand_in else self.blocks)[i]
-        norms = (b.input_norm, b.post_attn_norm, b.pre_mlp_norm, b.post_mlp_norm)
-        out, mid = decoder_layer(x, norms, partial(attention, b, p, i, self.cache, idx),
-                                 partial(mlp, b))
+        out, mid = decoder_layer(x, TorchLayer(b, p, i, self.cache, idx))
         if mids is not None:
             mids.append(mid)
         return out
@@ -96,13 +92,8 @@ class HFBackend(TorchArrays, LayerEngine):
 
     @torch.inference_mode()
     def project_kv(self, p: Pass, i: int, h, rows) -> None:
-        block = self.blocks[i]
-        cos, sin = p.rope[i]
-        if rows is not None:
-            idx = p.index(rows, self.make_index)
-            h, cos, sin = h[idx], cos[idx], sin[idx]
-        _, k, v = project_kv(block, block.input_norm(h), cos, sin)
-        self.cache.write(i, None if rows is None else idx, k, v, p.step.start, p.step.end)
+        idx = None if rows is None else p.index(rows, self.make_index)
+        keys_values(h if idx is None else h[idx], TorchLayer(self.blocks[i], p, i, self.cache, idx))
 
     def footprint(self) -> Footprint:
         element = torch.empty(0, dtype=self.dtype).element_size()

@@ -2,7 +2,7 @@
 whether its CUDA graphs may run in float16.
 
 float16 holds magnitudes up to 65,504; an activation past that becomes inf, the next norm makes
-it NaN, and so do the logits (Gemma 3's in float16, a known fault of the family). The export
+it NaN, and so do the logits (a known fault of some families in float16). The export
 runs each layer's float32 graph on the CPU over a short calibration text, every intermediate
 value a graph output (the RMS norms fused, as ONNX Runtime runs them on either device, so a
 norm's square is not counted), and records each layer's largest finite magnitude, or inf. A

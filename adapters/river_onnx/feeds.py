@@ -39,7 +39,7 @@ def step_pass(spec: ModelSpec, floats: np.dtype, view: View, ids,
         half = cos.shape[-1] // 2
         tables[key] = tuple(np.ascontiguousarray(t[..., :half].reshape(-1, half),
                                                  floats) for t in (cos, sin))
-    qs = spec.query_scale   # Ministral 3: the graphs' qscale input
+    qs = spec.query_scale   # the graphs' qscale input
     biases = view.converted_masks(
         lambda m: None if causal_branch and causal(m) else
         np.where(m, 0, -np.inf).astype(floats)[:, None])

@@ -18,7 +18,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from river_models import FUSED, LayerWeights, ModelSpec, QuantWeight
-from river_models.skeleton import decoder_layer, norms_of
+from river_models.skeleton import BoundLayer, Primitives, decoder_layer, keys_values
 
 from .quant import NBits, nbits
 
@@ -31,7 +31,7 @@ ACCURACY_LEVEL = 4
 
 @attrs.frozen
 class Norm:
-    weight: np.ndarray   # effective scale (Gemma's 1 + w already folded in)
+    weight: np.ndarray   # effective scale (a 1 + w norm's already folded in)
     eps: float
 
     @classmethod
@@ -49,20 +49,14 @@ class Linear:
 
 @attrs.frozen
 class BlockWeights:
-    input_norm: Norm
-    pre_mlp_norm: Norm
-    post_attn_norm: Norm | None
-    post_mlp_norm: Norm | None
-    q_norm: Norm | None
-    k_norm: Norm | None
-    proj: dict   # FUSED -> Linear (q, k and v as one; gate and up as one)
+    weights: BoundLayer   # Norm and Linear (q, k and v as one; gate and up as one)
     heads: int
     kv_heads: int
     head_dim: int
     scaling: float
     activation: str
-    rotary_dim: int        # Phi-3's partial rotary: the leading dims the rotary turns
-    query_scaled: bool     # Ministral 3: q times the step's `qscale` input after the rotary
+    rotary_dim: int        # a partial rotary: the leading dims the rotary turns
+    query_scaled: bool     # q times the step's `qscale` input after the rotary
 
     @classmethod
     def of(cls, layer: LayerWeights, spec: ModelSpec,
@@ -70,15 +64,12 @@ class BlockWeights:
            cuda: bool = False) -> "BlockWeights":
         """A backbone block, or its stand-in when `quantized` projections are given (in blocks
         CUDA's MatMulNBits takes, for `cuda`: quant.nbits)."""
-        norm = lambda w: Norm.of(w, spec)
-        proj = {}
-        for fused, names in FUSED.items():
-            weight, bias = layer.fused(names)
+        def linear(fused: str) -> Linear:
+            weight, bias = layer.fused(FUSED[fused])
             if quantized is not None:
-                weight = nbits(QuantWeight.stack([quantized[n] for n in names]), cuda)
-            proj[fused] = Linear(weight, bias)
-        return cls(norm(layer.input_norm), norm(layer.pre_mlp_norm), norm(layer.post_attn_norm),
-                   norm(layer.post_mlp_norm), norm(layer.q_norm), norm(layer.k_norm), proj,
+                weight = nbits(QuantWeight.stack([quantized[n] for n in FUSED[fused]]), cuda)
+            return Linear(weight, bias)
+        return cls(BoundLayer.bind(lambda n: Norm.of(getattr(layer, n), spec), linear),
                    spec.heads, spec.kv_heads, spec.head_dim, spec.attn_scale, spec.activation,
                    2 * len(spec.rotary[spec.rope_keys[0]].inv_freq), spec.query_scale is not None)
 
@@ -157,47 +148,82 @@ class Graph:
             y = self.op("MatMul", x, self.const(w.T.astype(np.float32)))
         return y if lin.bias is None else self.op("Add", y, self.const(lin.bias))
 
-    def rope(self, x: str, b: BlockWeights, heads: int, rope: "Rope") -> str:
-        """Rotary on [B, T, heads*hd], one contrib node (the halves rotated, NeoX style; on
-        the leading rotary_dim dims of each head only, for a partial rotary)."""
-        partial = {} if b.rotary_dim == b.head_dim else {"rotary_embedding_dim": b.rotary_dim}
-        return self.op("RotaryEmbedding", x, rope.positions, rope.cos, rope.sin,
-                       domain="com.microsoft", num_heads=heads, interleaved=0, **partial)
-
-    def head_norm(self, x: str, count: int, head_dim: int, norm: Norm | None) -> str:
-        """The per-head norm of Qwen3 and Gemma 3 on [B, T, count*hd]."""
-        if norm is None:
-            return x
+    def head_norm(self, x: str, count: int, head_dim: int, norm: Norm) -> str:
+        """A per-head norm of queries or keys on [B, T, count*hd]."""
         x = self.rms_norm(self.op("Reshape", x, self.shape(0, 0, count, head_dim)), norm)
         return self.op("Reshape", x, self.shape(0, 0, count * head_dim))
 
-    def project_qkv(self, x: str, b: BlockWeights, rope: "Rope") -> tuple[str, str, str]:
-        """q, k, v as [B, T, heads*hd], rotary applied, from one fused matmul."""
-        widths = np.array([b.heads, b.kv_heads, b.kv_heads], dtype=np.int64) * b.head_dim
-        q, k, v = self.ops("Split", 3, self.linear(x, b.proj["qkv"]), self.const(widths),
-                           axis=-1)
-        q = self.rope(self.head_norm(q, b.heads, b.head_dim, b.q_norm), b, b.heads, rope)
-        k = self.rope(self.head_norm(k, b.kv_heads, b.head_dim, b.k_norm), b, b.kv_heads, rope)
-        if rope.query_scale is not None:
-            q = self.op("Mul", q, rope.query_scale)
-        return q, k, v
 
-    def attention(self, x: str, b: BlockWeights, rope: "Rope", layer: "LayerInputs",
-                  suffix: str = "") -> str:
-        """The attention sub-block's output [B, T, D]. GroupQueryAttention writes the new
-        tokens' K/V into the layer's cache at slots total-T..total-1 and attends over slots
-        0..total-1 only, so a step's cost follows the context, not the allocated capacity;
-        the graph's outputs present_k/present_v are the cache itself when the caller binds
-        them to the buffers it passes as past_k/past_v."""
-        q, k, v = self.project_qkv(x, b, rope)
+class OnnxLayer(Primitives):
+    """The skeleton's primitives as nodes of graph `g`: block `b` over the rotary inputs
+    `rope` and, to attend, the layer's inputs `inputs` (output names suffixed `suffix`).
+    Every tensor is [B, T, width]: queries, keys and values with the heads side by side."""
+
+    def __init__(self, g: Graph, b: BlockWeights, rope: "Rope",
+                 inputs: "LayerInputs | None" = None, suffix: str = "") -> None:
+        self.g, self.b, self.layer, self.rope = g, b, b.weights, rope
+        self.inputs, self.suffix, self.query_scale = inputs, suffix, rope.query_scale
+
+    def norm(self, h, weight):
+        return self.g.rms_norm(h, weight)
+
+    def head_norm(self, a, weight, part: str):
+        b = self.b
+        return self.g.head_norm(a, b.heads if part == "q" else b.kv_heads, b.head_dim, weight)
+
+    def project(self, h, name: str, parts=None) -> tuple:
+        g, b = self.g, self.b
+        y = g.linear(h, self.layer.proj[name])
+        if name == "gate_up":
+            return tuple(g.ops("Split", 2, y, axis=-1, num_outputs=2))
+        if name != "qkv":
+            return (y,)
+        widths = np.array([b.heads, b.kv_heads, b.kv_heads], dtype=np.int64) * b.head_dim
+        q, k, v = g.ops("Split", 3, y, g.const(widths), axis=-1)
+        return (q, k, v) if parts is None else tuple({"q": q, "k": k, "v": v}[p] for p in parts)
+
+    def rotate(self, q, k) -> tuple:
+        """Rotary on [B, T, heads*hd], one contrib node (the halves rotated, NeoX style; on
+        the leading rotary_dim dims of each head only, for a partial rotary)."""
+        b, r = self.b, self.rope
+        partial = {} if b.rotary_dim == b.head_dim else {"rotary_embedding_dim": b.rotary_dim}
+        turn = lambda x, heads: self.g.op("RotaryEmbedding", x, r.positions, r.cos, r.sin,
+                                          domain="com.microsoft", num_heads=heads,
+                                          interleaved=0, **partial)
+        return (None if q is None else turn(q, b.heads)), turn(k, b.kv_heads)
+
+    def mul(self, a, b):
+        return self.g.op("Mul", a, b)
+
+    def add(self, a, b):
+        return self.g.op("Add", a, b)
+
+    def activation(self, gate):
+        if self.b.activation == "silu":
+            return self.g.op("Mul", gate, self.g.op("Sigmoid", gate))
+        return self.g.op("Gelu", gate, approximate="tanh")
+
+    def write(self, k, v) -> None:
+        """The keys and values as the graph's outputs k, v [B, Hkv, T, hd]."""
+        g, b = self.g, self.b
+        for name, x in (("k", k), ("v", v)):
+            x = g.op("Reshape", x, g.shape(0, 0, b.kv_heads, b.head_dim))
+            g.output(g.op("Transpose", x, perm=[0, 2, 1, 3]), name)
+
+    def attend(self, q, k, v):
+        """GroupQueryAttention writes the new tokens' K/V into the layer's cache at slots
+        total-T..total-1 and attends over slots 0..total-1 only, so a step's cost follows the
+        context, not the allocated capacity; the graph's outputs present_k/present_v are the
+        cache itself when the caller binds them to the buffers it passes as past_k/past_v."""
+        g, b, layer, suffix = self.g, self.b, self.inputs, self.suffix
         inputs = [q, k, v, layer.past_k, layer.past_v, layer.seqlens, layer.total]
         attributes = dict(domain="com.microsoft", num_heads=b.heads, kv_num_heads=b.kv_heads,
                           scale=b.scaling)
         presents = [f"present_k{suffix}", f"present_v{suffix}"]
         masked = inputs + ["", "", "", layer.bias]
-        if not self.causal_branch:
-            out = self.ops("GroupQueryAttention", 1, *masked, names=[None, *presents],
-                           **attributes)[0]
+        if not g.causal_branch:
+            out = g.ops("GroupQueryAttention", 1, *masked, names=[None, *presents],
+                        **attributes)[0]
         else:
             def branch(tag: str, attention_inputs: list[str]) -> onnx.GraphProto:
                 names = [f"{name}_{tag}" for name in [f"attention{suffix}", *presents]]
@@ -209,21 +235,12 @@ class Graph:
             # (flash / memory-efficient attention): a step that needs none runs the causal
             # branch. Not in the CPU's float32 graphs: its kernel gains nothing, and the If's
             # subgraph call per layer cost ~1 of 20 ms a token (docs/backends.md)
-            out = self.ops("If", 1, layer.masked, names=[None, *presents],
-                           then_branch=branch("masked", masked),
-                           else_branch=branch("causal", inputs))[0]
-        self.outputs += [helper.make_tensor_value_info(f"present_{kv}{suffix}", FLOAT, None)
-                         for kv in "kv"]
-        return self.linear(out, b.proj["o"])
-
-    def mlp(self, x: str, b: BlockWeights) -> str:
-        gate, up = self.ops("Split", 2, self.linear(x, b.proj["gate_up"]), axis=-1,
-                            num_outputs=2)
-        if b.activation == "silu":
-            gate = self.op("Mul", gate, self.op("Sigmoid", gate))
-        else:
-            gate = self.op("Gelu", gate, approximate="tanh")
-        return self.linear(self.op("Mul", gate, up), b.proj["down"])
+            out = g.ops("If", 1, layer.masked, names=[None, *presents],
+                        then_branch=branch("masked", masked),
+                        else_branch=branch("causal", inputs))[0]
+        g.outputs += [helper.make_tensor_value_info(f"present_{kv}{suffix}", FLOAT, None)
+                      for kv in "kv"]
+        return out
 
 
 @attrs.frozen
@@ -231,7 +248,7 @@ class Rope:
     """The names of a graph's rotary inputs: the step's tables cos, sin [B*T, rotary_dim/2]
     (one row per token of the step: a length-dependent table such as LongRoPE's is chosen by
     the host per row) and positions [B, T] int64, each token's row in them; and, for
-    Ministral 3, qscale [B, T, 1], each token's query scaling (an input, computed by the host
+    a model with a query scale, qscale [B, T, 1], each token's query scaling (an input, computed by the host
     like the tables)."""
 
     cos: str
@@ -283,14 +300,6 @@ class LayerInputs:
                    *lengths)
 
 
-def _decoder_block(g: Graph, b: BlockWeights, h: str, rope: Rope, layer: LayerInputs,
-                   suffix: str = "") -> tuple[str, str]:
-    """(h_out, mid): mid is the state between the attention and MLP sub-blocks."""
-    return decoder_layer(h, norms_of(b, g.rms_norm),
-                         lambda x: g.attention(x, b, rope, layer, suffix),
-                         lambda x: g.mlp(x, b), lambda x, y: g.op("Add", x, y))
-
-
 def block(b: BlockWeights, causal_branch: bool = False) -> onnx.ModelProto:
     """(h, Rope, LayerInputs) -> (h_out, mid, present_k, present_v).
 
@@ -298,8 +307,8 @@ def block(b: BlockWeights, causal_branch: bool = False) -> onnx.ModelProto:
     g = Graph(causal_branch)
     h = g.input("h", ["batch", "tokens", "hidden"])
     layer = LayerInputs.declare(g, b, LayerInputs.lengths(g))
-    h, mid = _decoder_block(g, b, h, Rope.declare(g, query_scale=Rope.query_scale_input(g, b)),
-                            layer)
+    h, mid = decoder_layer(h, OnnxLayer(g, b, Rope.declare(
+        g, query_scale=Rope.query_scale_input(g, b)), layer))
     g.output(h, "h_out")
     last = g.const(np.array([-1], dtype=np.int64))
     g.output(g.op("Slice", mid, last, g.const(np.array([np.iinfo(np.int64).max], np.int64)),
@@ -321,7 +330,7 @@ def tail(blocks: list[BlockWeights], rope_keys: list[str],
     ropes = {key: Rope.declare(g, key, positions, qscale) for key in dict.fromkeys(rope_keys)}
     for j, (b, key) in enumerate(zip(blocks, rope_keys)):
         layer = LayerInputs.declare(g, b, lengths, f"_{j}")
-        h, _ = _decoder_block(g, b, h, ropes[key], layer, f"_{j}")
+        h, _ = decoder_layer(h, OnnxLayer(g, b, ropes[key], layer, f"_{j}"))
     g.output(h, "h_out")
     return g.model()
 
@@ -331,10 +340,7 @@ def kv_projection(b: BlockWeights) -> onnx.ModelProto:
     layer."""
     g = Graph()
     h = g.input("h", ["batch", "tokens", "hidden"])
-    _, k, v = g.project_qkv(g.rms_norm(h, b.input_norm), b, Rope.declare(g))
-    for name, x in (("k", k), ("v", v)):
-        x = g.op("Reshape", x, g.shape(0, 0, b.kv_heads, b.head_dim))
-        g.output(g.op("Transpose", x, perm=[0, 2, 1, 3]), name)
+    keys_values(h, OnnxLayer(g, b, Rope.declare(g)))
     return g.model()
 
 

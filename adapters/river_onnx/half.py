@@ -3,7 +3,7 @@
 float16: the CPU provider runs those graphs too, so the export CUDA would run is the one the
 conformance kit checks here (subject onnx-float16), and every node of it has a CUDA kernel
 (tests/test_onnx_cuda.py). bfloat16: for a model whose activations pass float16's range
-(Gemma 3's); CUDA registers GroupQueryAttention, MatMulNBits and RotaryEmbedding for it, but
+(`activations.py`); CUDA registers GroupQueryAttention, MatMulNBits and RotaryEmbedding for it, but
 not ReduceMean, so its RMS norms become one SimplifiedLayerNormalization each (CUDA's takes
 bfloat16); the CPU provider runs none of it, so only its kernels are proven here.
 Every float tensor becomes half: weights, scales of the quantized ones, hidden states, rotary

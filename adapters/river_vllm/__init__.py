@@ -80,7 +80,7 @@ def model_overrides(config: Mapping[str, Any]) -> dict:
 
 
 def query_scaling(config: Mapping[str, Any]) -> dict:
-    """Llama 4's position-dependent query scaling (Ministral 3's) where vLLM 0.32 reads it:
+    """Llama 4's position-dependent query scaling where vLLM 0.32 reads it:
     only from a Mistral-format config (`llama_4_scaling`). A Hugging Face config holds it in
     rope_parameters (`llama_4_scaling_beta`), which vLLM ignores, running every position from
     the original context on without it (docs/models.md); spelled out, vLLM's attention (and so

@@ -47,9 +47,9 @@ from river_core.decode import Row
 from river_core.layer_engine import StandInDefaults
 from river_models import open_model, stand_ins
 from river_models.families import FAMILIES
-from river_models.skeleton import decoder_layer
+from river_models.skeleton import BoundLayer, Primitives, decoder_layer, mlp
 from river_models.spec import QueryScale
-from river_models.torch_blocks import Block, TorchArrays, mlp, packed, query_factors
+from river_models.torch_blocks import Block, TorchArrays, TorchWeights, packed, query_factors
 
 from . import ARCHITECTURES, CAPABILITIES, pages, repairs, settings, verifies
 
@@ -115,12 +115,11 @@ class RiverExits:
         quantized = stand_ins(checkpoint, self.river_quant)
         weight = next(self.parameters())
         dtype, device = weight.dtype, weight.device
-        self.river_stand_ins = [Block.build(i, layer, checkpoint.spec, dtype, device,
-                                            quantized.layers[i])
-                                for i, layer in enumerate(checkpoint.weights.layers)]
+        self.river_stand_ins = [Block.build(layer, checkpoint.spec, dtype, device, q)
+                                for layer, q in zip(checkpoint.weights.layers, quantized.layers)]
         self.river_stand_in_error = list(quantized.errors)
         self.river_head = packed(quantized.head, None, dtype, device)   # drafts
-        # Ministral 3's query scaling where vLLM's attention applies it, by River's rule over
+        # the query scaling where vLLM's attention applies it, by River's rule over
         # the model's config (test_vllm.py fails when vLLM's own rule, a private method,
         # stops agreeing)
         scales = getattr(self.model.layers[0].self_attn, "do_llama_4_scaling", False)
@@ -150,7 +149,7 @@ class RiverExits:
     def river_pass(self, positions: torch.Tensor,
                    attention: Callable[[int], Attention]) -> "ForwardPass":
         """One forward's (or draft step's) pass: each token's position, the query scale of
-        those positions (Ministral 3), and each layer's attention call."""
+        those positions (where the model has one), and each layer's attention call."""
         qs = self.river_query_scale
         return ForwardPass(None, positions=positions,
                            query_scale=None if qs is None else
@@ -238,25 +237,51 @@ class ForwardLayers(TorchArrays, StandInDefaults):
         """Layer i for every row, backbone or stand-in; one attention call for all rows:
         (out, mid), as `decoder_layer`."""
         layer = self.model.model.layers[i]
-        attn, stand_in = layer.self_attn, self.model.river_stand_ins[i] if len(gone) else None
+        stand_in = self.model.river_stand_ins[i] if len(gone) else None
         by_row = lambda backbone, river, h: _rows(backbone, river, h, deep, gone)
+        ops = VllmLayer(p, i, layer, stand_in, by_row)
+        return decoder_layer(x, ops, lambda h: by_row(layer.mlp, stand_in and (
+            lambda h: mlp(h, TorchWeights(stand_in))), h))
 
-        def attention(n):
-            qkv = by_row(lambda h: attn.qkv_proj(h)[0],
-                         stand_in and (lambda h: _local_heads(attn, stand_in.proj["qkv"](h))), n)
-            q, k, v = qkv.split([attn.q_size, attn.kv_size, attn.kv_size], dim=-1)
-            if hasattr(attn, "q_norm"):   # Qwen3: per-head norms, kept by the stand-ins
-                q = attn.q_norm(q.reshape(*q.shape[:-1], -1, attn.head_dim)).reshape(q.shape)
-                k = attn.k_norm(k.reshape(*k.shape[:-1], -1, attn.head_dim)).reshape(k.shape)
-            q, k = attn.rotary_emb(p.positions, q, k)   # vLLM's rules (Phi-3: its LongRoPE)
-            if p.query_scale is not None:   # Ministral 3, as vLLM's Mistral attention does
-                q = (q * p.query_scale).to(q.dtype)
-            return by_row(lambda h: attn.o_proj(h)[0],
-                          stand_in and (lambda h: stand_in.proj["o"](_all_heads(h))),
-                          p.attention(i)(q, k, v))
-        return decoder_layer(x, (layer.input_layernorm, None, layer.post_attention_layernorm, None),
-                             attention, lambda m: by_row(layer.mlp, stand_in and (
-                                 lambda h: mlp(stand_in, h)), m))
+
+class VllmLayer(Primitives):
+    """The skeleton's primitives over vLLM's layer i (`layer`; `attn` its attention module):
+    its norms, its projections for the rows that run deep and the stand-in's for the rows that
+    left (`by_row`), its q/k norms (kept by the stand-ins), its rotary (LongRoPE
+    too) and its paged attention (the forward's or the drafter's, `p.attention`)."""
+
+    def __init__(self, p: ForwardPass, i: int, layer, stand_in: Block | None, by_row) -> None:
+        attn = layer.self_attn
+        self.p, self.i, self.attn, self.stand_in, self.by_row = p, i, attn, stand_in, by_row
+        self.layer = BoundLayer({"input_norm": layer.input_layernorm, "post_attn_norm": None,
+                                 "pre_mlp_norm": layer.post_attention_layernorm,
+                                 "post_mlp_norm": None, "q_norm": getattr(attn, "q_norm", None),
+                                 "k_norm": getattr(attn, "k_norm", None)}, {})
+        self.query_scale = p.query_scale
+
+    def norm(self, h, weight):
+        return weight(h)
+
+    def head_norm(self, a, weight, part: str):
+        return weight(a.reshape(*a.shape[:-1], -1, self.attn.head_dim)).reshape(a.shape)
+
+    def project(self, h, name: str, parts=None) -> tuple:
+        attn, river = self.attn, self.stand_in and self.stand_in.weights.proj[name]
+        if name == "o":
+            return (self.by_row(lambda h: attn.o_proj(h)[0],
+                                river and (lambda h: river(_all_heads(h))), h),)
+        qkv = self.by_row(lambda h: attn.qkv_proj(h)[0],
+                          river and (lambda h: _local_heads(attn, river(h))), h)
+        return qkv.split([attn.q_size, attn.kv_size, attn.kv_size], dim=-1)
+
+    def rotate(self, q, k) -> tuple:
+        return self.attn.rotary_emb(self.p.positions, q, k)
+
+    def mul(self, a, b):   # the query scale, as vLLM's attention applies it
+        return (a * b).to(a.dtype)
+
+    def attend(self, q, k, v):
+        return self.p.attention(self.i)(q, k, v)
 
 
 # Tensor parallelism: each rank's vLLM layers hold its share of the heads (column-parallel

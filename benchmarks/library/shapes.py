@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import subprocess
 import sys
+from pathlib import Path
 
 import attrs
 import numpy as np
@@ -236,7 +237,6 @@ def load(engine: str, shape: str, model: str | None, device: str, quant: QuantSp
         if dtype != "float32":
             raise SystemExit(f"random shapes run on onnx in float32, not {dtype}")
         import tempfile
-        from pathlib import Path
 
         from river_onnx.backend import OnnxBackend
         from river_onnx.export import export_model
@@ -247,3 +247,15 @@ def load(engine: str, shape: str, model: str | None, device: str, quant: QuantSp
     if backend == "ggml":
         return RiverModel(ggml_backend(shape, checkpoint, quant))
     raise SystemExit(f"random shapes run on River's hf, onnx and ggml engines, not {backend!r}")
+
+
+def made_once(path: Path, what: str, write) -> Path:
+    """`path` in the benchmark cache, written once by `write(partial)` (`what` said while it
+    works) into a partial file renamed when whole, so a run cut short leaves nothing to
+    trust."""
+    if not path.is_file():
+        print(what, file=sys.stderr, flush=True)
+        partial = path.with_suffix(".partial")
+        write(partial)
+        partial.rename(path)
+    return path
