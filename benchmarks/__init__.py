@@ -12,7 +12,7 @@ import importlib
 import sys
 from pathlib import Path
 
-from river_core.hookspecs import hookimpl
+from river_core.contract.hookspecs import hookimpl
 
 HERE = Path(__file__).resolve().parent
 MODULES = {"vllm": "vllm_serving"}   # a benchmark named after a package lives under another name

@@ -21,7 +21,7 @@ import numpy as np
 from river_cli.calibrate import calibrate
 from river_cli.profile import Target
 from river_core import ExitConfig, RiverModel
-from river_core.options import tuned
+from river_core.settings.options import tuned
 
 from . import tasks
 from .library import gsm8k

@@ -15,7 +15,7 @@ makes the stand-ins and fits the point, or finds the profile River ships) and th
 runs the same raw text, greedy, the same answer length. Peak memory is GNU time's. What the
 cache holds after each file's calls is listed (no float32 copy should be among it). The F16,
 Q8_0 and Q4_K_M files of the embedded model are made by llama.cpp's quantizer from its F16
-copy (`river bench ggml_cost`'s files); the 1.5B shape is river_models.real_gguf's random
+copy (`river bench ggml_cost`'s files); the 1.5B shape is river_conformance.fixtures.real_gguf's random
 Qwen2.5-1.5B, written with a byte-level vocabulary so both tools tokenize the text, quantized
 by river_models.gguf_quantize. Writes NAME.{md,json} (`--name`, default first-call).
 """
@@ -66,7 +66,8 @@ def fit(gguf: Path, cache: Path) -> dict:
 
 def shape_files(names: list[str]) -> dict[str, Path]:
     """Each random shape in its types (SHAPES), made once into the benchmark cache."""
-    from river_models import gguf_quantize, real_gguf
+    from river_conformance.fixtures import real_gguf
+    from river_models import gguf_quantize
     from river_models.cache import cache_root
 
     folder = cache_root() / "bench" / "first-call"

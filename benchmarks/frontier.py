@@ -36,7 +36,7 @@ import tempfile
 from pathlib import Path
 
 from river_core import ExitConfig, GenerationConfig, RiverModel
-from river_core.config import mode_policy
+from river_core.settings.config import mode_policy
 
 from .first_contact import llamacpp_arguments, llamacpp_folder
 from .library.output import Output, Harness, heading, parser, plot_file

@@ -268,7 +268,7 @@ def int4_error(s, device: str) -> dict:
     from river_core import QuantSpec
     from river_models.quant import QuantWeight, quantize
     from river_models.spec import FUSED
-    from river_models.torch_blocks import packed
+    from river_compute.torch_blocks import packed
 
     rng = np.random.default_rng(0)
     rows = {"q": s.heads * s.head_dim, "k": s.kv_heads * s.head_dim,

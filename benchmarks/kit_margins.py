@@ -20,10 +20,10 @@ import numpy as np
 from tqdm import tqdm
 
 from river_conformance.scripted import forced_logits
-from river_core.backend import Step
-from river_core.kv import Full
-from river_core.predictor import relative_error
-from river_models import tiny
+from river_core.contract.backend import Step
+from river_core.method.kv import Full
+from river_core.method.predictor import relative_error
+from river_conformance.fixtures import tiny
 
 from .library.output import Harness, parser
 

@@ -41,7 +41,7 @@ from .library.timing import median_us
 def fused_projections(checkpoint, quantized) -> dict:
     import torch
 
-    from river_models.torch_blocks import Dense, fused, packed
+    from river_compute.torch_blocks import Dense, fused, packed
 
     cpu = torch.device("cpu")
     layers = checkpoint.weights.layers
@@ -69,8 +69,8 @@ def compiled_block(model: str | None) -> dict:
     inference tensors)."""
     import torch
 
-    from river_models.skeleton import decoder_layer
-    from river_models.torch_blocks import TorchLayer
+    from river_compute.skeleton import decoder_layer
+    from river_compute.torch_blocks import TorchLayer
 
     backend, p, x = decoding(model, "hf", 100)
     x = x.clone()   # not an inference tensor
@@ -231,10 +231,10 @@ def confidence_cost(model: str | None, repeats: int = 30) -> dict:
     rule), at layer 3 only, and at every layer from 0 (CALM from the first layer): ms, onnx,
     on the embedded model's 49,152-token vocabulary."""
     from river_core import RiverModel, Step
-    from river_core.decode import Row, Run, decode_step
-    from river_core.kv import River
-    from river_core.policy import Policy
-    from river_core.predictor import TransitionPredictor
+    from river_core.loop.decode import Row, Run, decode_step
+    from river_core.method.kv import River
+    from river_core.method.policy import Policy
+    from river_core.method.predictor import TransitionPredictor
 
     class Reading(Policy):
         def __init__(self, first: int | None) -> None:

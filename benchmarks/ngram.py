@@ -17,7 +17,7 @@ call's text is compared with full depth's. River's configurations: full depth (`
 the default (no flags: on the embedded model its profile's lossless mode, drafting from the
 river and the n-grams) and, with --configs, lossless mode on one source. Their verification
 costs stay in the user cache between calls, as a user's successive calls keep them
-(river_core/drafting.py).
+(river_core/loop/drafting.py).
 
 llama.cpp runs the text River's tokenizer makes of the same chat (its token count checked), on
 the GGUF River's ggml engine runs (for the embedded model, its F16 copy), --threads threads:
@@ -37,8 +37,7 @@ import sys
 import time
 from collections import Counter
 
-from .first_contact import (LlamaCpp, chat_text, llamacpp_arguments, llamacpp_tools,
-                            parse_llamacpp)
+from .first_contact import (LlamaCpp, chat_text, llamacpp_arguments, llamacpp_tools, parse_llamacpp)
 from .library.copying import COPYING
 from .library.output import Output, Harness, heading, parser, plot_file
 from .library.prompts import GSM8K_TEST, gsm8k_questions

@@ -23,9 +23,9 @@ import numpy as np
 from tqdm import tqdm
 
 from river_core import ExitConfig, RiverModel, Step
-from river_core.decode import Row, Run, decode_step
-from river_core.kv import River
-from river_core.predictor import TransitionPredictor
+from river_core.loop.decode import Row, Run, decode_step
+from river_core.method.kv import River
+from river_core.method.predictor import TransitionPredictor
 from river_policies import FixedDepth
 
 from .library import gsm8k

@@ -21,8 +21,8 @@ import numpy as np
 from tqdm import tqdm
 
 from river_core import QuantSpec, RiverModel, Step
-from river_core.predictor import TransitionPredictor
-from river_core.predictor import relative_error
+from river_core.method.predictor import TransitionPredictor
+from river_core.method.predictor import relative_error
 
 from .library.output import Harness, parser, plot_file
 from .library.measures import pearson, spearman

@@ -21,7 +21,8 @@ import numpy as np
 from tqdm import tqdm
 
 from river_core import ExitConfig, QuantSpec, RiverModel
-from river_models import open_model, stand_ins, tiny
+from river_conformance.fixtures import tiny
+from river_models import open_model, stand_ins
 
 from .library.output import Harness, heading, parser
 from .library.prompts import GSM8K_TRAIN
@@ -42,7 +43,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--solutions", type=int, default=8)
     ap.add_argument("--offset", type=int, default=100)
     out, args = Harness.parse(ap, argv)
-    from river_hf.backend import HFBackend   # the hf extra's, which --help does not need
+    from river_torch.backend import TorchBackend   # the hf extra's, which --help does not need
 
     default, random = open_model(args.model, progress=True), tiny.checkpoint("llama", seed=1)
     problems = [json.loads(line) for line in open(GSM8K_TRAIN)][args.offset:args.offset
@@ -62,7 +63,7 @@ def main(argv: list[str] | None = None) -> None:
     for bits, group, method, note in tqdm(SETTINGS, desc="settings"):
         spec = QuantSpec(bits=bits, group_size=group, method=method)
         made = stand_ins(default, spec)
-        model = RiverModel(HFBackend(default, made))
+        model = RiverModel(TorchBackend(default, made))
         full = nll(model, ExitConfig(kv="full")) if full is None else full
         rand = stand_ins(random, QuantSpec(bits=bits, group_size=min(group, 64), method=method),
                          cache=False)

@@ -5,7 +5,7 @@ against a float32 reference and llama.cpp itself on the same file (issue 58).
                                                            # Qwen2.5-1.5B's in every type too
     river bench real_files --size small --families qwen2   # the suite's shapes (seconds)
 
-Each family's published shape (river_models.real_gguf: Qwen2.5-1.5B, Gemma-3-270M,
+Each family's published shape (river_conformance.fixtures.real_gguf: Qwen2.5-1.5B, Gemma-3-270M,
 Llama-3.2-1B, ...) with random weights, written as llama.cpp's converter writes it (F16) and
 quantized as llama-quantize quantizes it (river_models.gguf_quantize), once into the benchmark
 cache. On each file: 64 greedy tokens from one random token by River's ggml engine (loaded
@@ -42,7 +42,8 @@ PROMPT = 8   # random ids teacher-forced before llama.cpp's greedy text
 
 def made(family: str, size: str, file_type: str):
     """The benchmark cache's `family` at `size` in `file_type` (made once)."""
-    from river_models import gguf_quantize, real_gguf
+    from river_conformance.fixtures import real_gguf
+    from river_models import gguf_quantize
     from river_models.cache import cache_root
 
     folder = cache_root() / "bench" / "real-files"
@@ -66,22 +67,22 @@ def float32_gb(path) -> float:
 def reference(path):
     import torch
 
-    from river_core.config import QuantSpec
-    from river_hf.backend import HFBackend
+    from river_core.settings.config import QuantSpec
+    from river_torch.backend import TorchBackend
     from river_models import gguf_weights
     from river_models.quant import stand_ins
 
     checkpoint = gguf_weights.checkpoint(path)
     unused = stand_ins(checkpoint, QuantSpec(bits=8, group_size=64, method="rtn"), cache=False)
-    return HFBackend(checkpoint, unused, torch.float32)
+    return TorchBackend(checkpoint, unused, torch.float32)
 
 
 def greedy(backend, prompt, tokens: int) -> tuple[list[int], float]:
     """`tokens` greedy ids and the decode ms/token."""
     from river_conformance.scripted import scripted_run
-    from river_core.config import GenerationConfig
-    from river_core.decode import generate_ids
-    from river_core.kv import Full
+    from river_core.settings.config import GenerationConfig
+    from river_core.loop.decode import generate_ids
+    from river_core.method.kv import Full
 
     result = generate_ids(backend, [prompt], GenerationConfig(max_new_tokens=tokens,
                                                               ignore_eos=True),
@@ -92,11 +93,11 @@ def greedy(backend, prompt, tokens: int) -> tuple[list[int], float]:
 def row(family: str, size: str, file_type: str, tokens: int, reference_gb: float) -> dict:
     from river_conformance.agreement import Agreement, first_difference
     from river_conformance.scripted import forced_logits
-    from river_core.kv import Full
+    from river_core.method.kv import Full
     from river_ggml.plugin import load
     from river_llamacpp.backend import LlamaCppBackend
     from river_llamacpp.plugin import open_llama
-    from river_models import real_gguf
+    from river_conformance.fixtures import real_gguf
 
     path = made(family, size, file_type)
     cfg = real_gguf.config(family, size)
@@ -129,7 +130,7 @@ def row(family: str, size: str, file_type: str, tokens: int, reference_gb: float
 
 
 def main(argv: list[str] | None = None) -> None:
-    from river_models import real_gguf
+    from river_conformance.fixtures import real_gguf
 
     ap = parser("real_files", __doc__, model=False, results="real-files")
     ap.add_argument("--families", nargs="*", default=list(real_gguf.FAMILIES),

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from river_core.kv import Full, River
-from river_core.predictor import relative_error
+from river_core.method.kv import Full, River
+from river_core.method.predictor import relative_error
 from river_conformance.scripted import forced_logits
-from river_hf.plugin import tiny_backend
-from river_models import tiny
+from river_torch.plugin import tiny_backend
+from river_conformance.fixtures import tiny
 
 from .library.output import Harness, heading, parser
 

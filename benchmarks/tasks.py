@@ -39,7 +39,7 @@ import numpy as np
 from tqdm import tqdm
 
 from river_core import CapabilityError, ConfigError, GenerationConfig, RiverModel
-from river_core.decode import DecodeResult
+from river_core.loop.decode import DecodeResult
 from river_core.plugins import default_registry
 
 from .library import gsm8k, humaneval

@@ -213,7 +213,7 @@ def engine_job(path: str) -> None:
 def mean_nll(model: RiverModel, prompts: list[list[int]],
              samples: list[list[list[int]]]) -> list[float]:
     """Each continuation's mean negative log-likelihood per token at full depth (hf)."""
-    from river_core.decode import teacher_force
+    from river_core.loop.decode import teacher_force
 
     run, out = model.plan(ExitConfig(kv="full")).run(), []
     for prompt, conts in zip(prompts, samples):

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 
-PACKAGES = ("river_core", "river_models", "river_hf", "river_onnx", "river_ggml",
+PACKAGES = ("river_core", "river_models", "river_torch", "river_onnx", "river_ggml",
             "river_llamacpp", "river_vllm", "river_policies")
 ENGINES = ["ggml", "hf", "onnx"]   # the default engine first
 # spelled out, so that runs of code with other defaults compare the same settings

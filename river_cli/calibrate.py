@@ -21,13 +21,13 @@ from typing import TYPE_CHECKING, Callable, Sequence
 import attrs
 import numpy as np
 
-from river_core.backend import Backend
-from river_core.config import ExitConfig, GenerationConfig
-from river_core.decode import Forced
-from river_core.errors import CapabilityError, ConfigError
+from river_core.contract.backend import Backend
+from river_core.settings.config import ExitConfig, GenerationConfig
+from river_core.loop.decode import Forced
+from river_core.settings.errors import CapabilityError, ConfigError
 from river_core.model import RiverModel
-from river_core.options import tuned
-from river_core.predictor import relative_error
+from river_core.settings.options import tuned
+from river_core.method.predictor import relative_error
 
 from .profile import LayerRow, Profile, Quality, Target, Trial, fingerprint
 

@@ -16,9 +16,9 @@ from .calibrate import calibrate, tuned_option
 from .calibrate import __doc__ as calibrate_doc_text
 from river_core import arguments
 from river_core.arguments import default
-from river_core.config import ExitConfig, GenerationConfig, QuantSpec, mode_policy
-from river_core.decode import DecodeResult, check_prompts
-from river_core.errors import ConfigError, RiverError
+from river_core.settings.config import ExitConfig, GenerationConfig, QuantSpec, mode_policy
+from river_core.loop.decode import DecodeResult, check_prompts
+from river_core.settings.errors import ConfigError, RiverError
 from river_core.model import RiverModel, check_text
 from river_core.plan import Plan, resolve
 from river_core.plugins import KINDS, default_registry

@@ -37,11 +37,11 @@ import attrs
 import numpy as np
 
 from river_core.arguments import default
-from river_core.backend import StandIns
-from river_core.config import ExitConfig, GenerationConfig
-from river_core.errors import ConfigError
+from river_core.contract.backend import StandIns
+from river_core.settings.config import ExitConfig, GenerationConfig
+from river_core.settings.errors import ConfigError
 from river_core.model import RiverModel
-from river_core.options import tuned
+from river_core.settings.options import tuned
 
 from .calibrate import (FULL, calibrate, force, full_depth_references, quality, tuned_option,
                         whole_model)

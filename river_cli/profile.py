@@ -13,9 +13,9 @@ from typing import Any, Mapping
 
 import attrs
 
-from river_core.backend import Backend, StandIns
-from river_core.config import ExitConfig
-from river_core.errors import ConfigError
+from river_core.contract.backend import Backend, StandIns
+from river_core.settings.config import ExitConfig
+from river_core.settings.errors import ConfigError
 from river_models import cache_root
 
 FORMAT = 2   # 2: the gap target, the whole 4-bit model's quality and the held-apart check

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from river_core.errors import ConfigError
+from river_core.settings.errors import ConfigError
 
 GSM8K = Path(__file__).resolve().parent / "data" / "gsm8k"
 GSM8K_TRAIN = GSM8K / "train.jsonl"

@@ -30,7 +30,7 @@ from typing import Sequence
 import attrs
 import numpy as np
 
-from river_core.sampling import log_softmax, probabilities
+from river_core.loop.sampling import log_softmax, probabilities
 
 ALPHA = 1e-3        # family-wise: the chance that a correct sampler fails the comparison
 POOL_BELOW = 10     # tokens seen fewer times in both samples together share one cell

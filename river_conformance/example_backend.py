@@ -24,14 +24,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from river_core.backend import Capabilities, Pass
-from river_core.errors import CapabilityError
-from river_core.footprint import Footprint
-from river_core.layer_engine import LayerEngine, NumpyArrays
-from river_core.layout import View
-from river_core.hookspecs import hookimpl
-from river_models import Checkpoint, StandInWeights, tiny
-from river_models.skeleton import BoundLayer, Primitives, decoder_layer, keys_values
+from river_core.contract.backend import Capabilities, Pass
+from river_core.settings.errors import CapabilityError
+from river_core.contract.footprint import Footprint
+from river_core.contract.layer_engine import LayerEngine, NumpyArrays
+from river_core.contract.layout import View
+from river_core.contract.hookspecs import hookimpl
+from river_compute.skeleton import BoundLayer, Primitives, decoder_layer, keys_values
+from river_conformance.fixtures import tiny
+from river_models import Checkpoint, StandInWeights
 from river_models.spec import FUSED
 
 

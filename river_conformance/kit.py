@@ -1,4 +1,4 @@
-"""The backend conformance kit: the contract of river_core/backend.py as property tests.
+"""The backend conformance kit: the contract of river_core/contract/backend.py as property tests.
 
 Enable it in a backend's test suite with one line in a test module:
 
@@ -6,7 +6,7 @@ Enable it in a backend's test suite with one line in a test module:
 
 It then runs against every backend registered under the `river_conformance_backends` hook
 (`pytest --river-backend NAME` keeps one), on tiny random models of every family the backend
-runs (`river_models.tiny`), checked against the reference backend `hf`. Or point it at one
+runs (`river_conformance.fixtures.tiny`), checked against the reference backend `hf`. Or point it at one
 backend with a fixture of the same name:
 
     @pytest.fixture(scope="session")
@@ -36,21 +36,20 @@ import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
-from river_core.backend import PROMISES, Backend, Step
-from river_core.config import ExitConfig, GenerationConfig
-from river_core.decode import (decode_step, generate_ids, start_rows,
-                               teacher_force)
-from river_core.layer_engine import LayerEngine
-from river_core.layout import SINKS
-from river_core.errors import CapabilityError, ConfigError
-from river_core.kv import Full, Mask, Monotonic, Propagate, Recompute, River
+from river_core.contract.backend import PROMISES, Backend, Step
+from river_core.settings.config import ExitConfig, GenerationConfig
+from river_core.loop.decode import (decode_step, generate_ids, start_rows, teacher_force)
+from river_core.contract.layer_engine import LayerEngine
+from river_core.contract.layout import SINKS
+from river_core.settings.errors import CapabilityError, ConfigError
+from river_core.method.kv import Full, Mask, Monotonic, Propagate, Recompute, River
 from river_core.model import RiverModel
 from river_core.plugins import default_registry
-from river_core.predictor import STAND_IN_BOUND_C, relative_error
-from river_core.ngram import NgramOptions, NgramSource
-from river_core.draft_length import DraftLength
-from river_core.speculative import DraftSource, RiverSource, rounds, speculative_ids
-from river_models import tiny
+from river_core.method.predictor import STAND_IN_BOUND_C, relative_error
+from river_core.loop.ngram import NgramOptions, NgramSource
+from river_core.method.draft_length import DraftLength
+from river_core.loop.speculative import DraftSource, RiverSource, rounds, speculative_ids
+from river_conformance.fixtures import tiny
 
 from .distribution import Comparison, Scored, compare, score
 from .scripted import forced_logits, scripted_run

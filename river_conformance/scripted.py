@@ -7,11 +7,11 @@ from typing import Sequence
 
 import numpy as np
 
-from river_core.backend import Backend
-from river_core.decode import Run, teacher_force
-from river_core.kv import KVStrategy
-from river_core.policy import ScriptedExits
-from river_core.predictor import TransitionPredictor
+from river_core.contract.backend import Backend
+from river_core.loop.decode import Run, teacher_force
+from river_core.method.kv import KVStrategy
+from river_core.method.policy import ScriptedExits
+from river_core.method.predictor import TransitionPredictor
 
 
 def scripted_run(strategy: KVStrategy, exits: Sequence[int | None] = ()) -> Run:

@@ -9,9 +9,9 @@ from typing import Any
 
 import attrs
 
-from .config import DRAFT_WINDOW, EXIT_HEADS, MODES, METHODS, ExitConfig, QuantSpec, mode_policy
-from .layout import SINKS
-from .options import parse
+from .settings.config import DRAFT_WINDOW, EXIT_HEADS, MODES, METHODS, ExitConfig, QuantSpec, mode_policy
+from .contract.layout import SINKS
+from .settings.options import parse
 
 
 def default(cls: type, name: str) -> Any:

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import attrs
 
-from .hookspecs import (DraftSourcePlugin, KVStrategyPlugin, PolicyPlugin, PredictorPlugin,
-                        hookimpl)
-from .ngram import NgramOptions, NgramSource
-from .kv import Full, Mask, Monotonic, Propagate, Recompute, River
-from .options import between, option
-from .policy import SettledOptions, SettledPolicy, SimilarityOptions, SimilarityPolicy
-from .predictor import TransitionPredictor
-from .speculative import RiverSource
+from .contract.hookspecs import (DraftSourcePlugin, KVStrategyPlugin, PolicyPlugin, PredictorPlugin,
+                                 hookimpl)
+from .loop.ngram import NgramOptions, NgramSource
+from .method.kv import Full, Mask, Monotonic, Propagate, Recompute, River
+from .settings.options import between, option
+from .method.policy import SettledOptions, SettledPolicy, SimilarityOptions, SimilarityPolicy
+from .method.predictor import TransitionPredictor
+from .loop.speculative import RiverSource
 
 
 @attrs.frozen

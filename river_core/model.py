@@ -7,20 +7,20 @@ from typing import Any, Collection, Mapping, Sequence
 
 import attrs
 
-from .backend import Backend, ModelShape, Tokenizer
-from .config import ExitConfig, GenerationConfig, QuantSpec
-from .decode import (DecodeResult, Forced, Stream, Token, check_prompts, drain, stream_ids,
-                     teacher_force)
-from .detokenize import Detokenizer
-from .errors import ConfigError
+from .contract.backend import Backend, ModelShape, Tokenizer
+from .settings.config import ExitConfig, GenerationConfig, QuantSpec
+from .loop.decode import (DecodeResult, Forced, Stream, Token, check_prompts, drain, stream_ids,
+                          teacher_force)
+from .loop.detokenize import Detokenizer
+from .settings.errors import ConfigError
 from .plan import Plan, check_exits_allowed, resolve
 from .plugins import Registry, default_registry
-from .policy import ScriptedExits
-from .sampling import Sampler
-from .drafting import DraftStore
-from .draft_length import DraftLength
-from .speculative import speculative_stream
-from .verify_costs import VerifyCosts
+from .method.policy import ScriptedExits
+from .loop.sampling import Sampler
+from .loop.drafting import DraftStore
+from .method.draft_length import DraftLength
+from .loop.speculative import speculative_stream
+from .method.verify_costs import VerifyCosts
 
 _EXIT_FIELDS = {f.name for f in attrs.fields(ExitConfig)} - {"options"}
 _GEN_FIELDS = {f.name for f in attrs.fields(GenerationConfig)}

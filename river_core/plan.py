@@ -13,18 +13,18 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import attrs
 
-from .backend import Capabilities, ModelShape
-from .config import DRAFT_WINDOW, ExitConfig
-from .decode import Run
-from .draft_length import DraftLength
-from .errors import CapabilityError, ConfigError
-from .hookspecs import KVStrategyPlugin, PredictorPlugin
-from .options import bind
+from .contract.backend import Capabilities, ModelShape
+from .settings.config import DRAFT_WINDOW, ExitConfig
+from .loop.decode import Run
+from .method.draft_length import DraftLength
+from .settings.errors import CapabilityError, ConfigError
+from .contract.hookspecs import KVStrategyPlugin, PredictorPlugin
+from .settings.options import bind
 from .plugins import Registry
-from .policy import ExitPolicy
+from .method.policy import ExitPolicy
 
 if TYPE_CHECKING:   # a type only: the plan does not import the loop
-    from .speculative import DraftSource
+    from .loop.speculative import DraftSource
 
 
 @attrs.frozen

@@ -10,11 +10,12 @@ from typing import Any, Iterable
 import attrs
 import pluggy
 
-from . import builtins, hookspecs
-from .errors import ConfigError, unknown
-from .hookspecs import (BackendPlugin, DraftSourcePlugin, KVStrategyPlugin, PolicyPlugin,
-                        PredictorPlugin)
-from .options import describe
+from . import builtins
+from .contract import hookspecs
+from .settings.errors import ConfigError, unknown
+from .contract.hookspecs import (BackendPlugin, DraftSourcePlugin, KVStrategyPlugin, PolicyPlugin,
+                                 PredictorPlugin)
+from .settings.options import describe
 
 KINDS = {
     "backend": "river_backends",

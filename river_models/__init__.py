@@ -7,7 +7,10 @@ builds from. Backends import this package, never each other.
 - source.py: the embedded default, HF folders, GGUF conversion; `open_model`
 - quant.py: the stand-ins' weight quantization, in one engine-neutral form
 - cache.py: the user cache and its atomic builds
-- tiny.py: tiny random models for tests
+- gguf_*.py: GGUF files read and written as llama.cpp's loader, converter and quantizer do
+
+The tests' tiny random models are the conformance kit's (river_conformance/fixtures); the
+decoder layer the engines share is river_compute's.
 """
 
 from .cache import cache_root

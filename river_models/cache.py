@@ -31,8 +31,8 @@ from typing import Callable, Iterator
 
 import attrs
 
-from river_core.errors import ModelError
-from river_core.user_cache import cache_root  # noqa: F401 (the root, for river_models' users)
+from river_core.settings.errors import ModelError
+from river_core.settings.user_cache import cache_root  # noqa: F401 (the root, for river_models' users)
 
 FORMAT = 2   # the layout of an entry and its manifest: entries of another format are rebuilt
 MANIFEST = "river-cache.json"

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from river_core.errors import ModelError
+from river_core.settings.errors import ModelError
 
 from .families import BY_MODEL_TYPE, WRAPPERS
 from .spec import ACTIVATIONS, LayerWeights, ModelSpec, QueryScale, Rotary, Weights

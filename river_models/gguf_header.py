@@ -13,7 +13,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from river_core.errors import ModelError
+from river_core.settings.errors import ModelError
 
 MAGIC = b"GGUF"
 SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q",

@@ -25,7 +25,7 @@ from typing import Callable
 
 import numpy as np
 
-from river_core.errors import ConfigError
+from river_core.settings.errors import ConfigError
 
 # llama-quantize's file types: (general.file_type, the default type of its weights)
 FILE_TYPES = {"F16": (1, "F16"), "BF16": (32, "BF16"), "Q8_0": (7, "Q8_0"),

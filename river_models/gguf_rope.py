@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from river_core.errors import ModelError
+from river_core.settings.errors import ModelError
 
 from .families import BY_ARCH
 from .gguf_header import float_tensor, read_header

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from river_core.errors import ModelError
+from river_core.settings.errors import ModelError
 
 from .families import BY_ARCH
 

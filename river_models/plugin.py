@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from river_core.errors import ConfigError
-from river_core.hookspecs import hookimpl
+from river_core.settings.errors import ConfigError
+from river_core.contract.hookspecs import hookimpl
 
 from .cache import cache_root, entries, remove
 

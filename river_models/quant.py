@@ -28,8 +28,8 @@ from typing import Mapping
 import attrs
 import numpy as np
 
-from river_core.config import QuantSpec
-from river_core.errors import ConfigError
+from river_core.settings.config import QuantSpec
+from river_core.settings.errors import ConfigError
 
 from .cache import cache_root, cached, digest
 from .spec import PROJECTIONS, Checkpoint, LayerWeights

@@ -13,8 +13,8 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from river_core.backend import ModelShape
-from river_core.errors import ModelError
+from river_core.contract.backend import ModelShape
+from river_core.settings.errors import ModelError
 
 from . import from_transformers, gguf_rope, gguf_spec, gguf_tokenizer
 from .cache import cache_root, cached, content_key, digest

@@ -11,7 +11,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Sequence
 
-from river_core.errors import ModelError
+from river_core.settings.errors import ModelError
 
 
 class Tokenizer:

@@ -10,7 +10,7 @@ settings.register_profile("river", deadline=None, derandomize=True, max_examples
 settings.load_profile("river")
 
 
-from river_hf.plugin import TEST_DEVICE as VARIABLE
+from river_torch.plugin import TEST_DEVICE as VARIABLE
 
 TEST_DEVICE = os.environ.get(VARIABLE, "cpu")
 """The device the engines' tests and the conformance kit build River's torch engine on:
@@ -48,7 +48,7 @@ def test_cache(request, scratch_cache, monkeypatch):
 @pytest.fixture(scope="session")
 def tiny_folder(tmp_path_factory):
     """family -> a tiny random model saved as a Hugging Face folder (made once per session)."""
-    from river_models import tiny
+    from river_conformance.fixtures import tiny
 
     @functools.cache
     def save(family: str) -> str:
@@ -64,7 +64,7 @@ def fastest_tiny_backend():
     """tiny_backend(family, seed, bits) of the fastest engine installed: ggml's, else the
     reference (hf). For tests of what the core does over any engine's logits."""
     from river_core import CapabilityError
-    from river_hf.plugin import tiny_backend as reference
+    from river_torch.plugin import tiny_backend as reference
 
     def make(family: str, seed: int, bits: int):
         try:
@@ -78,17 +78,17 @@ def fastest_tiny_backend():
 @pytest.fixture
 def ctrl_c_at_step(monkeypatch):
     """ctrl_c_at_step(n): Ctrl-C arrives as the hf backend's n-th decode step begins."""
-    from river_hf.backend import HFBackend
+    from river_torch.backend import TorchBackend
 
     def arm(n: int) -> None:
-        calls, begin = {"n": 0}, HFBackend.begin
+        calls, begin = {"n": 0}, TorchBackend.begin
 
         def interrupted(self, tokens, step):
             calls["n"] += 1
             if calls["n"] == n:
                 raise KeyboardInterrupt
             return begin(self, tokens, step)
-        monkeypatch.setattr(HFBackend, "begin", interrupted)
+        monkeypatch.setattr(TorchBackend, "begin", interrupted)
     return arm
 
 

@@ -66,7 +66,7 @@ def test_bad_options(folder):
 
 def test_the_heads_stand_in_is_refused_where_the_backend_has_none():
     from river_core import CapabilityError, ModelShape, default_registry, resolve
-    from river_core.backend import Capabilities
+    from river_core.contract.backend import Capabilities
 
     with pytest.raises(CapabilityError, match="has no stand-in for the head"):
         resolve(ExitConfig(kv="propagate", exit_head="stand-in"), default_registry(),

@@ -1,8 +1,11 @@
-"""The layering rule (docs/architecture.md): the core imports no other package, the model
-package only the core, the application and the kit the core and the model package, no engine
-another (the torch engines share River's torch blocks through the model package); no package
-imports itself in a circle; nothing imports another package's private names; the core's public
-API is exported on purpose; the base install imports no torch."""
+"""The layering rule (docs/architecture.md): the core imports no other package, and inside it
+each layer only those below (settings, contract, method, loop, then the registry, the plan and
+`RiverModel` on top); the model package only the core; the shared compute the core and the
+model package; the application and the kit those and the compute (the example backend runs the
+skeleton); no engine another (the torch engines share River's torch blocks through the shared
+compute), an engine reaching the kit only for its fixtures (the tiny models its conformance
+hook runs); no package imports itself in a circle; nothing imports another package's private
+names; the core's public API is exported on purpose; the base install imports no torch."""
 
 import ast
 from pathlib import Path
@@ -14,18 +17,22 @@ PACKAGES = {p.name: p
             for p in [*ROOT.glob("river_*"), *(ROOT / "adapters").glob("river_*"),
                       *(ROOT / "plugins").glob("river_*")] if (p / "__init__.py").is_file()}
 PACKAGES["river_bench"] = ROOT / "benchmarks"   # installed under that name
-BACKENDS = {"river_hf", "river_onnx", "river_llamacpp", "river_ggml"}
+BACKENDS = {"river_torch", "river_onnx", "river_llamacpp", "river_ggml"}
 ALLOWED = {
     "river_core": set(),
     "river_models": {"river_core"},
+    "river_compute": {"river_core", "river_models"},
     "river_cli": {"river_core", "river_models"},
-    "river_conformance": {"river_core", "river_models"},
+    "river_conformance": {"river_core", "river_models", "river_compute"},
     "river_policies": {"river_core"},
-    **{b: {"river_core", "river_models"} for b in BACKENDS | {"river_vllm"}},
+    **{b: {"river_core", "river_models", "river_compute", "river_conformance"}
+       for b in BACKENDS | {"river_vllm"}},
     # the benchmarks measure everything; nothing imports them
-    "river_bench": {"river_core", "river_models", "river_cli", "river_conformance",
-                    "river_policies", *BACKENDS, "river_vllm"},
+    "river_bench": {"river_core", "river_models", "river_compute", "river_cli",
+                    "river_conformance", "river_policies", *BACKENDS, "river_vllm"},
 }
+# the core's layers, bottom first; a module of one imports only its own layer and those below
+CORE_LAYERS = ["settings", "contract", "method", "loop", None]   # None: the top (registry...)
 
 
 def imports(name: str, package: Path | None = None):
@@ -97,6 +104,29 @@ def test_package_imports_only_what_the_layering_allows(name):
     assert {p for p in found if p in PACKAGES} - {name} <= ALLOWED[name]
 
 
+def test_an_engine_reaches_the_kit_only_for_its_fixtures():
+    reached = {f"{module}: {target}" for name in BACKENDS | {"river_vllm"}
+               for module, target, _ in imports(name)
+               if target.split(".")[0] == "river_conformance"
+               and not target.startswith("river_conformance.fixtures")}
+    assert not reached
+
+
+def core_layer(module: str):
+    """The layer of a river_core module (None: the top)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in CORE_LAYERS else None
+
+
+def test_each_layer_of_the_core_imports_only_those_below():
+    upward = [f"{module} -> {target}" for module, target, names in imports("river_core")
+              for t in [target, *(f"{target}.{n}" for n in names)]
+              if t.startswith("river_core.") and module != "river_core"
+              and CORE_LAYERS.index(core_layer(t)) > CORE_LAYERS.index(core_layer(module))]
+    assert not upward
+    assert {core_layer(m) for m, _, _ in imports("river_core")} == set(CORE_LAYERS)
+
+
 @pytest.mark.parametrize("name", sorted(ALLOWED))
 def test_no_module_imports_itself_in_a_circle(name):
     found = circles(name)
@@ -139,7 +169,8 @@ def test_the_base_install_needs_no_torch():
     import subprocess
     import sys
 
-    job = ("import sys, river_core, river_models, river_cli.main, river_conformance.plugin; "
+    job = ("import sys, river_core, river_models, river_cli.main, river_conformance.plugin, "
+           "river_conformance.fixtures.tiny, river_compute.skeleton; "
            "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", job], capture_output=True, text=True)
     assert out.stdout.strip() == "False", out.stderr[-2000:]
@@ -156,10 +187,10 @@ def test_a_warm_cache_load_imports_neither_torch_nor_transformers(engine, tmp_pa
 
     pytest.importorskip({"onnx": "onnxruntime", "ggml": "ggml"}[engine])
     if engine == "onnx":
-        from river_models import tiny
+        from river_conformance.fixtures import tiny
         model = str(tiny.save(tmp_path / "model"))
     else:
-        from river_models.tiny_gguf import gguf_file
+        from river_conformance.fixtures.tiny_gguf import gguf_file
         model = str(gguf_file(0, "llama3"))
     job = ("import sys; from river_core import RiverModel; "
            f"m = RiverModel.from_pretrained({model!r}, backend={engine!r}); "

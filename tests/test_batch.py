@@ -2,14 +2,14 @@
 
 import pytest
 
-from river_hf.plugin import tiny_backend
-from river_models import tiny
-from river_core.config import GenerationConfig
-from river_core.decode import Run, generate_ids
-from river_core.errors import ConfigError
-from river_core.kv import Full, Propagate, Recompute, River
-from river_core.policy import Policy, RowView
-from river_core.predictor import TransitionPredictor
+from river_torch.plugin import tiny_backend
+from river_conformance.fixtures import tiny
+from river_core.settings.config import GenerationConfig
+from river_core.loop.decode import Run, generate_ids
+from river_core.settings.errors import ConfigError
+from river_core.method.kv import Full, Propagate, Recompute, River
+from river_core.method.policy import Policy, RowView
+from river_core.method.predictor import TransitionPredictor
 from river_policies import FixedDepth
 
 PROMPTS = [[1, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50], [1, 7, 8], [1, 60, 61, 62, 63, 64]]
@@ -81,7 +81,7 @@ def test_batched_teacher_forcing_matches_single_runs(strategy, policy):
     import numpy as np
 
     from river_conformance import example_backend
-    from river_core.decode import teacher_force
+    from river_core.loop.decode import teacher_force
 
     b = example_backend.make("llama", 0, 8)
     continuations = [[5, 6, 7, 8], [9], [10, 11, 12]]
@@ -95,7 +95,7 @@ def test_batched_teacher_forcing_matches_single_runs(strategy, policy):
 
 def test_a_batch_above_the_step_aside_threshold_runs_at_full_depth():
     from river_core import ExitConfig, GenerationConfig, RiverModel
-    from river_hf.plugin import tiny_backend
+    from river_torch.plugin import tiny_backend
 
     model = RiverModel(tiny_backend("llama", 0, 4))
     rows, gen = [[1, 20, 21], [1, 30, 31, 32], [1, 40]], GenerationConfig(max_new_tokens=6)

@@ -135,7 +135,7 @@ def test_every_benchmark_explains_itself_from_any_folder(command, tmp_path, monk
 @pytest.fixture(scope="module")
 def bench(tmp_path_factory):
     """A tiny model with a long context, its results folder, and a runner."""
-    from river_models import tiny
+    from river_conformance.fixtures import tiny
 
     model = tiny.save(tmp_path_factory.mktemp("bench-model"), positions=4096)
     out = tmp_path_factory.mktemp("bench-out")
@@ -356,7 +356,7 @@ def test_the_kits_reference_engine_is_built_on_the_test_device(test_device):
     """RIVER_TEST_DEVICE reaches the engines the conformance kit and the tests build."""
     import torch
 
-    from river_hf.plugin import tiny_backend
+    from river_torch.plugin import tiny_backend
 
     assert tiny_backend("llama", 0, 8).device == torch.device(test_device)
 
@@ -402,7 +402,7 @@ def test_the_anchors_ggufs_hold_the_same_weights_and_metadata(kind, tolerance, t
     from gguf.quants import dequantize
 
     from river_bench.library import anchors
-    from river_models.tiny_gguf import gguf_file
+    from river_conformance.fixtures.tiny_gguf import gguf_file
 
     source = GGUFReader(gguf_file())
     written = GGUFReader(anchors.write_gguf(gguf_file(), tmp_path / f"{kind}.gguf", kind))

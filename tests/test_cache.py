@@ -242,7 +242,7 @@ def test_a_rebuilt_conversion_keeps_its_stand_ins_current(tmp_path, monkeypatch)
     """A converted GGUF damaged and rebuilt has the same content: the stand-ins made from it
     stay its own, and no orphan is left behind (once, a rebuild left 141 MB listed as ok)."""
     from river_core import QuantSpec
-    from river_models.tiny_gguf import gguf_file
+    from river_conformance.fixtures.tiny_gguf import gguf_file
     from river_models import open_model, stand_ins
     from river_models.source import locate
 

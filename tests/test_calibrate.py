@@ -10,7 +10,7 @@ from river_conformance import example_backend
 from river_core import ConfigError, ExitConfig, RiverModel
 from river_cli.calibrate import calibrate, tuned_option
 from river_cli.main import main
-from river_core.options import tuned
+from river_core.settings.options import tuned
 from river_core.plugins import default_registry
 from river_cli.profile import Profile, Target, fingerprint
 from river_cli.prompts import GSM8K_TEST_DEV, GSM8K_TRAIN, read_prompts

@@ -139,7 +139,7 @@ def test_a_prompt_file_that_is_not_utf8_is_refused_with_its_line(tmp_path):
 def test_a_truncated_gguf_is_named_as_such(tmp_path, capsys, monkeypatch, keep):
     import shutil
 
-    from river_models.tiny_gguf import gguf_file
+    from river_conformance.fixtures.tiny_gguf import gguf_file
 
     cut = tmp_path / "cut.gguf"
     shutil.copy(gguf_file(0), cut)

@@ -3,11 +3,11 @@ transformers model gives `river generate`'s tokens and honours transformers' own
 
 import pytest
 import torch
-from transformers import (AutoModelForCausalLM, AutoTokenizer, LogitsProcessor,
-                          LogitsProcessorList, StoppingCriteria, StoppingCriteriaList)
+from transformers import (AutoModelForCausalLM, AutoTokenizer, LogitsProcessor, LogitsProcessorList,
+                          StoppingCriteria, StoppingCriteriaList)
 
 from river_core import ConfigError, ExitConfig, GenerationConfig, RiverModel
-from river_hf.generate import custom_generate
+from river_torch.generate import custom_generate
 
 SETTLED = ExitConfig(policy="settled", options={"tau": 0.5})   # exits a lot on a tiny model
 

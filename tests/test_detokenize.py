@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from river_core import Capabilities, GenerationConfig, ModelError, Prefill, RiverModel
-from river_core.detokenize import Detokenizer, StopScan
+from river_core import Capabilities, ModelError, Prefill, RiverModel
+from river_core.loop.detokenize import Detokenizer, StopScan
 
 
 class ByteTokenizer:
@@ -50,7 +50,7 @@ def test_streamed_text_is_the_whole_decode_of_any_bytes(ids):
 def test_streamed_text_is_the_whole_decode_with_the_tiny_tokenizer(ids):
     """Its decoder joins ids with spaces and skips special ids: an id's text depends on the
     ids before it."""
-    from river_models import tiny
+    from river_conformance.fixtures import tiny
     from river_models.tokenizer import Tokenizer
 
     tokenizer = Tokenizer(tiny.tokenizer(), [2])

@@ -10,11 +10,11 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from river_core import CapabilityError, ExitConfig, GenerationConfig, RiverModel
-from river_hf.backend import HFBackend
-from river_models import tiny
+from river_torch.backend import TorchBackend
+from river_conformance.fixtures import tiny
 from river_models.families import phi3
 from river_models.quant import QuantWeight
-from river_models.torch_blocks import _int4_tinygemm, _scales_and_zeros, packed
+from river_compute.torch_blocks import _int4_tinygemm, _scales_and_zeros, packed
 
 TOKEN = 5        # every step's logits point here, so drafts are kept and nothing hits EOS
 SETTLED = 0.999  # every cosine a policy reads: the paper's rule exits at its first chance
@@ -25,7 +25,7 @@ class Device:
     decode step, a verification), and values the test chooses (logits pointing at TOKEN,
     cosines of SETTLED)."""
 
-    def __init__(self, backend: HFBackend) -> None:
+    def __init__(self, backend: TorchBackend) -> None:
         self.vocab, self.passes = backend._embed.shape[0], []
         backend.host = self.read
         for kind in ("prefill", "embed", "extend"):
@@ -55,7 +55,7 @@ def on_device():
     checkpoint = tiny.checkpoint("llama", 0)
     stand_ins = tiny.stand_ins(checkpoint, 4)
     with FakeTensorMode(allow_non_fake_inputs=True):
-        backend = HFBackend(checkpoint, stand_ins, device="meta")
+        backend = TorchBackend(checkpoint, stand_ins, device="meta")
         yield backend, Device(backend)
 
 
@@ -151,7 +151,7 @@ def test_a_rerun_across_the_longrope_switch_stays_on_the_device():
     the host nowhere beyond the step's own reads (here: the logits)."""
     checkpoint = tiny.checkpoint("phi3", 0)
     with FakeTensorMode(allow_non_fake_inputs=True):
-        backend = HFBackend(checkpoint, tiny.stand_ins(checkpoint, 4), device="meta")
+        backend = TorchBackend(checkpoint, tiny.stand_ins(checkpoint, 4), device="meta")
         device = Device(backend)
         whole = []   # passes over every slot from 0: the prefill's and the recompute's
         begun = backend._pass

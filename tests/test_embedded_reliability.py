@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from river_core import ExitConfig, GenerationConfig, RiverModel
-from river_core.predictor import STAND_IN_BOUND_C, relative_error
+from river_core.method.predictor import STAND_IN_BOUND_C, relative_error
 from river_models.cache import entries, problem
 
 from river_bench.library import gsm8k

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from river_core import ModelError, RiverModel
-from river_core.backend import Step
-from river_core.verify_costs import VerifyCosts
+from river_core.contract.backend import Step
+from river_core.method.verify_costs import VerifyCosts
 
 # n-grams of the prompt repeat, so both sources propose; a fixed length drafts every round
 # that has a proposal, so verifications of every width up to 5 tokens run
@@ -61,9 +61,9 @@ def test_where_no_draft_can_pay_lossless_mode_takes_full_depths_steps_and_nothin
     """A machine whose verification of k tokens costs k steps: no acceptance could make a
     draft pay, so from the first round every round is a plain step, a one-token pass as full
     depth's decode step is, and no source is asked to propose (no per-round overhead)."""
-    from river_core import speculative
-    from river_core.drafting import DraftStore
-    from river_core.ngram import NgramSource
+    from river_core.loop import speculative
+    from river_core.loop.drafting import DraftStore
+    from river_core.loop.ngram import NgramSource
 
     monkeypatch.setenv("RIVER_CACHE", str(tmp_path))
     model = RiverModel.from_pretrained(tiny_folder("llama"))
@@ -90,8 +90,8 @@ def test_a_draft_source_at_fault_costs_its_drafts_never_a_wrong_token(fault, tin
                                                                       monkeypatch):
     """A draft source plugin that raises, drafts a token outside the vocabulary or more than
     it was asked: the generation drops it, says so once, and its text is full depth's."""
-    from river_core.ngram import NgramDrafter, NgramSource
-    from river_core.speculative import Drafts
+    from river_core.loop.ngram import NgramDrafter, NgramSource
+    from river_core.loop.speculative import Drafts
 
     model = RiverModel.from_pretrained(tiny_folder("llama"))
     full = model.generate(PROMPT, chat=False, max_new_tokens=16, kv="full").stats.tokens

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from river_models.families import BY_ARCH, BY_MODEL_TYPE, BY_NAME, FAMILIES, WRAPPERS
+from river_models.families import BY_MODEL_TYPE, BY_NAME, FAMILIES, WRAPPERS
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 
@@ -37,7 +37,7 @@ def test_each_record_describes_its_tiny_transformers_model(name):
     """What the GGUF side takes from the record (the block's quirks no key holds) is what
     transformers' own model of the family does."""
     pytest.importorskip("transformers")
-    from river_models import tiny
+    from river_conformance.fixtures import tiny
 
     family, model = BY_NAME[name], tiny.model(name)
     spec, layer = tiny.checkpoint(name).spec, tiny.checkpoint(name).weights.layers[0]

@@ -1,6 +1,6 @@
 """Bytes a decode step reads: the physical limit every speed figure is reported against."""
 
-from river_core.footprint import Footprint
+from river_core.contract.footprint import Footprint
 
 F = Footprint(layer_bytes=(10, 10, 10), stand_in_bytes=(3, 3, 3), kv_projection_bytes=(2, 2, 2),
               head_bytes=5, kv_bytes_per_position=1)

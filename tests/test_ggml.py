@@ -8,12 +8,12 @@ import pytest
 pytest.importorskip("ggml")
 torch = pytest.importorskip("torch")
 
-from river_core.backend import Step  # noqa: E402
-from river_core.config import QuantSpec  # noqa: E402
-from river_core.errors import ModelError  # noqa: E402
-from river_models import tiny  # noqa: E402
+from river_core.contract.backend import Step  # noqa: E402
+from river_core.settings.config import QuantSpec  # noqa: E402
+from river_core.settings.errors import ModelError  # noqa: E402
+from river_conformance.fixtures import tiny  # noqa: E402
 from river_models.quant import quantize  # noqa: E402
-from river_models.tiny_gguf import gguf_file  # noqa: E402
+from river_conformance.fixtures.tiny_gguf import gguf_file  # noqa: E402
 
 from river_ggml.lib import MappedGGUF, g  # noqa: E402
 from river_ggml.plugin import tiny_backend  # noqa: E402
@@ -144,7 +144,7 @@ def test_a_prefill_in_chunks_is_the_prefill_in_one_pass():
     """The engine prefills in chunks of `prefill_chunk` tokens, each chunk one graph that
     also gives every layer's cosines: the logits, the K/V and the similarities the exit rule
     reads are those of one pass layer by layer."""
-    from river_core.layer_engine import LayerEngine
+    from river_core.contract.layer_engine import LayerEngine
 
     chunked, whole = tiny_backend("qwen2", 0, 4), tiny_backend("qwen2", 0, 4)
     chunked.prefill_chunk = 16

@@ -12,10 +12,10 @@ import pytest
 pytest.importorskip("ggml")
 
 from river_core import RiverModel  # noqa: E402
-from river_core.config import ExitConfig, GenerationConfig  # noqa: E402
-from river_core.errors import CapabilityError, ModelError  # noqa: E402
+from river_core.settings.config import ExitConfig, GenerationConfig  # noqa: E402
+from river_core.settings.errors import CapabilityError, ModelError  # noqa: E402
 from river_models.cache import entries  # noqa: E402
-from river_models.tiny_gguf import gguf_file  # noqa: E402
+from river_conformance.fixtures.tiny_gguf import gguf_file  # noqa: E402
 
 from river_ggml.lib import MappedGGUF  # noqa: E402
 from river_ggml.stand_ins import Choice, choose  # noqa: E402

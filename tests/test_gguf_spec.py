@@ -6,10 +6,10 @@ import attrs
 import numpy as np
 import pytest
 
-from river_core.errors import ModelError
+from river_core.settings.errors import ModelError
 from river_models.gguf_header import read_header
 from river_models.gguf_spec import gguf_spec
-from river_models.tiny_gguf import gguf_file
+from river_conformance.fixtures.tiny_gguf import gguf_file
 
 FAMILIES = ["llama", "mistral", "llama3", "qwen2", "qwen3", "gemma3", "phi3"]
 
@@ -53,7 +53,7 @@ def test_ministral_3s_spec_read_from_its_gguf_is_its_models():
     """transformers reads no mistral3 GGUF: the reference is the tiny model itself (its YaRN
     table, its query scale)."""
     pytest.importorskip("transformers")
-    from river_models import tiny
+    from river_conformance.fixtures import tiny
 
     assert_same_spec(spec_of(gguf_file(0, "ministral3")), tiny.checkpoint("ministral3").spec)
 

@@ -1,7 +1,7 @@
 """A GGUF's tokenizer read from its own metadata (river_models.gguf_tokenizer), without
 transformers, gives transformers' GGUF tokenizer's ids token for token, for text, chat turns
 and decoding: on every family's tiny GGUF with its placeholder vocabulary and with real-shaped
-SentencePiece and byte-level ones (river_models.tiny_vocab), and on the embedded model (issue 52).
+SentencePiece and byte-level ones (river_conformance.fixtures.tiny_vocab), and on the embedded model (issue 52).
 """
 
 import json
@@ -10,10 +10,10 @@ import sys
 
 import pytest
 
-from river_core.errors import ModelError
+from river_core.settings.errors import ModelError
 from river_models.gguf_header import read_header
 from river_models.gguf_tokenizer import build, write
-from river_models.tiny_gguf import gguf_file
+from river_conformance.fixtures.tiny_gguf import gguf_file
 from river_models.tokenizer import FileTokenizer
 
 # every tiny family transformers reads from a GGUF (it reads no mistral3 one: Ministral 3's

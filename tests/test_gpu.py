@@ -104,7 +104,7 @@ def test_the_int4_kernel_is_checked_against_the_stand_ins_dequantized_weights(mo
     its bound; and a kernel fed the wrong nibble order is caught."""
     import torch
 
-    from river_models import torch_blocks
+    from river_compute import torch_blocks
 
     errors = gpu.int4_error(SHAPES["tiny"], "cpu")["int4_error"]
     assert set(errors) == {"qkv", "o", "gate_up", "down"}
@@ -171,8 +171,8 @@ def test_transformers_twin_runs_the_weights_rivers_engine_runs():
     from river_conformance.kit import FULL_DEPTH_RTOL
     from river_conformance.scripted import forced_logits
     from river_core import GenerationConfig
-    from river_core.kv import Full
-    from river_core.predictor import relative_error
+    from river_core.method.kv import Full
+    from river_core.method.predictor import relative_error
 
     args = argparse.Namespace(positions=[16], tokens=8, prompts=1, rounds=1, device="cpu",
                               model=None)

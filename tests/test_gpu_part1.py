@@ -29,7 +29,7 @@ def test_the_llamacpp_subject_is_refused_where_gguf_and_llama_cpp_are_absent(mon
 
     for name in ("gguf", "llama_cpp"):
         monkeypatch.setitem(sys.modules, name, None)   # `import` raises ModuleNotFoundError
-    monkeypatch.delitem(sys.modules, "river_models.tiny_gguf", raising=False)
+    monkeypatch.delitem(sys.modules, "river_conformance.fixtures.tiny_gguf", raising=False)
     with pytest.raises(CapabilityError, match="llama-cpp-python"):
         tiny_backend("llama", 0, 8)
 

@@ -8,14 +8,14 @@ import pytest
 import torch
 from hypothesis import given, strategies as st
 
-from river_hf.plugin import tiny_backend
-from river_models import tiny
-from river_core.config import GenerationConfig
-from river_core.decode import generate_ids
-from river_core.kv import Full, River
+from river_torch.plugin import tiny_backend
+from river_conformance.fixtures import tiny
+from river_core.settings.config import GenerationConfig
+from river_core.loop.decode import generate_ids
+from river_core.method.kv import Full, River
 from river_conformance.kit import BFLOAT16
 from river_conformance.scripted import forced_logits, scripted_run
-from river_core.predictor import relative_error
+from river_core.method.predictor import relative_error
 
 prompts = st.lists(st.integers(3, tiny.VOCAB - 1), min_size=1, max_size=24).map(lambda p: [1] + p)
 
@@ -63,8 +63,8 @@ def test_bfloat16_full_depth_matches_generate_and_river_runs(family, test_device
        exits=st.lists(st.integers(0, 4), min_size=8, max_size=8))
 def test_mask_never_reads_an_absent_entry(prompt, cont, exits):
     """Whatever an absent entry holds, later tokens' outputs do not change."""
-    from river_core.cache import KVCache
-    from river_core.kv import Mask
+    from river_core.contract.cache import KVCache
+    from river_core.method.kv import Mask
 
     b = tiny_backend("qwen3", 0, 8)
     clean = forced_logits(b, prompt, cont, Mask(), exits)

@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 import torch
 
-from river_core.config import GenerationConfig
-from river_core.errors import ModelError
-from river_core.decode import generate_ids
-from river_core.kv import Full
-from river_core.predictor import relative_error
+from river_core.settings.config import GenerationConfig
+from river_core.settings.errors import ModelError
+from river_core.loop.decode import generate_ids
+from river_core.method.kv import Full
+from river_core.method.predictor import relative_error
 from river_conformance.kit import FULL_DEPTH_RTOL
 from river_conformance.scripted import forced_logits, scripted_run
-from river_models import tiny
+from river_conformance.fixtures import tiny
 from river_models.families import llama3, ministral3, phi3
 
 PAPER_FAMILIES = ("llama3", "phi3", "ministral3")
@@ -30,9 +30,9 @@ def _backend(engine: str, family: str, checkpoint=None):
 
     if checkpoint is None:
         return default_registry().get("conformance backend", engine)(family, 0, 8)
-    from river_hf.backend import HFBackend
+    from river_torch.backend import TorchBackend
 
-    return HFBackend(checkpoint, tiny.stand_ins(checkpoint, 8), torch.float32)
+    return TorchBackend(checkpoint, tiny.stand_ins(checkpoint, 8), torch.float32)
 
 
 def _reference_logits(family: str, ids: list[int]) -> np.ndarray:
@@ -126,7 +126,7 @@ def test_a_gguf_reads_back_the_rotary_transformers_gguf_loader_drops(family):
     so the converted model runs as the one it came from, past the LongRoPE switch."""
     from transformers import AutoConfig
 
-    from river_models.tiny_gguf import gguf_file
+    from river_conformance.fixtures.tiny_gguf import gguf_file
     from river_models.source import open_model
 
     path = gguf_file(0, family)
@@ -147,7 +147,7 @@ def test_a_gguf_reads_back_the_rotary_transformers_gguf_loader_drops(family):
 def test_a_gguf_reads_back_the_head_width_and_sliding_layers_transformers_drop(family):
     """Qwen3's key_length (transformers' GGUF config takes hidden / heads) and Gemma 3's
     per-layer sliding pattern (it assumes five in six), read back by River."""
-    from river_models.tiny_gguf import gguf_file
+    from river_conformance.fixtures.tiny_gguf import gguf_file
     from river_models.source import open_model
 
     converted, original = open_model(str(gguf_file(0, family))), tiny.checkpoint(family)
@@ -160,16 +160,16 @@ def test_a_gguf_reads_back_the_head_width_and_sliding_layers_transformers_drop(f
 
 def test_a_ministral_3_gguf_is_refused_in_one_line_naming_the_reader():
     """transformers reads no `mistral3` GGUF, so River has no ModelSpec for one."""
-    from river_core.errors import ModelError
+    from river_core.settings.errors import ModelError
     from river_models.source import open_model
-    from river_models.tiny_gguf import gguf_file
+    from river_conformance.fixtures.tiny_gguf import gguf_file
 
     with pytest.raises(ModelError, match="architecture mistral3 is not supported"):
         open_model(str(gguf_file(0, "ministral3")))
 
 
 def test_rope_frequency_factors_that_are_no_llama3_scaling_are_refused():
-    from river_core.errors import ModelError
+    from river_core.settings.errors import ModelError
     from river_models.gguf_rope import _llama3
 
     config = tiny.model("llama3").config
@@ -184,7 +184,7 @@ def test_phi3_stand_ins_are_its_fused_matrices_quantized_whole(bits, method):
     checkpoint's fused qkv_proj (gate_up_proj) quantized as stored, code for code: scales, zero
     points and HQQ's steps are per group of a row's inputs, and HQQ's early stop (the one
     whole-matrix reading) stops at the same step."""
-    from river_core.config import QuantSpec
+    from river_core.settings.config import QuantSpec
     from river_models import FUSED, QuantWeight
     from river_models.quant import build_stand_ins, quantize
 
@@ -244,9 +244,9 @@ def test_decoding_across_the_longrope_switch_recomputes_the_sequence_on_the_long
 def test_lossless_mode_across_the_longrope_switch_gives_full_depths_tokens(engine):
     """Drafts and verification that carry the sequence past Phi-3's switch: full depth's tokens
     (the recompute runs wherever the step that first passes it is a draft or a verification)."""
-    from river_core.kv import River
-    from river_core.draft_length import DraftLength
-    from river_core.speculative import speculative_ids
+    from river_core.method.kv import River
+    from river_core.method.draft_length import DraftLength
+    from river_core.loop.speculative import speculative_ids
 
     prompt, n = LONG_PROMPT[:phi3.SWITCH - 4], 8
     b = _backend(engine, "phi3")

@@ -1,4 +1,4 @@
-"""N-gram drafts (river_core/ngram.py) and the round's choice between draft sources
+"""N-gram drafts (river_core/loop/ngram.py) and the round's choice between draft sources
 (speculative.DraftLength): the drafter's proposals, and the chooser on simulated rounds."""
 
 import pytest
@@ -6,9 +6,9 @@ import pytest
 from river_core import ConfigError
 import attrs
 
-from river_core.ngram import NgramDrafter, NgramIndex, NgramOptions, bucket
-from river_core.verify_costs import VerifyCosts
-from river_core.draft_length import PLAIN, DraftLength, Round
+from river_core.loop.ngram import NgramDrafter, NgramIndex, NgramOptions, bucket
+from river_core.method.verify_costs import VerifyCosts
+from river_core.method.draft_length import PLAIN, DraftLength, Round
 
 
 def _index(tokens, shortest=2, longest=8) -> NgramIndex:
@@ -309,7 +309,7 @@ def test_the_kits_sampled_test_catches_ngram_drafts_kept_without_the_ratio_test(
     (point-mass) draft fails it."""
     from river_conformance.kit import NGRAM_DRAFTS, NGRAM_PROMPT, lossless_against_plain
 
-    monkeypatch.setattr("river_core.speculative.verify_draft", lambda *args: None)
+    monkeypatch.setattr("river_core.loop.speculative.verify_draft", lambda *args: None)
     comparison = lossless_against_plain(fastest_tiny_backend("llama", 0, 4), sources=NGRAM_DRAFTS,
                                         prompt=NGRAM_PROMPT, temperature=1.0)
     assert not comparison.same, comparison.summary()

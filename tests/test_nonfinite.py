@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from river_core import ExitConfig, GenerationConfig, NonFiniteError, RiverModel
-from river_core.finite import checked
-from river_models import tiny
+from river_core.loop.finite import checked
+from river_conformance.fixtures import tiny
 
 BAD = 2   # the layer whose MLP overflows float32
 
@@ -26,10 +26,10 @@ def overflowing():
 
 
 def hf():
-    from river_hf.backend import HFBackend
+    from river_torch.backend import TorchBackend
 
     c = overflowing()
-    return HFBackend(c, tiny.stand_ins(c, 8))
+    return TorchBackend(c, tiny.stand_ins(c, 8))
 
 
 def onnx(tmp_path):
@@ -91,7 +91,7 @@ def test_a_float16_export_past_float16s_range_is_refused_naming_the_layer(device
     """The export measures each layer's activations in float32 (issue 43); a float16 export
     whose peak passes float16's range with 2x headroom does not load: on the CPU it would
     decode NaN, and on cuda, where the onnx engine runs only float16, the same."""
-    from river_core.errors import ConfigError
+    from river_core.settings.errors import ConfigError
     from river_onnx.backend import OnnxBackend
     from river_onnx.export import export_model
 

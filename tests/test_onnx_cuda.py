@@ -10,7 +10,7 @@ import pytest
 from onnx import TensorProto
 
 from river_core import CapabilityError
-from river_models import tiny
+from river_conformance.fixtures import tiny
 from river_models.families import BY_NAME
 
 FLOATS = {"float", "float16", "bfloat16", "double"}
@@ -252,7 +252,7 @@ def test_drafts_read_the_whole_context_off_the_cpu_and_a_window_is_refused():
     lossless mode's plan then gives drafts the whole context, and an explicit window is
     refused in one line."""
     from river_core import ModelShape, default_registry, resolve
-    from river_core.config import DRAFT_WINDOW, ExitConfig
+    from river_core.settings.config import DRAFT_WINDOW, ExitConfig
     from river_onnx.backend import capabilities
 
     assert capabilities("cpu").windowed_drafts and not capabilities("cuda").windowed_drafts
@@ -334,7 +334,7 @@ def test_attention_takes_a_bias_only_where_the_step_needs_a_mask():
     """A bias, even all zeros, keeps CUDA's GroupQueryAttention off its fused kernels (issue
     43); it is bound only for padding, a window's edge and holes. A prefill, a decode step and
     a verification of one unpadded row over full layers need none."""
-    from river_core.backend import Step
+    from river_core.contract.backend import Step
     from river_onnx.plugin import tiny_backend
 
     b = tiny_backend("llama", 0, 4, "float16")   # the export CUDA runs
@@ -360,7 +360,7 @@ def test_attention_takes_a_bias_only_where_the_step_needs_a_mask():
 def test_the_causal_branch_computes_what_the_masked_one_does_with_a_causal_bias():
     """The graph's two attention branches, on the same step: no bias, and the bias a causal
     mask makes (what every step bound before)."""
-    from river_core.backend import Step
+    from river_core.contract.backend import Step
     from river_onnx.feeds import layer_feeds
     from river_onnx.plugin import tiny_backend
 
@@ -382,7 +382,7 @@ def test_the_causal_branch_computes_what_the_masked_one_does_with_a_causal_bias(
 def test_the_cpus_float32_graphs_always_take_the_bias():
     """No causal branch where nothing gains from it: the CPU's GroupQueryAttention runs the
     same kernel either way, and the If's subgraph call per layer costs time there."""
-    from river_core.backend import Step
+    from river_core.contract.backend import Step
     from river_onnx.plugin import tiny_backend
 
     b = tiny_backend("llama", 0, 4)

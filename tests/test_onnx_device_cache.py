@@ -13,7 +13,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from river_core.backend import Step
+from river_core.contract.backend import Step
 from river_conformance.kit import *  # noqa: F401,F403
 from river_conformance.kit import Subject
 

@@ -79,7 +79,7 @@ def gguf(tmp_path):
     import shutil
 
     pytest.importorskip("ggml")
-    from river_models.tiny_gguf import gguf_file
+    from river_conformance.fixtures.tiny_gguf import gguf_file
 
     path = tmp_path / "models" / "tiny.gguf"
     path.parent.mkdir()

@@ -5,11 +5,11 @@ import pytest
 
 from river_core import ConfigError, ExitConfig, RiverModel
 from river_cli.main import main
-from river_core.backend import ModelShape
-from river_core.options import parse
+from river_core.contract.backend import ModelShape
+from river_core.settings.options import parse
 from river_core.plan import resolve
 from river_core.plugins import default_registry
-from river_hf.plugin import tiny_backend
+from river_torch.plugin import tiny_backend
 
 
 def resolved(config: ExitConfig):

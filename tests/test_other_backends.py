@@ -84,7 +84,7 @@ def test_onnx_int8_backbone_stays_close_and_lossless_mode_keeps_its_output(tmp_p
 
     from river_core import ExitConfig, GenerationConfig, QuantSpec
     from river_core.model import RiverModel
-    from river_models import tiny
+    from river_conformance.fixtures import tiny
     from river_models.quant import stand_ins
     from river_onnx.backend import OnnxBackend
     from river_onnx.export import export_model

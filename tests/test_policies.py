@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from river_core import ExitConfig, GenerationConfig, RiverModel, Step
-from river_hf.plugin import tiny_backend
+from river_torch.plugin import tiny_backend
 
 
 class Recording:
@@ -59,7 +59,7 @@ def _cascade(b, margin, prompt=(1, 30, 31, 32, 33), n=8):
 def test_a_cascade_that_doubts_everything_is_full_depth():
     """margin 1: every exited token is recomputed from its exit, so output, exits and every
     layer's K/V are full depth's (the river's K/V never survive the recheck)."""
-    from river_core.predictor import relative_error
+    from river_core.method.predictor import relative_error
 
     b = tiny_backend("llama", 0, 4)
     full = RiverModel(b).generate_ids([[1, 30, 31, 32, 33]], ExitConfig(kv="full"),
@@ -120,10 +120,10 @@ def test_confidence_rules_exit_where_the_early_softmax_says(policy, sure, never)
 def test_a_policy_that_reads_logits_sees_the_state_after_each_layer():
     import numpy as np
 
-    from river_core.decode import Run, generate_ids
-    from river_core.kv import River
-    from river_core.policy import Policy
-    from river_core.predictor import TransitionPredictor
+    from river_core.loop.decode import Run, generate_ids
+    from river_core.method.kv import River
+    from river_core.method.policy import Policy
+    from river_core.method.predictor import TransitionPredictor
 
     class Watching(Policy):
         def __init__(self):

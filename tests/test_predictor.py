@@ -4,8 +4,8 @@ import math
 
 from hypothesis import given, strategies as st
 
-from river_core.policy import RowView, SimilarityOptions, SimilarityPolicy
-from river_core.predictor import TransitionPredictor, transition
+from river_core.method.policy import RowView, SimilarityOptions, SimilarityPolicy
+from river_core.method.predictor import TransitionPredictor, transition
 
 cosines = st.floats(-1.0, 1.0)
 layers = st.integers(2, 12)

@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given, strategies as st
 
 from river_core import ConfigError, QuantSpec
-from river_models import stand_ins, tiny
+from river_conformance.fixtures import tiny
+from river_models import stand_ins
 from river_models.quant import HQQ, hqq_zero, quantize
 
 shapes = st.tuples(st.integers(1, 8), st.sampled_from([64, 128, 192]))
@@ -125,7 +126,7 @@ def test_onnx_runs_exactly_the_dequantized_weights(bits, monkeypatch, tmp_path):
 def test_hf_packed_kernels_run_the_dequantized_weights(bits):
     import torch
 
-    from river_models.torch_blocks import packed
+    from river_compute.torch_blocks import packed
 
     w = heavy_tailed((96, 128), 1)
     q = quantize(w, QuantSpec(bits=bits, group_size=32))
@@ -185,8 +186,8 @@ def test_8_bit_groups_are_refused_by_aten_s_int8_kernel_in_one_line():
     """The `sym` quantizer's 8 bits hold a scale per group (ggml's Q8_0); aten's int8 kernel
     takes one per row, so the torch engine refuses them instead of reading the first group's."""
     torch = pytest.importorskip("torch")
-    from river_core.errors import CapabilityError
-    from river_models.torch_blocks import packed
+    from river_core.settings.errors import CapabilityError
+    from river_compute.torch_blocks import packed
 
     w = np.random.default_rng(0).standard_normal((8, 64)).astype(np.float32)
     grouped = quantize(w, QuantSpec(bits=8, group_size=32, method="sym"))

@@ -1,5 +1,5 @@
 """River's ggml engine on GGUFs as users have them (issue 58): every family, at its real shape's
-quirks in widths K-quants fill (river_models.real_gguf), written with the metadata llama.cpp's
+quirks in widths K-quants fill (river_conformance.fixtures.real_gguf), written with the metadata llama.cpp's
 converter writes, in the types llama-quantize makes (river_models.gguf_quantize), loaded as
 `river generate --model FILE` loads it; checked per position against River's torch engine on
 gguf-py's float32 dequantization of the same file, and against llama.cpp itself on the same
@@ -17,10 +17,11 @@ torch = pytest.importorskip("torch")
 
 from river_conformance.agreement import Agreement, first_difference  # noqa: E402
 from river_conformance.scripted import forced_logits, scripted_run  # noqa: E402
-from river_core.config import GenerationConfig  # noqa: E402
-from river_core.decode import generate_ids  # noqa: E402
-from river_core.kv import Full  # noqa: E402
-from river_models import gguf_quantize, real_gguf  # noqa: E402
+from river_core.settings.config import GenerationConfig  # noqa: E402
+from river_core.loop.decode import generate_ids  # noqa: E402
+from river_core.method.kv import Full  # noqa: E402
+from river_conformance.fixtures import real_gguf  # noqa: E402
+from river_models import gguf_quantize  # noqa: E402
 
 # every family in llama.cpp's most common type; every type on a tied family with biases
 # (Qwen2: the embedding is the head, Q6_K) and an untied one (Llama: the embedding in the
@@ -60,14 +61,14 @@ def files(tmp_path_factory):
 
 def reference(path):
     """River's torch engine on the file's float32 dequantization (no stand-ins run)."""
-    from river_core.config import QuantSpec
-    from river_hf.backend import HFBackend
+    from river_core.settings.config import QuantSpec
+    from river_torch.backend import TorchBackend
     from river_models import gguf_weights
     from river_models.quant import stand_ins
 
     checkpoint = gguf_weights.checkpoint(path)
     unused = stand_ins(checkpoint, QuantSpec(bits=8, group_size=64, method="rtn"), cache=False)
-    return HFBackend(checkpoint, unused, torch.float32)
+    return TorchBackend(checkpoint, unused, torch.float32)
 
 
 def ggml(path):
@@ -225,7 +226,7 @@ def test_a_damaged_or_foreign_file_is_named_in_one_line_and_nothing_is_cached(
 def test_the_load_self_check_names_a_layout_read_wrong(files, monkeypatch):
     """The bug of issue 58 put back (the embedding repacked, then read by get_rows): the
     load's self-check names it in one line, before any answer."""
-    from river_core.errors import ModelError
+    from river_core.settings.errors import ModelError
     from river_ggml import lib
 
     path, _ = files("llama", "Q4_0")   # an untied embedding in Q4_0, a type ggml repacks

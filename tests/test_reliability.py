@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 
 from river_core import ConfigError, ExitConfig, GenerationConfig, RiverModel, Step
-from river_core.kv import Full, Mask, Monotonic, Propagate, Recompute, River
-from river_core.predictor import STAND_IN_BOUND_C
-from river_core.predictor import relative_error
+from river_core.method.kv import Full, Mask, Monotonic, Propagate, Recompute, River
+from river_core.method.predictor import STAND_IN_BOUND_C
+from river_core.method.predictor import relative_error
 from river_conformance.scripted import forced_logits
-from river_hf.plugin import tiny_backend
-from river_models import tiny
+from river_torch.plugin import tiny_backend
+from river_conformance.fixtures import tiny
 
 STEPS = 2048
 

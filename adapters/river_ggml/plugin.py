@@ -8,10 +8,10 @@ from pathlib import Path
 
 import attrs
 
-from river_core.backend import ModelShape
-from river_core.config import QuantSpec
-from river_core.errors import CapabilityError, ConfigError, ModelError
-from river_core.hookspecs import BackendPlugin, hookimpl
+from river_core.contract.backend import ModelShape
+from river_core.settings.config import QuantSpec
+from river_core.settings.errors import CapabilityError, ConfigError, ModelError
+from river_core.contract.hookspecs import BackendPlugin, hookimpl
 
 from . import CAPABILITIES
 
@@ -64,7 +64,7 @@ def load(model: str | None = None, *, device: str = "cpu", dtype: str | None = N
     float16. The stand-ins' type is chosen below the backbone's (stand_ins.choose); where none
     fits, exit mode is refused in one line and lossless mode and full depth run. Its phases'
     wall-clock is the backend's `load_seconds`."""
-    from river_core.phases import Phases
+    from river_core.contract.phases import Phases
 
     phases = Phases()
     if device != "cpu":
@@ -98,12 +98,13 @@ def load(model: str | None = None, *, device: str = "cpu", dtype: str | None = N
 
 def tiny_backend(family: str, seed: int, bits: int, method: str = "hqq"):
     """The ggml backend over a tiny random model written as a float32 GGUF as llama.cpp's
-    converter writes it (river_models.tiny_gguf), with the very stand-ins the other engines'
+    converter writes it (river_conformance.fixtures.tiny_gguf), with the very stand-ins the other engines'
     factories run (tiny.stand_ins; `method` "sym": this engine's own, as Q4_0) under the
     GGUF's names, in a temporary folder."""
     lib = _binding()
-    from river_models import QuantWeight, tiny
-    from river_models.tiny_gguf import gguf_file, permuted, projections
+    from river_conformance.fixtures import tiny
+    from river_models import QuantWeight
+    from river_conformance.fixtures.tiny_gguf import gguf_file, permuted, projections
 
     from .backend import GgmlBackend
     from .stand_ins import Quantized, StandIns, blocks_kind, mapped

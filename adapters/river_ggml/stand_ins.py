@@ -34,8 +34,8 @@ from typing import Callable, Mapping, Sequence
 import attrs
 import numpy as np
 
-from river_core.config import QuantSpec
-from river_core.errors import ConfigError, ModelError
+from river_core.settings.config import QuantSpec
+from river_core.settings.errors import ConfigError, ModelError
 from river_models.cache import cache_root, cached, content_key, digest, ready
 from river_models.gguf_quantize import dequantized_rows, quantized_rows
 from river_models.quant import QuantWeight, quantize, weight_error

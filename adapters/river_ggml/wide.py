@@ -21,7 +21,7 @@ def random_gguf(path: Path, kind: str, hidden: int, intermediate: int, layers: i
     `kind` (quantized by ggml itself), written at `path`."""
     import gguf
 
-    from river_models import tiny_vocab
+    from river_conformance.fixtures import tiny_vocab
 
     rng = np.random.default_rng(seed)
     vocab = len(tiny_vocab.vocabulary("spm", "llama")["tokens"])

@@ -2,7 +2,7 @@
 
 llama.cpp builds one compute graph over all layers and has no per-token exit, no hook to run a
 single layer and no public access to its KV cache. So this backend keeps the required contract
-alone (prefill and decode: `river_core.backend.Backend`) and promises nothing else: the
+alone (prefill and decode: `river_core.contract.backend.Backend`) and promises nothing else: the
 core runs it with the `full` strategy only and refuses exit policies with a clear error. A real
 integration would need llama.cpp to expose per-layer graph execution over a shared KV cache
 (see docs/backends.md).
@@ -15,9 +15,9 @@ from typing import Sequence
 
 import numpy as np
 
-from river_core.backend import Prefill, Step
-from river_core.footprint import Footprint
-from river_core.errors import CapabilityError
+from river_core.contract.backend import Prefill, Step
+from river_core.contract.footprint import Footprint
+from river_core.settings.errors import CapabilityError
 
 from . import CAPABILITIES
 

@@ -6,10 +6,10 @@ import atexit
 import os
 from pathlib import Path
 
-from river_core.backend import ModelShape
-from river_core.config import QuantSpec
-from river_core.errors import CapabilityError, ConfigError, ModelError
-from river_core.hookspecs import BackendPlugin, hookimpl
+from river_core.contract.backend import ModelShape
+from river_core.settings.config import QuantSpec
+from river_core.settings.errors import CapabilityError, ConfigError, ModelError
+from river_core.contract.hookspecs import BackendPlugin, hookimpl
 from river_models.families import FAMILIES
 
 from . import CAPABILITIES
@@ -79,7 +79,7 @@ def tiny_backend(family: str, seed: int, bits: int, exact: bool = True):
                               f"transformers: {DIFFERS[family]}")
     _llama_cpp()   # before the tiny GGUF, whose writer needs gguf (absent where it is absent)
     from .backend import LlamaCppBackend
-    from river_models.tiny_gguf import gguf_file
+    from river_conformance.fixtures.tiny_gguf import gguf_file
 
     path = gguf_file(seed, family)
     llm, layers = open_llama(path, 256, exact)

@@ -19,9 +19,9 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from river_core.backend import Step
-from river_core.errors import ConfigError
-from river_core.layout import Layout
+from river_core.contract.backend import Step
+from river_core.settings.errors import ConfigError
+from river_core.contract.layout import Layout
 from river_models import Checkpoint
 
 from .feeds import layer_feeds, step_pass

@@ -17,11 +17,11 @@ import attrs
 import numpy as np
 import onnxruntime as ort
 
-from river_core.backend import Capabilities
-from river_core.errors import CapabilityError
-from river_core.footprint import Footprint
-from river_core.layer_engine import LayerEngine, NumpyArrays
-from river_core.layout import View
+from river_core.contract.backend import Capabilities
+from river_core.settings.errors import CapabilityError
+from river_core.contract.footprint import Footprint
+from river_core.contract.layer_engine import LayerEngine, NumpyArrays
+from river_core.contract.layout import View
 
 from . import allocator
 from .activations import check_float16

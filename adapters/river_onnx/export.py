@@ -19,7 +19,7 @@ from pathlib import Path
 import attrs
 from tqdm import tqdm
 
-from river_core.config import QuantSpec
+from river_core.settings.config import QuantSpec
 from river_models import Checkpoint, ModelSpec, StandInWeights, stand_ins
 from river_models.cache import cache_root, cached, content_key, digest
 from river_models.quant import FORMAT as QUANT_FORMAT

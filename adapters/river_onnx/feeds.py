@@ -7,8 +7,8 @@ from __future__ import annotations
 import attrs
 import numpy as np
 
-from river_core.backend import Pass
-from river_core.layout import View
+from river_core.contract.backend import Pass
+from river_core.contract.layout import View
 from river_models import ModelSpec
 
 

@@ -18,7 +18,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from river_models import FUSED, LayerWeights, ModelSpec, QuantWeight
-from river_models.skeleton import BoundLayer, Primitives, decoder_layer, keys_values
+from river_compute.skeleton import BoundLayer, Primitives, decoder_layer, keys_values
 
 from .quant import NBits, nbits
 

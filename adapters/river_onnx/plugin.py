@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import functools
 
-from river_core.config import QuantSpec
-from river_core.errors import ConfigError
-from river_core.hookspecs import BackendPlugin, hookimpl
-from river_core.phases import Phases
+from river_core.settings.config import QuantSpec
+from river_core.settings.errors import ConfigError
+from river_core.contract.hookspecs import BackendPlugin, hookimpl
+from river_core.contract.phases import Phases
 from river_models.source import model_shape
 
 from . import CAPABILITIES
@@ -49,7 +49,7 @@ def load(model: str | None = None, *, device: str = "cpu", dtype: str | None = N
     return backend
 
 
-# the conformance kit's device (river_hf.plugin.TEST_DEVICE; the onnx engine does not import
+# the conformance kit's device (river_torch.plugin.TEST_DEVICE; the onnx engine does not import
 # torch's adapter)
 TEST_DEVICE = "RIVER_TEST_DEVICE"
 
@@ -67,7 +67,7 @@ def tiny_backend(family: str, seed: int, bits: int, floats: str = "float32",
     import weakref
     from pathlib import Path
 
-    from river_models import tiny
+    from river_conformance.fixtures import tiny
 
     from .backend import backend_class
     from .export import export_model

@@ -7,7 +7,7 @@ cache entry `onnx-optimized/EXPORT-KEY`, their weights then gathered into one fi
 distinct tensor once, as the export keeps them; later
 loads read those graphs with graph optimization off. Optimization at this level may use the
 CPU's own instructions (ONNX Runtime's NCHWc transformer, its warning says so), so KEY holds
-the ONNX Runtime version, the CPU's model and flags (`river_core.machine.cpu_key`) and the
+the ONNX Runtime version, the CPU's model and flags (`river_core.settings.machine.cpu_key`) and the
 export's seal: another machine or version builds its own. An entry that fails to load (a
 damaged file the size check let through) is removed and rebuilt, with a one-line notice;
 a partial one (an interrupted first load) is removed by the cache itself (river_models.cache).
@@ -29,8 +29,8 @@ from typing import Callable
 import onnx
 import onnxruntime as ort
 
-from river_core.errors import ModelError
-from river_core.machine import cpu_key
+from river_core.settings.errors import ModelError
+from river_core.settings.machine import cpu_key
 from river_models.cache import MANIFEST, cache_root, cached, digest
 
 from .weights import SharedWeights

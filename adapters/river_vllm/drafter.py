@@ -30,8 +30,8 @@ import torch
 from vllm.distributed import get_tp_group
 
 from river_core import ConfigError
-from river_core.layout import window_slots
-from river_core.draft_length import DraftLength, Round
+from river_core.contract.layout import window_slots
+from river_core.method.draft_length import DraftLength, Round
 
 from .models import RiverExits, to_host
 from .pages import Reader

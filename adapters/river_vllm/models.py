@@ -2,7 +2,7 @@
 
 A River class is vLLM's own model class for the family (its weights, loader, attention layers
 and paged KV cache untouched) with one forward of River's own: the batch's tokens go through
-the layers as one [tokens, hidden] state, walked by the core's `Walk` (river_core/decode.py),
+the layers as one [tokens, hidden] state, walked by the core's `Walk` (river_core/loop/decode.py),
 the same walk as River's own engines: after each layer the plan's exit policy, with its
 predictor, lets decoding tokens leave; from then on those rows run the layer's stand-in
 (River's 4-bit copy, from the model package and its cache: the same weights `river generate`
@@ -35,21 +35,20 @@ import attrs
 import numpy as np
 import torch
 from vllm.config import CUDAGraphMode
-from vllm.distributed import (get_tensor_model_parallel_rank,
-                              get_tensor_model_parallel_world_size,
+from vllm.distributed import (get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size,
                               tensor_model_parallel_all_gather)
 from vllm.forward_context import get_forward_context
 from vllm.logger import init_logger
 from vllm.platforms import current_platform
 
 from river_core import ConfigError, ModelShape, Pass, Walk, default_registry, resolve
-from river_core.decode import Row
-from river_core.layer_engine import StandInDefaults
+from river_core.loop.decode import Row
+from river_core.contract.layer_engine import StandInDefaults
 from river_models import open_model, stand_ins
 from river_models.families import FAMILIES
-from river_models.skeleton import BoundLayer, Primitives, decoder_layer, mlp
+from river_compute.skeleton import BoundLayer, Primitives, decoder_layer, mlp
 from river_models.spec import QueryScale
-from river_models.torch_blocks import Block, TorchArrays, TorchWeights, packed, query_factors
+from river_compute.torch_blocks import Block, TorchArrays, TorchWeights, packed, query_factors
 
 from . import ARCHITECTURES, CAPABILITIES, pages, repairs, settings, verifies
 
@@ -191,7 +190,7 @@ class ForwardPass(Pass):
 @attrs.frozen(eq=False)
 class ForwardLayers(TorchArrays, StandInDefaults):
     """The numerics of a forward (or a draft step) as the core's walk asks for them
-    (`river_core.backend`: `Layered`, `StandIns` with its own `mixed_layer`), over the pass
+    (`river_core.contract.backend`: `Layered`, `StandIns` with its own `mixed_layer`), over the pass
     `p` each call takes: the rows of a [tokens, hidden] state through vLLM's decoder layers or
     River's stand-ins, with one attention call per layer for all rows."""
 

@@ -7,7 +7,7 @@ The rule, `busy`:
 - the load average at the start above the core count (other work was running), or at the end
   above twice the core count (the benchmark's own threads add up to the core count there);
 - the copy bandwidth at the start or the end under half of this machine's quiet figure: the
-  best this CPU (`river_core.machine.cpu_key`) has measured, kept in the user cache.
+  best this CPU (`river_core.settings.machine.cpu_key`) has measured, kept in the user cache.
 A `--docs` run on a busy machine does not write docs/results (`Output.write`).
 """
 
@@ -18,7 +18,7 @@ import os
 
 import attrs
 
-from river_core.machine import cpu, cpu_key
+from river_core.settings.machine import cpu, cpu_key
 
 
 @attrs.frozen

@@ -155,7 +155,7 @@ def random_gguf(name: str, kind: str, anchors_python=None):
 def _write_f16(name: str, path) -> None:
     import gguf
 
-    from river_models.tiny_gguf import add_shape, projections
+    from river_conformance.fixtures.tiny_gguf import add_shape, projections
 
     checkpoint = random_checkpoint(name, 4096)
     spec, weights, s = checkpoint.spec, checkpoint.weights, SHAPES[name]
@@ -191,7 +191,7 @@ def ggml_backend(name: str, checkpoint, quant: QuantSpec):
     from river_ggml.lib import MappedGGUF
     from river_ggml.stand_ins import Quantized, StandIns, blocks_kind, mapped
     from river_models import QuantWeight
-    from river_models.tiny_gguf import permuted, projections
+    from river_conformance.fixtures.tiny_gguf import permuted, projections
 
     def permute(q: QuantWeight, heads: int) -> QuantWeight:
         return QuantWeight(*(permuted(a, heads) for a in (q.codes, q.scale, q.zero)), q.bits)
@@ -230,9 +230,9 @@ def load(engine: str, shape: str, model: str | None, device: str, quant: QuantSp
     if backend == "hf":
         import torch
 
-        from river_hf.backend import HFBackend
+        from river_torch.backend import TorchBackend
 
-        return RiverModel(HFBackend(checkpoint, quantized, getattr(torch, dtype), device))
+        return RiverModel(TorchBackend(checkpoint, quantized, getattr(torch, dtype), device))
     if backend == "onnx":
         if dtype != "float32":
             raise SystemExit(f"random shapes run on onnx in float32, not {dtype}")

@@ -52,8 +52,8 @@ def weight_errors(layers: int) -> list[dict]:
 
 
 def kv_errors(prompts: int) -> list[dict]:
-    from river_core.kv import Full, River
-    from river_core.predictor import relative_error
+    from river_core.method.kv import Full, River
+    from river_core.method.predictor import relative_error
     from river_conformance.scripted import forced_logits
     from river_ggml.backend import GgmlBackend
     from river_ggml.lib import MappedGGUF

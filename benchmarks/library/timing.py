@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 
-from river_core.machine import cpu as machine_cpu
+from river_core.settings.machine import cpu as machine_cpu
 
 
 def synchronize(device: str = "cpu") -> None:

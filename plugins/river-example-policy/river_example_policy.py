@@ -6,9 +6,9 @@ factory that takes the options and the model's depth, and the hook that names th
 
 import attrs
 
-from river_core.hookspecs import PolicyPlugin, hookimpl
-from river_core.options import between, option
-from river_core.policy import Policy, RowView
+from river_core.contract.hookspecs import PolicyPlugin, hookimpl
+from river_core.settings.options import between, option
+from river_core.method.policy import Policy, RowView
 
 
 @attrs.frozen

@@ -2,8 +2,8 @@
 
 import attrs
 
-from river_core.options import between, option
-from river_core.policy import Exits, Needs, Policy, RowView, WhereOptions, tau_option
+from river_core.settings.options import between, option
+from river_core.method.policy import Exits, Needs, Policy, RowView, WhereOptions, tau_option
 
 
 @attrs.define

@@ -3,8 +3,8 @@
 import attrs
 import numpy as np
 
-from river_core.options import between, option
-from river_core.policy import Needs, SettledOptions, SettledPolicy
+from river_core.settings.options import between, option
+from river_core.method.policy import Needs, SettledOptions, SettledPolicy
 
 from .signals import margin
 

@@ -7,8 +7,8 @@ from typing import Callable
 import attrs
 import numpy as np
 
-from river_core.options import between, option
-from river_core.policy import Exits, Policy, RowView, WhereOptions
+from river_core.settings.options import between, option
+from river_core.method.policy import Exits, Policy, RowView, WhereOptions
 
 from .signals import entropy, margin
 

@@ -2,9 +2,9 @@
 
 import attrs
 
-from river_core.errors import ConfigError
-from river_core.options import option
-from river_core.policy import Policy, RowView
+from river_core.settings.errors import ConfigError
+from river_core.settings.options import option
+from river_core.method.policy import Policy, RowView
 
 
 class FixedDepth(Policy):

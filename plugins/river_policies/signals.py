@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from river_core.sampling import softmax
+from river_core.loop.sampling import softmax
 
 
 def margin(logits: np.ndarray) -> float:

@@ -71,7 +71,7 @@ class Family:
     # fields of the tiny one (beside its text config)
     wrappers: tuple[str, ...] = ()
     tiny_wrapper: Mapping[str, Any] = {}
-    # test models: the tiny config's fields beside river_models.tiny.COMMON; the serving
+    # test models: the tiny config's fields beside river_conformance.fixtures.tiny.COMMON; the serving
     # form's beside those and tiny.SERVING (heads 32 wide; None: no serving form); the
     # published model's config fields and its quirks at widths K-quants fill (real_gguf)
     tiny: Mapping[str, Any] = {}

@@ -11,14 +11,14 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from river_core.backend import Pass
-from river_core.footprint import Footprint
-from river_core.layer_engine import LayerEngine
-from river_core.layout import View
+from river_core.contract.backend import Pass
+from river_core.contract.footprint import Footprint
+from river_core.contract.layer_engine import LayerEngine
+from river_core.contract.layout import View
 from river_models import Checkpoint, StandInWeights
-from river_models.skeleton import decoder_layer, keys_values
-from river_models.torch_blocks import (Block, Dense, Norm, Rotaries, TorchArrays, TorchLayer,
-                                       packed, torch_pass, upload)
+from river_compute.skeleton import decoder_layer, keys_values
+from river_compute.torch_blocks import (Block, Dense, Norm, Rotaries, TorchArrays, TorchLayer,
+                                        packed, torch_pass, upload)
 from . import CAPABILITIES
 
 
@@ -29,7 +29,7 @@ def default_dtype(device: str) -> torch.dtype:
     return torch.float32 if torch.device(device).type == "cpu" else torch.bfloat16
 
 
-class HFBackend(TorchArrays, LayerEngine):
+class TorchBackend(TorchArrays, LayerEngine):
     """Runs a model layer by layer over River's own preallocated cache."""
 
     name = "hf"

@@ -12,7 +12,7 @@ The contract has three parts:
    engine (llama.cpp is one). `Verifies` adds lossless mode's multi-token pass.
 2. **What the walk reads** (`Layered`, and for each promise of `Capabilities` its
    sub-protocol): the layers one by one, so the core decides where each token leaves.
-   `river_core.layer_engine.LayerEngine` implements all of it over a backend's numerics.
+   `river_core.contract.layer_engine.LayerEngine` implements all of it over a backend's numerics.
 3. **Measurement** (`Measured`, optional): the cache's contents and the bytes a step reads, for
    the conformance kit and the benchmarks; never on the hot path.
 
@@ -46,7 +46,7 @@ class Step:
     """The cache slots one forward pass writes, start..start+tokens-1 of every row (the same
     in every layer), and what its queries attend: everything before its end, or, for a
     single-token draft under `draft_window`, the first SINKS slots and the last
-    `draft_window` (river_core.layout.window_slots)."""
+    `draft_window` (river_core.contract.layout.window_slots)."""
 
     start: int
     tokens: int = 1

@@ -2,7 +2,7 @@
 
     from transformers import AutoModelForCausalLM
     from river_core import ExitConfig
-    from river_hf.generate import custom_generate
+    from river_torch.generate import custom_generate
 
     model = AutoModelForCausalLM.from_pretrained(folder)
     out = model.generate(input_ids, max_new_tokens=64, custom_generate=custom_generate,
@@ -31,7 +31,7 @@ from river_models import stand_ins
 from river_models.cache import content_key
 from river_models.source import checkpoint_of
 
-from .backend import HFBackend
+from .backend import TorchBackend
 
 _BUILT: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # model -> {quant: River}
 
@@ -54,7 +54,7 @@ def river_model(model, quant: QuantSpec) -> RiverModel:
         checkpoint = checkpoint_of(model, _NoTokenizer(), name.rstrip("/").split("/")[-1],
                                    content_key(folder) if local else f"memory-{id(model):x}",
                                    folder if local else None)
-        backend = HFBackend(checkpoint, stand_ins(checkpoint, quant, cache=local), model.dtype,
+        backend = TorchBackend(checkpoint, stand_ins(checkpoint, quant, cache=local), model.dtype,
                             str(model.device))
         built[quant] = RiverModel(backend, default_registry())
     return built[quant]

@@ -14,7 +14,7 @@ import attrs
 import numpy as np
 
 from .backend import Step
-from .errors import ConfigError
+from ..settings.errors import ConfigError
 
 SINKS = 4   # a draft window's first slots, which attention leans on (attention sinks)
 

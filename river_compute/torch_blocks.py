@@ -19,13 +19,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from river_core.backend import Pass
-from river_core.errors import CapabilityError
-from river_core.layout import View
+from river_core.contract.backend import Pass
+from river_core.settings.errors import CapabilityError
+from river_core.contract.layout import View
 
-from .quant import QuantWeight
+from river_models.quant import QuantWeight
 from .skeleton import BoundLayer, Primitives
-from .spec import FUSED, PROJECTIONS, LayerWeights, ModelSpec, QueryScale
+from river_models.spec import FUSED, PROJECTIONS, LayerWeights, ModelSpec, QueryScale
 
 
 class Rotaries:

@@ -19,8 +19,8 @@ import attrs
 import pluggy
 
 from .backend import Capabilities, ModelShape
-from .config import QuantSpec
-from .options import NoOptions
+from ..settings.config import QuantSpec
+from ..settings.options import NoOptions
 
 PROJECT = "river_core"
 hookspec = pluggy.HookspecMarker(PROJECT)
@@ -107,8 +107,8 @@ def river_draft_sources() -> Mapping[str, DraftSourcePlugin]:
 @hookspec
 def river_conformance_backends() -> Mapping[str, Callable]:
     """name -> make(family, seed, bits) returning a Backend over the tiny random model
-    `river_models.tiny.checkpoint(family, seed)`: what the conformance kit (package
-    `river_conformance`) runs. `family` is one of river_models.tiny.FAMILIES; raise
+    `river_conformance.fixtures.tiny.checkpoint(family, seed)`: what the conformance kit (package
+    `river_conformance`) runs. `family` is one of river_conformance.fixtures.tiny.FAMILIES; raise
     CapabilityError for one the backend cannot run."""
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from .backend import Tokenizer
+from ..contract.backend import Tokenizer
 
 REPLACEMENT = "\ufffd"
 

@@ -13,8 +13,8 @@ from typing import Any, Callable, Protocol, Sequence
 import attrs
 import numpy as np
 
-from .errors import ConfigError
-from .options import at_least, between, option
+from ..settings.errors import ConfigError
+from ..settings.options import at_least, between, option
 from .predictor import SimilarityPredictor
 
 

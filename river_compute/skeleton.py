@@ -11,7 +11,7 @@ from typing import Any, Callable, Generic, Mapping, TypeVar
 
 import attrs
 
-from .spec import FUSED, NORMS
+from river_models.spec import FUSED, NORMS
 
 N, P = TypeVar("N"), TypeVar("P")
 

@@ -32,16 +32,16 @@ from typing import Callable, Collection, Iterator, Mapping, Protocol, Sequence
 import attrs
 import numpy as np
 
-from .backend import Backend, Step
-from .config import GenerationConfig
-from .decode import (DecodeResult, Row, Run, Stream, Token, check_capacity, decode_step,
-                     drain, start_rows)
+from ..contract.backend import Backend, Step
+from ..settings.config import GenerationConfig
+from .decode import (DecodeResult, Row, Run, Stream, Token, check_capacity, decode_step, drain,
+                     start_rows)
 from .detokenize import StopScan
-from .errors import ConfigError
+from ..settings.errors import ConfigError
 from .finite import checked
-from .draft_length import PLAIN, RIVER, DraftLength, Round
+from ..method.draft_length import PLAIN, RIVER, DraftLength, Round
 from .sampling import draw, probabilities, verify_draft
-from .verify_costs import VerifyCosts, measure
+from ..method.verify_costs import VerifyCosts, measure
 
 
 @attrs.frozen

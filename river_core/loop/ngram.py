@@ -31,11 +31,11 @@ from typing import Sequence
 
 import attrs
 
-from .draft_length import DraftLength
-from .errors import ConfigError
-from .options import at_least, option
+from ..method.draft_length import DraftLength
+from ..settings.errors import ConfigError
+from ..settings.options import at_least, option
 from .speculative import Drafts, Generation
-from .verify_costs import VerifyCosts
+from ..method.verify_costs import VerifyCosts
 
 SHORTEST = 2   # a single repeated token ("the", ",") predicts little
 LONGEST = 8

@@ -1,8 +1,8 @@
 """River's PyTorch backend (`hf`: it reads Hugging Face models, through the model package).
-Loaded through the `river_core` entry point `hf`; build `river_hf.backend.HFBackend` from a
+Loaded through the `river_core` entry point `hf`; build `river_torch.backend.TorchBackend` from a
 `river_models.Checkpoint` to use it directly."""
 
-from river_core.backend import Capabilities
+from river_core.contract.backend import Capabilities
 
 # known before anything loads (no engine imported): a plan is checked before a long load
 CAPABILITIES = Capabilities(exits=True, stand_in=True, propagate=True, mask=True, recompute=True,

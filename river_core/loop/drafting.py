@@ -12,9 +12,9 @@ import json
 import os
 from pathlib import Path
 
-from .machine import cpu_key
-from .user_cache import cache_root
-from .verify_costs import VerifyCosts
+from ..settings.machine import cpu_key
+from ..settings.user_cache import cache_root
+from ..method.verify_costs import VerifyCosts
 
 FORMAT = 4   # bump when VerifyCosts.as_json changes
 

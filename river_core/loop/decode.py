@@ -14,14 +14,14 @@ from typing import Callable, Collection, Generator, Mapping, Sequence
 import attrs
 import numpy as np
 
-from .backend import Backend, Pass, Step
-from .config import GenerationConfig
+from ..contract.backend import Backend, Pass, Step
+from ..settings.config import GenerationConfig
 from .detokenize import StopScan
-from .errors import ConfigError
+from ..settings.errors import ConfigError
 from .finite import checked
-from .kv import KVStrategy, subset
-from .policy import ExitPolicy, RowView
-from .predictor import SimilarityPredictor
+from ..method.kv import KVStrategy, subset
+from ..method.policy import ExitPolicy, RowView
+from ..method.predictor import SimilarityPredictor
 from .sampling import Sampler, log_softmax, make_sampler
 
 PredictorFactory = Callable[[Sequence[float], Sequence[float]], SimilarityPredictor]

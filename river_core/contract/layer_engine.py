@@ -7,7 +7,7 @@ over one `KVCache`: the cache's shape and allocation, each step's `Pass` (made o
 from the layout's `View`, handed to every call of the step: the engine keeps no per-step
 state), which rows a layer runs and how they go back into the batch, the last-token
 similarities, the prefill loop, full-depth decoding, verification and layer spans. A backend
-subclasses it, mixes in its array members (`NumpyArrays`, or river_models.torch_blocks'
+subclasses it, mixes in its array members (`NumpyArrays`, or river_compute.torch_blocks'
 `TorchArrays`) and supplies the numerics its abstract methods declare (`allocate`, the pass's
 tensors, the embedding, a block, the head, its footprint), and `project_kv` where it promises
 `propagate`.
@@ -26,7 +26,7 @@ import numpy as np
 
 from .backend import Pass, Prefill, Rows, Step
 from .cache import KVCache
-from .errors import CapabilityError
+from ..settings.errors import CapabilityError
 from .footprint import Footprint
 from .layout import Layout, View
 from .switch import RotarySwitch
@@ -58,7 +58,7 @@ class LayerEngine(StandInDefaults, abc.ABC):
     attributes: name, num_layers, max_positions, capabilities, tokenizer, runs_on,
     kv_heads and head_dim (the cache's shape), windows (each layer's attention window), and
     stand_in_error where it has stand-ins; an engine whose arrays are not numpy's mixes in its
-    array members (`NumpyArrays`, river_models.torch_blocks' `TorchArrays`)."""
+    array members (`NumpyArrays`, river_compute.torch_blocks' `TorchArrays`)."""
 
     kv_heads: int
     head_dim: int

@@ -15,8 +15,8 @@ from typing import Callable
 
 import numpy as np
 
-from .backend import Backend
-from .errors import NonFiniteError
+from ..contract.backend import Backend
+from ..settings.errors import NonFiniteError
 
 
 def checked(logits: np.ndarray, backend: Backend, sequence: Callable[[int], list[int]],

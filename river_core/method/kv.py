@@ -15,9 +15,9 @@ from typing import Protocol
 
 import attrs
 
-from .backend import Backend, Pass, Rows
-from .footprint import Reads
-from .options import NoOptions
+from ..contract.backend import Backend, Pass, Rows
+from ..contract.footprint import Reads
+from ..settings.options import NoOptions
 
 
 class KVStrategy(Protocol):

@@ -2,7 +2,7 @@
 batch's tokens sit (its `Layout`: padding and holes) and how many positions hold tokens
 (`offset`), as mlx-lm's caches own their offset, update and trim.
 
-No cursor: each step names its slots (`river_core.backend.Step`), `write` assigns them by
+No cursor: each step names its slots (`river_core.contract.backend.Step`), `write` assigns them by
 index, and `trim` moves the offset, nothing else. Slots are poisoned once, at allocation
 (`LayerEngine.allocate`), so a read of one no step wrote shows; a slot a rejected draft left
 is never read again, because every step attends only slots before its own end, and the next

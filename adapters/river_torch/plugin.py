@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import os
 
-from river_core.config import QuantSpec
-from river_core.errors import CapabilityError, ConfigError
-from river_core.hookspecs import BackendPlugin, hookimpl
+from river_core.settings.config import QuantSpec
+from river_core.settings.errors import CapabilityError, ConfigError
+from river_core.contract.hookspecs import BackendPlugin, hookimpl
 from river_models.source import model_shape
 
 from . import CAPABILITIES
@@ -27,18 +27,18 @@ def _torch_device(device: str):
 def load(model: str | None = None, *, device: str = "cpu", dtype: str | None = None,
          quant: QuantSpec = QuantSpec(), progress: bool = False):
     """PyTorch (CPU, CUDA): the reference backend. dtype None: float32 on the CPU, bfloat16
-    on CUDA (`river_hf.backend.default_dtype`)."""
+    on CUDA (`river_torch.backend.default_dtype`)."""
     import torch
 
     from river_models import open_model, stand_ins
 
-    from .backend import HFBackend
+    from .backend import TorchBackend
 
     if dtype is not None and dtype not in DTYPES:
         raise ConfigError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}")
     _torch_device(device)
     checkpoint = open_model(model, progress)
-    return HFBackend(checkpoint, stand_ins(checkpoint, quant, progress),
+    return TorchBackend(checkpoint, stand_ins(checkpoint, quant, progress),
                      None if dtype is None else getattr(torch, dtype), device)
 
 
@@ -52,12 +52,12 @@ def tiny_backend(family: str, seed: int, bits: int, dtype: str = "float32",
     (default: $RIVER_TEST_DEVICE, else the CPU; `river bench gpu` points it at a GPU)."""
     import torch
 
-    from river_models import tiny
+    from river_conformance.fixtures import tiny
 
-    from .backend import HFBackend
+    from .backend import TorchBackend
 
     checkpoint = tiny.checkpoint(family, seed, dtype)
-    return HFBackend(checkpoint, tiny.stand_ins(checkpoint, bits), getattr(torch, dtype),
+    return TorchBackend(checkpoint, tiny.stand_ins(checkpoint, bits), getattr(torch, dtype),
                      _torch_device(device or os.environ.get(TEST_DEVICE, "cpu")))
 
 
