@@ -20,12 +20,12 @@ import torch
 import torch.nn.functional as F
 
 from river_core.contract.backend import Pass
-from river_core.settings.errors import CapabilityError
 from river_core.contract.layout import View
-
+from river_core.settings.errors import CapabilityError
 from river_models.quant import QuantWeight
-from .skeleton import BoundLayer, Primitives
 from river_models.spec import FUSED, PROJECTIONS, LayerWeights, ModelSpec, QueryScale
+
+from .skeleton import BoundLayer, Primitives
 
 
 class Rotaries:
@@ -128,8 +128,8 @@ def torch_pass(view: View, ids: np.ndarray | None, rotaries: "Rotaries",
 
 @attrs.frozen(eq=False)
 class Norm:
-    """RMSNorm. With `offset` (1 + w) it scales by 1 + w in float32 before casting back; the others
-    cast back first, then scale (as transformers does)."""
+    """RMSNorm. With `offset` it scales by 1 + w in float32 before casting back; without, it
+    casts back first, then scales (as transformers does)."""
 
     weight: torch.Tensor
     eps: float

@@ -33,7 +33,7 @@ from river_core.contract.hookspecs import hookimpl
 from river_compute.skeleton import BoundLayer, Primitives, decoder_layer, keys_values
 from river_conformance.fixtures import tiny
 from river_models import Checkpoint, StandInWeights
-from river_models.spec import FUSED
+from river_models.spec import FUSED, LayerWeights
 
 
 def rms_norm(x, w, eps):
@@ -58,6 +58,10 @@ class NumpyBackend(NumpyArrays, LayerEngine):
         # a stand-in is its layer with every projection replaced by its quantized copy
         self.stand_in_weights = [{n: q.dequantize() for n, q in layer.items()}
                                  for layer in quantized.layers]
+        # each layer bound once: its norms and, by fused name, each part's (weight, bias)
+        self.blocks = [bind(layer, layer.projections) for layer in self.w.layers]
+        self.stand_in_blocks = [bind(layer, weights) for layer, weights
+                                in zip(self.w.layers, self.stand_in_weights)]
         self.stand_in_error = list(quantized.errors)
         self.stand_in_head = quantized.head.dequantize()
         self.num_layers, self.max_positions = spec.num_layers, spec.max_positions
@@ -86,8 +90,8 @@ class NumpyBackend(NumpyArrays, LayerEngine):
     def run_block(self, p, i, x, idx, stand_in, mids):
         """Layer i (its stand-in's projections with `stand_in`) on the states `x` of rows
         `idx`."""
-        proj = self.stand_in_weights[i] if stand_in else self.w.layers[i].projections
-        out, mid = decoder_layer(x, NumpyLayer(self, p, i, idx, proj))
+        block = (self.stand_in_blocks if stand_in else self.blocks)[i]
+        out, mid = decoder_layer(x, NumpyLayer(self, p, i, idx, block))
         if mids is not None:
             mids.append(mid)
         return out
@@ -101,7 +105,7 @@ class NumpyBackend(NumpyArrays, LayerEngine):
     def project_kv(self, p: Pass, i: int, h, rows) -> None:
         idx = None if rows is None else p.index(rows, self.make_index)
         keys_values(h if idx is None else h[idx],
-                    NumpyLayer(self, p, i, idx, self.w.layers[i].projections))
+                    NumpyLayer(self, p, i, idx, self.blocks[i]))
 
     def footprint(self) -> Footprint:
         layers = self.w.layers
@@ -111,16 +115,21 @@ class NumpyBackend(NumpyArrays, LayerEngine):
                          2 * self.spec.kv_heads * self.spec.head_dim * 4, self.stand_in_head.nbytes)
 
 
+def bind(layer: LayerWeights, projections) -> BoundLayer:
+    """`layer`'s norms and, by fused name, each part's (weight, bias), the weights from
+    `projections` (the layer's own or its stand-in's)."""
+    return BoundLayer.bind(lambda n: getattr(layer, n), lambda f: {
+        part: (projections[part], layer.biases.get(part)) for part in FUSED[f]})
+
+
 class NumpyLayer(Primitives):
-    """The skeleton's primitives in numpy: layer i of pass `p` with projections `proj` (the
+    """The skeleton's primitives in numpy: layer i of pass `p` (its weights `block`, the
     layer's or its stand-in's) on rows `idx` of the batch (None: all). States are [batch,
     tokens, hidden]; queries, keys and values [batch, heads, tokens, head_dim]."""
 
-    def __init__(self, engine: NumpyBackend, p: Pass, i: int, idx, proj) -> None:
-        layer = engine.w.layers[i]
-        self.layer = BoundLayer.bind(lambda n: getattr(layer, n), lambda f: f)
-        self.engine, self.spec, self.p, self.i, self.idx = engine, engine.spec, p, i, idx
-        self.proj, self.biases = proj, layer.biases
+    def __init__(self, engine: NumpyBackend, p: Pass, i: int, idx, block: BoundLayer) -> None:
+        self.engine, self.spec, self.layer, self.p, self.i, self.idx = \
+            engine, engine.spec, block, p, i, idx
 
     def norm(self, h, weight):
         return rms_norm(h, weight, self.spec.norm_eps)
@@ -128,8 +137,9 @@ class NumpyLayer(Primitives):
     def project(self, h, name: str, parts=None) -> tuple:
         out = []
         for part in parts or FUSED[name]:
-            y = h @ self.proj[part].T
-            y = y if part not in self.biases else y + self.biases[part]
+            weight, bias = self.layer.proj[name][part]
+            y = h @ weight.T
+            y = y if bias is None else y + bias
             if name == "qkv":   # [b, t, count * hd] -> [b, count, t, hd]
                 y = y.reshape(*h.shape[:2], -1, self.spec.head_dim).transpose(0, 2, 1, 3)
             out.append(y)

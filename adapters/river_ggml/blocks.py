@@ -158,7 +158,7 @@ class GgmlLayer(Primitives):
 
     def __init__(self, layer: Layer, ctx, t: dict, tokens: int, keys: int | None, cache,
                  columns: bool) -> None:
-        self.own, self.layer, self.spec = layer, layer.weights, layer.spec
+        self.block, self.layer, self.spec = layer, layer.weights, layer.spec
         self.ctx, self.t, self.tokens, self.keys, self.cache = ctx, t, tokens, keys, cache
         self.columns, self.rows = columns, rows_of(cache)
         self.query_scale = t.get("qscale")
@@ -179,7 +179,7 @@ class GgmlLayer(Primitives):
                 out = [self._product(m, h) if p in parts else None
                        for m, p in zip(weights, "qkv")]
             out = [a if b is None or a is None else g.ggml_add(ctx, a, b)
-                   for a, b in zip(out, self.own.qkv_bias)]
+                   for a, b in zip(out, self.block.qkv_bias)]
             return tuple(g.ggml_reshape_3d(ctx, out["qkv".index(p)], hd, sizes[p] // hd, n)
                          for p in parts)
         if name == "gate_up":
@@ -201,9 +201,9 @@ class GgmlLayer(Primitives):
                 for m, o in zip(sizes, offsets)]
 
     def rotate(self, q, k) -> tuple:
-        rotary = self.spec.rotary[self.spec.rope_keys[self.own.i]]
+        rotary = self.spec.rotary[self.spec.rope_keys[self.block.i]]
         rope = lambda a: g.ggml_rope_ext(self.ctx, a, self.t["pos"], self.t["factors"],
-                                         2 * self.own._rotary_pairs(), self.own.mode, 0, BASE,
+                                         2 * self.block._rotary_pairs(), self.block.mode, 0, BASE,
                                          1.0, 0.0, rotary.scaling, 32.0, 1.0)
         return (None if q is None else rope(q)), rope(k)
 

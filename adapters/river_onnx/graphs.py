@@ -148,10 +148,6 @@ class Graph:
             y = self.op("MatMul", x, self.const(w.T.astype(np.float32)))
         return y if lin.bias is None else self.op("Add", y, self.const(lin.bias))
 
-    def head_norm(self, x: str, count: int, head_dim: int, norm: Norm) -> str:
-        """A per-head norm of queries or keys on [B, T, count*hd]."""
-        x = self.rms_norm(self.op("Reshape", x, self.shape(0, 0, count, head_dim)), norm)
-        return self.op("Reshape", x, self.shape(0, 0, count * head_dim))
 
 
 class OnnxLayer(Primitives):
@@ -168,8 +164,11 @@ class OnnxLayer(Primitives):
         return self.g.rms_norm(h, weight)
 
     def head_norm(self, a, weight, part: str):
-        b = self.b
-        return self.g.head_norm(a, b.heads if part == "q" else b.kv_heads, b.head_dim, weight)
+        """On [B, T, heads*hd]: each head's [hd] normed."""
+        g, b = self.g, self.b
+        heads = b.heads if part == "q" else b.kv_heads
+        a = g.rms_norm(g.op("Reshape", a, g.shape(0, 0, heads, b.head_dim)), weight)
+        return g.op("Reshape", a, g.shape(0, 0, heads * b.head_dim))
 
     def project(self, h, name: str, parts=None) -> tuple:
         g, b = self.g, self.b
