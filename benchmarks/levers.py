@@ -8,6 +8,7 @@ repeats, cycling through all layers where weights are involved (cold caches, as 
 - fused projections: a layer's seven projections as seven matmuls, or as four (Q/K/V and
   gate/up fused), backbone (float32) and stand-in (packed 4-bit);
 - `torch.compile` (CPU inductor) of one decode block against eager;
+- the decoder layer written once over each engine's primitives: its own Python calls;
 - ONNX: the exit river after layer 3 as one session run (`stand_in_tail`) or one per layer;
 - ONNX `MatMulNBits` on a 1536x576 4-bit weight: accuracy level 0 against 4, integer against
   float zero points;
@@ -87,6 +88,37 @@ def compiled_block(model: str | None) -> dict:
                                                                     repeats=200),
                          "compile_seconds": seconds}
     return out
+
+
+def skeleton_python() -> dict:
+    """What writing the decoder layer once costs in Python: `decoder_layer` over primitives
+    that do no work (every engine's layer pays these calls beside its tensor operations; the
+    onnx and ggml engines only while building a graph)."""
+    import timeit
+
+    from river_compute.skeleton import BoundLayer, Primitives, decoder_layer
+    from river_models.spec import NORMS
+
+    class Idle(Primitives):
+        layer = BoundLayer({**dict.fromkeys(NORMS), "input_norm": 1, "pre_mlp_norm": 1}, {})
+
+        def norm(self, h, weight):
+            return h
+
+        def project(self, h, name, parts=None):
+            return (h,) * len(parts or FUSED[name])
+
+        def rotate(self, q, k):
+            return q, k
+
+        def attend(self, q, k, v):
+            return q
+
+        def activation(self, gate):
+            return gate
+    ops, calls = Idle(), 100_000
+    seconds = min(timeit.repeat(lambda: decoder_layer(1.0, ops), number=calls, repeat=7))
+    return {"us_per_layer": seconds / calls * 1e6}
 
 
 def decoding(model: str | None, engine: str, positions: int, **load):
@@ -262,12 +294,18 @@ def confidence_cost(model: str | None, repeats: int = 30) -> dict:
 
 LEVERS = {"fused_projections": lambda c, q, model: fused_projections(c, q),
           "torch_compile": lambda c, q, model: compiled_block(model),
+          "skeleton_python": lambda c, q, model: skeleton_python(),
           "onnx_tail": lambda c, q, model: onnx_tail(model),
           "matmul_nbits_us": lambda c, q, model: matmul_nbits(q),
           "draft_head": lambda c, q, model: draft_head(c, model),
           "verification_ms": lambda c, q, model: verification(model),
           "confidence_cost_ms": lambda c, q, model: confidence_cost(model),
           "stand_in_zero_points": lambda c, q, model: stand_in_zero_points(model)}
+
+
+def by_kind(entry: dict | None, row) -> list[str]:
+    """A lever's table rows for the backbone and the stand-ins (none where it did not run)."""
+    return [row(kind, entry[kind]) for kind in ("backbone", "stand-in")] if entry else []
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -292,16 +330,17 @@ def main(argv: list[str] | None = None) -> None:
              f"Command: `{out.command}` (`--only NAME` measures one again). "
              f"Machines, {info['cores']} cores, by lever: {machines}.", "",
              "| lever | without | with |", "|---|---|---|"]
-    if f := result.get("fused_projections"):
-        for kind in ("backbone", "stand-in"):
-            lines.append(f"| fused Q/K/V and gate/up, {kind} matmuls per layer | "
-                         f"{f[kind]['seven_matmuls_us_per_layer']:.0f} µs (7 matmuls) | "
-                         f"{f[kind]['fused_four_us_per_layer']:.0f} µs (4) |")
-    if c := result.get("torch_compile"):
-        for kind in ("backbone", "stand-in"):
-            lines.append(f"| torch.compile, one {kind} decode block | "
-                         f"{c[kind]['eager_us']:.0f} µs eager | {c[kind]['compiled_us']:.0f} "
-                         f"µs compiled (after {c[kind]['compile_seconds']:.0f} s compiling) |")
+    lines += by_kind(result.get("fused_projections"), lambda kind, f: (
+        f"| fused Q/K/V and gate/up, {kind} matmuls per layer | "
+        f"{f['seven_matmuls_us_per_layer']:.0f} µs (7 matmuls) | "
+        f"{f['fused_four_us_per_layer']:.0f} µs (4) |"))
+    lines += by_kind(result.get("torch_compile"), lambda kind, c: (
+        f"| torch.compile, one {kind} decode block | {c['eager_us']:.0f} µs eager | "
+        f"{c['compiled_us']:.0f} µs compiled (after {c['compile_seconds']:.0f} s compiling) |"))
+    if k := result.get("skeleton_python"):
+        lines.append(f"| the decoder layer written once (`river_compute.skeleton`), its Python "
+                     f"calls alone (primitives doing no work) | each engine's own block | "
+                     f"{k['us_per_layer']:.1f} µs a layer |")
     if t := result.get("onnx_tail"):
         lines.append(f"| onnx exit river after layer {t['start'] - 1} ({t['layers']} "
                      f"stand-ins) | {t['one_run_per_layer_ms']:.1f} ms, one session run per "
